@@ -1,0 +1,106 @@
+"""Sluice's settings: every ``SLUICE_*`` option, its type, default and meaning.
+
+This is the one place they are defined and read.  ``sluice/settings.py`` fills
+them from the environment (``SLUICE_CONCURRENCY=8`` etc.); code reads them through
+:func:`get_settings`, never through ``django.conf.settings`` directly.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+TRANSACTION_MODES = ("receive_only", "sends_atomic_with_receive")
+
+
+@dataclass(frozen=True)
+class SluiceSettings:
+    #: Django database alias that holds the queue tables.
+    DATABASE: str = "default"
+    #: Schema for queue tables (PostgreSQL / SQL Server); None = the connection's default.
+    SCHEMA: str | None = None
+    #: This endpoint's name: the OriginatingEndpoint / ProcessingEndpoint header.
+    ENDPOINT: str = "sluice"
+    #: Where failed and poison messages go.
+    ERROR_QUEUE: str = "error"
+    #: Modules imported at start-up that register handlers with ``@handler``.
+    HANDLER_MODULES: tuple[str, ...] = ("core.demo.handlers",)
+    #: Extra queues ``sluice setup`` creates besides the handled ones and the error queue.
+    QUEUES: tuple[str, ...] = ()
+    #: Messages processed at once per queue by one worker process.
+    CONCURRENCY: int = 4
+    #: Seconds between peeks on an empty queue (refused below 0.1, warned above 10).
+    PEEK_DELAY: float = 1.0
+    #: Most messages one peek cycle will receive before peeking again.
+    MAX_RECORDS_TO_PEEK: int = 500
+    #: Messages one receive statement takes; each is still processed in its own savepoint.
+    RECEIVE_BATCH_SIZE: int = 8
+    #: ``sends_atomic_with_receive`` (default) or ``receive_only``.
+    TRANSACTION_MODE: str = "sends_atomic_with_receive"
+    #: Immediate retries after the first failed attempt, before the error queue.
+    IMMEDIATE_RETRIES: int = 5
+    #: Largest body accepted by send, in bytes.
+    MAX_BODY_BYTES: int = 4 * 1024 * 1024
+    #: Rows one purge statement deletes at most.
+    PURGE_BATCH_SIZE: int = 4000
+    #: Seconds queue settings are cached per process (TTL ceilings, existence).
+    REGISTRY_CACHE_SECONDS: float = 5.0
+    #: Send demo traffic to the ``demo`` queue from ``sluice worker --demo-traffic``: messages per second.
+    DEMO_RATE: float = 2.0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.TRANSACTION_MODE not in TRANSACTION_MODES:
+            raise ValueError(
+                f"SLUICE_TRANSACTION_MODE must be one of {', '.join(TRANSACTION_MODES)}, "
+                f"not {self.TRANSACTION_MODE!r}"
+            )
+        if self.PEEK_DELAY < 0.1:
+            raise ValueError("SLUICE_PEEK_DELAY below 0.1 s would hammer the database; refused")
+        for name in ("CONCURRENCY", "MAX_RECORDS_TO_PEEK", "RECEIVE_BATCH_SIZE", "PURGE_BATCH_SIZE", "MAX_BODY_BYTES"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SLUICE_{name} must be at least 1")
+        if self.IMMEDIATE_RETRIES < 0:
+            raise ValueError("SLUICE_IMMEDIATE_RETRIES must be 0 or more")
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(SluiceSettings) if f.name != "extra"}
+
+
+def _parse(name: str, raw: str) -> Any:
+    """Turn an environment string into the type of setting ``name``."""
+    default = FIELDS[name].default
+    kind = type(default) if default is not None else str
+    if isinstance(default, tuple):
+        raw = raw.strip()
+        if raw.startswith("["):
+            return tuple(json.loads(raw))
+        return tuple(part.strip() for part in raw.split(",") if part.strip())
+    if kind is bool:
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    if kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            raise ValueError(f"SLUICE_{name}={raw!r} is not a number") from None
+    return raw
+
+
+def from_environ(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """``SLUICE_*`` environment variables as Django settings (used by sluice/settings.py)."""
+    return {f"SLUICE_{name}": _parse(name, environ[f"SLUICE_{name}"])
+            for name in FIELDS if f"SLUICE_{name}" in environ}
+
+
+def get_settings() -> SluiceSettings:
+    """The current Sluice settings, from Django's settings (``SLUICE_*``)."""
+    from django.conf import settings
+
+    values = {}
+    for name, f in FIELDS.items():
+        if hasattr(settings, f"SLUICE_{name}"):
+            value = getattr(settings, f"SLUICE_{name}")
+            values[name] = tuple(value) if isinstance(f.default, tuple) else value
+    return SluiceSettings(**values)

@@ -1,0 +1,1 @@
+"""The sample endpoint: queue ``demo`` with Ping, Fail, FailOnce and Slow handlers."""

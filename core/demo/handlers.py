@@ -1,0 +1,46 @@
+"""Handlers of the demo queue.
+
+- ``Ping``: writes one row to ``sluice_demo_ping`` (in the receive's transaction).
+- ``Fail``: always raises ValueError — watch it go through retries to the error queue.
+- ``FailOnce``: fails on its first attempt, then succeeds (the count is in the row).
+- ``Slow``: sleeps the seconds given in its JSON body (``{"seconds": 2}`` or ``2``).
+"""
+from __future__ import annotations
+
+import time
+
+from core.demo.models import PingRecord
+from core.handlers import HandlerContext, handler
+from core.messages import Headers, Message
+
+QUEUE = "demo"
+MAX_SLOW_SECONDS = 60.0
+
+
+@handler(QUEUE, "Ping")
+def ping(message: Message, context: HandlerContext) -> None:
+    PingRecord.objects.using(context.using).create(
+        message_id=message.headers.get(Headers.MESSAGE_ID, message.id))
+
+
+@handler(QUEUE, "Fail")
+def fail(message: Message, context: HandlerContext) -> None:
+    raise ValueError(f"Fail always fails (message {message.id})")
+
+
+@handler(QUEUE, "FailOnce")
+def fail_once(message: Message, context: HandlerContext) -> None:
+    if context.attempt == 1:
+        raise RuntimeError("FailOnce fails on its first attempt")
+
+
+@handler(QUEUE, "Slow")
+def slow(message: Message, context: HandlerContext) -> None:
+    try:
+        value = message.json()
+    except ValueError:
+        raise ValueError("Slow wants a JSON body: a number of seconds or {\"seconds\": N}") from None
+    seconds = value.get("seconds", 1) if isinstance(value, dict) else value
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds <= MAX_SLOW_SECONDS:
+        raise ValueError(f"Slow wants 0–{MAX_SLOW_SECONDS:g} seconds, not {seconds!r}")
+    time.sleep(seconds)

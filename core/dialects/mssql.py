@@ -1,0 +1,148 @@
+"""SQL Server (mssql-django): the layout and locking of the NServiceBus SQL transport.
+
+- The queue table is a heap with a *nonclustered* RowVersion index (a clustered one
+  caused latch contention on the last page under concurrent inserts).
+- Receive: ``DELETE TOP(n)`` through a CTE ``WITH (UPDLOCK, READPAST, ROWLOCK)``,
+  ``OUTPUT deleted.*`` — the lowest RowVersions no other receiver holds.
+- Index names are per table, so they are the transport's own ``Index_RowVersion`` /
+  ``Index_Expires``: a table made by a .NET endpoint passes the missing-index check.
+- ``sp_getapplock`` serialises Sluice's DDL across processes.
+"""
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from core.dialects.base import Dialect
+
+
+class MSSQLDialect(Dialect):
+    vendor = "microsoft"
+
+    def quote(self, name: str) -> str:
+        return "[" + name.replace("]", "]]") + "]"
+
+    def table(self, name: str) -> str:
+        return f"{self.quote(self.schema or 'dbo')}.{self.quote(name)}"
+
+    def index_names(self, name: str) -> dict[str, str]:
+        return {"rowversion": "Index_RowVersion", "expires": "Index_Expires"}
+
+    def ddl_lock(self) -> tuple[str, list[Any]]:
+        return (
+            "DECLARE @r int; EXEC @r = sp_getapplock @Resource = N'sluice:ddl', "
+            "@LockMode = 'Exclusive', @LockOwner = 'Transaction', @LockTimeout = 60000; "
+            "IF @r < 0 THROW 51000, 'Sluice: could not take the DDL lock', 1;",
+            [],
+        )
+
+    def create_queue_table(self, name: str) -> list[tuple[str, list[Any]]]:
+        t = self.table(name)
+        idx = self.index_names(name)
+        statements: list[tuple[str, list[Any]]] = []
+        if self.schema:
+            statements.append((
+                "IF SCHEMA_ID(%s) IS NULL EXEC('CREATE SCHEMA ' + %s)",
+                [self.schema, self.quote(self.schema)],
+            ))
+        return statements + [
+            (
+                "IF OBJECT_ID(%s, N'U') IS NULL "
+                f"CREATE TABLE {t} ("
+                "[Id] uniqueidentifier NOT NULL, "
+                "[CorrelationId] varchar(255) NULL, "
+                "[ReplyToAddress] varchar(255) NULL, "
+                "[Recoverable] bit NOT NULL, "
+                "[Expires] datetime NULL, "
+                "[Headers] nvarchar(max) NOT NULL, "
+                "[Body] varbinary(max) NULL, "
+                "[RowVersion] bigint IDENTITY(1,1) NOT NULL)",
+                [t],
+            ),
+            (
+                "IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE name = %s AND object_id = OBJECT_ID(%s)) "
+                f"CREATE NONCLUSTERED INDEX {self.quote(idx['rowversion'])} ON {t} ([RowVersion] ASC)",
+                [idx["rowversion"], t],
+            ),
+            (
+                "IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE name = %s AND object_id = OBJECT_ID(%s)) "
+                f"CREATE NONCLUSTERED INDEX {self.quote(idx['expires'])} ON {t} ([Expires] ASC) "
+                "INCLUDE ([Id], [RowVersion]) WHERE [Expires] IS NOT NULL",
+                [idx["expires"], t],
+            ),
+        ]
+
+    def drop_queue_table(self, name: str) -> list[tuple[str, list[Any]]]:
+        t = self.table(name)
+        return [(f"IF OBJECT_ID(%s, N'U') IS NOT NULL DROP TABLE {t}", [t])]
+
+    def existing_indexes(self, name: str) -> tuple[str, list[Any]]:
+        return ("SELECT name FROM sys.indexes WHERE object_id = OBJECT_ID(%s) AND name IS NOT NULL",
+                [self.table(name)])
+
+    def table_exists(self, name: str) -> tuple[str, list[Any]]:
+        return ("SELECT 1 WHERE OBJECT_ID(%s, N'U') IS NOT NULL", [self.table(name)])
+
+    def now_sql(self) -> str:
+        return "GETUTCDATE()"
+
+    def expires_after_ttl_sql(self) -> str:
+        # DATEADD takes an int: whole seconds, then the milliseconds left over, so a
+        # TTL of years does not overflow a millisecond count.
+        return "DATEADD(millisecond, %s, DATEADD(second, %s, GETUTCDATE()))"
+
+    def ttl_params(self, ttl_seconds: float) -> list[Any]:
+        whole = int(ttl_seconds)
+        return [int(round((ttl_seconds - whole) * 1000)), whole]
+
+    def datetime_param(self, value: dt.datetime | None) -> Any:
+        if value is None:
+            return None
+        # datetime columns hold naive UTC.
+        return value.astimezone(dt.timezone.utc).replace(tzinfo=None)
+
+    def receive(self, name: str) -> str:
+        t = self.table(name)
+        return (
+            "SET NOCOUNT ON; "
+            f"WITH message AS (SELECT TOP (%s) * FROM {t} WITH (UPDLOCK, READPAST, ROWLOCK) "
+            "ORDER BY [RowVersion]) "
+            f"DELETE FROM message OUTPUT {self._message_columns('deleted.')}, "
+            f"{self.expired_sql('deleted.[Expires]')};"
+        )
+
+    def peek_estimate(self, name: str) -> str:
+        # NOLOCK: an estimate need not wait for receivers; it never counts rows.
+        t = self.table(name)
+        return (
+            f"SELECT ISNULL((SELECT MAX([RowVersion]) FROM {t} WITH (NOLOCK)) - "
+            f"(SELECT MIN([RowVersion]) FROM {t} WITH (NOLOCK)) + 1, 0)"
+        )
+
+    def browse(self, name: str) -> str:
+        return (
+            f"SELECT TOP (%s) {self._message_columns()}, {self.expired_sql('[Expires]')} "
+            f"FROM {self.table(name)} WITH (READPAST) WHERE [RowVersion] > %s ORDER BY [RowVersion]"
+        )
+
+    def browse_params(self, after_row_version: int, limit: int) -> list[Any]:
+        return [limit, after_row_version]
+
+    def counts(self, name: str) -> str:
+        t = self.table(name)
+        return (
+            f"SELECT (SELECT COUNT(*) FROM {t} WITH (NOLOCK)), "
+            f"(SELECT COUNT(*) FROM {t} WITH (NOLOCK) WHERE [Expires] IS NOT NULL AND [Expires] <= GETUTCDATE())"
+        )
+
+    def delete_by_id(self, name: str) -> str:
+        return f"DELETE FROM {self.table(name)} WITH (ROWLOCK, READPAST) WHERE [Id] = %s"
+
+    def purge_expired(self, name: str) -> str:
+        return (
+            f"DELETE TOP (%s) FROM {self.table(name)} WITH (READPAST) "
+            "WHERE [Expires] IS NOT NULL AND [Expires] <= GETUTCDATE()"
+        )
+
+    def purge_all(self, name: str) -> str:
+        return f"DELETE TOP (%s) FROM {self.table(name)} WITH (READPAST)"

@@ -1,0 +1,97 @@
+"""SQLite: the embedded default.
+
+One writer at a time: a receive is ``BEGIN IMMEDIATE`` (Django's
+``transaction_mode="IMMEDIATE"`` option, checked at start-up) followed by
+``DELETE … RETURNING``, so two receivers can never take the same row.
+Timestamps are UTC text ``YYYY-MM-DD HH:MM:SS.SSS``, which sorts as time does.
+"""
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from core.dialects.base import Dialect
+
+
+class SQLiteDialect(Dialect):
+    vendor = "sqlite"
+    supports_skip_locked = False
+    supports_concurrent_writers = False
+    supports_schemas = False
+    rowversion_is_primary_key = True
+
+    def create_queue_table(self, name: str) -> list[tuple[str, list[Any]]]:
+        t = self.table(name)
+        idx = self.index_names(name)
+        return [
+            (
+                f"CREATE TABLE IF NOT EXISTS {t} ("
+                '"Id" TEXT NOT NULL, '
+                '"CorrelationId" TEXT NULL, '
+                '"ReplyToAddress" TEXT NULL, '
+                '"Recoverable" INTEGER NOT NULL DEFAULT 1, '
+                '"Expires" TEXT NULL, '
+                '"Headers" TEXT NOT NULL, '
+                '"Body" BLOB NULL, '
+                # AUTOINCREMENT: RowVersion never goes back, even after the newest row is deleted.
+                '"RowVersion" INTEGER PRIMARY KEY AUTOINCREMENT)',
+                [],
+            ),
+            (
+                f'CREATE INDEX IF NOT EXISTS {self.quote(idx["expires"])} ON {t} ("Expires") '
+                'WHERE "Expires" IS NOT NULL',
+                [],
+            ),
+        ]
+
+    def drop_queue_table(self, name: str) -> list[tuple[str, list[Any]]]:
+        return [(f"DROP TABLE IF EXISTS {self.table(name)}", [])]
+
+    def existing_indexes(self, name: str) -> tuple[str, list[Any]]:
+        return ("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = %s", [name])
+
+    def table_exists(self, name: str) -> tuple[str, list[Any]]:
+        return ("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = %s", [name])
+
+    def now_sql(self) -> str:
+        # %% because Django formats the statement with its parameters.
+        return "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+
+    def expires_after_ttl_sql(self) -> str:
+        return "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)"
+
+    def ttl_params(self, ttl_seconds: float) -> list[Any]:
+        return [f"+{ttl_seconds:.3f} seconds"]
+
+    def datetime_param(self, value: dt.datetime | None) -> Any:
+        if value is None:
+            return None
+        return value.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+    def receive(self, name: str) -> str:
+        t = self.table(name)
+        return (
+            f'DELETE FROM {t} WHERE "RowVersion" IN '
+            f'(SELECT "RowVersion" FROM {t} ORDER BY "RowVersion" LIMIT %s) '
+            f"RETURNING {self._message_columns()}, {self.expired_sql()}"
+        )
+
+    def browse(self, name: str) -> str:
+        return (
+            f"SELECT {self._message_columns()}, {self.expired_sql()} FROM {self.table(name)} "
+            'WHERE "RowVersion" > %s ORDER BY "RowVersion" LIMIT %s'
+        )
+
+    def delete_by_id(self, name: str) -> str:
+        return f'DELETE FROM {self.table(name)} WHERE "Id" = %s'
+
+    def purge_expired(self, name: str) -> str:
+        t = self.table(name)
+        return (
+            f'DELETE FROM {t} WHERE "RowVersion" IN (SELECT "RowVersion" FROM {t} '
+            f'WHERE "Expires" IS NOT NULL AND "Expires" <= {self.now_sql()} LIMIT %s)'
+        )
+
+    def purge_all(self, name: str) -> str:
+        t = self.table(name)
+        return f'DELETE FROM {t} WHERE "RowVersion" IN (SELECT "RowVersion" FROM {t} LIMIT %s)'

@@ -1,0 +1,141 @@
+"""The message value type, the established header names, and header (de)serialisation.
+
+Headers travel as a JSON object of string → string in the ``Headers`` column, with
+the names NServiceBus endpoints use, so .NET and Python endpoints can share queues.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from core.errors import InvalidHeaders, PoisonMessage
+
+NSB = "NServiceBus."
+
+
+class Headers:
+    """Header names (the ``NServiceBus.*`` ones are the wire format other endpoints read)."""
+
+    MESSAGE_ID = NSB + "MessageId"
+    CORRELATION_ID = NSB + "CorrelationId"
+    CONVERSATION_ID = NSB + "ConversationId"
+    REPLY_TO_ADDRESS = NSB + "ReplyToAddress"
+    TIME_TO_BE_RECEIVED = NSB + "TimeToBeReceived"
+    ENCLOSED_MESSAGE_TYPES = NSB + "EnclosedMessageTypes"
+    CONTENT_TYPE = NSB + "ContentType"
+    TIME_SENT = NSB + "TimeSent"
+    DELIVER_AT = NSB + "DeliverAt"
+    ORIGINATING_ENDPOINT = NSB + "OriginatingEndpoint"
+    PROCESSING_ENDPOINT = NSB + "ProcessingEndpoint"
+    # Failure headers (error queue).
+    EXCEPTION_TYPE = NSB + "ExceptionInfo.ExceptionType"
+    EXCEPTION_MESSAGE = NSB + "ExceptionInfo.Message"
+    EXCEPTION_STACK_TRACE = NSB + "ExceptionInfo.StackTrace"
+    EXCEPTION_SOURCE = NSB + "ExceptionInfo.Source"
+    FAILED_Q = NSB + "FailedQ"
+    TIME_OF_FAILURE = NSB + "TimeOfFailure"
+    # Sluice's own.
+    FAILED_ATTEMPTS = "Sluice.FailedAttempts"
+    RAW_HEADERS = "Sluice.RawHeaders"
+    EXPIRED_REASON = "Sluice.DeadLetterReason"
+
+
+WIRE_TIME_FORMAT = "%Y-%m-%d %H:%M:%S:%f Z"
+
+
+def wire_time(value: dt.datetime) -> str:
+    """A UTC instant in the header format NServiceBus uses: ``2026-11-22 04:15:16:123456 Z``."""
+    return value.astimezone(dt.timezone.utc).strftime(WIRE_TIME_FORMAT)
+
+
+def parse_wire_time(text: str) -> dt.datetime:
+    return dt.datetime.strptime(text, WIRE_TIME_FORMAT).replace(tzinfo=dt.timezone.utc)
+
+
+def timespan(seconds: float) -> str:
+    """A .NET TimeSpan string (``[d.]hh:mm:ss[.fffffff]``) for TimeToBeReceived."""
+    ticks = int(round(seconds * 10_000_000))
+    days, rem = divmod(ticks, 864_000_000_000)
+    hours, rem = divmod(rem, 36_000_000_000)
+    minutes, rem = divmod(rem, 600_000_000)
+    secs, frac = divmod(rem, 10_000_000)
+    text = f"{hours:02d}:{minutes:02d}:{secs:02d}"
+    if days:
+        text = f"{days}.{text}"
+    if frac:
+        text += f".{frac:07d}"
+    return text
+
+
+def encode_headers(headers: Mapping[str, Any]) -> str:
+    """Headers as the JSON text of a flat string → string object; InvalidHeaders otherwise."""
+    if not isinstance(headers, Mapping):
+        raise InvalidHeaders(f"headers must be a mapping of string to string, not {type(headers).__name__}")
+    for key, value in headers.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise InvalidHeaders(
+                f"headers must map strings to strings: {key!r} → {value!r} ({type(value).__name__})"
+            )
+    return json.dumps(dict(headers), ensure_ascii=False, separators=(",", ":"))
+
+
+def decode_headers(text: str) -> dict[str, str]:
+    """The header object of a queue row; PoisonMessage if it is not a flat string map."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError) as exc:
+        raise PoisonMessage(f"Headers column is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise PoisonMessage(f"Headers column is JSON {type(value).__name__}, not an object")
+    bad = [k for k, v in value.items() if not isinstance(v, str)]
+    if bad:
+        raise PoisonMessage(f"Headers column has non-string values for {', '.join(bad[:5])}")
+    return value
+
+
+@dataclass
+class Message:
+    """A message taken from (or looked at in) a queue table."""
+
+    id: str
+    headers: dict[str, str]
+    body: bytes
+    queue: str
+    row_version: int = 0
+    expires: dt.datetime | None = None
+    expired: bool = False
+    correlation_id: str | None = None
+    reply_to: str | None = None
+    raw_headers: str = field(default="", repr=False)
+    #: Why the row is poison (its headers cannot be parsed), or None.
+    poison: str | None = None
+
+    @property
+    def message_type(self) -> str | None:
+        return self.headers.get(Headers.ENCLOSED_MESSAGE_TYPES)
+
+    @property
+    def failed_attempts(self) -> int:
+        try:
+            return int(self.headers.get(Headers.FAILED_ATTEMPTS, "0"))
+        except ValueError:
+            return 0
+
+    @property
+    def text(self) -> str | None:
+        """The body as text when it is UTF-8, else None."""
+        try:
+            return self.body.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+
+    def json(self) -> Any:
+        """The body parsed as JSON (ValueError when it is not)."""
+        return json.loads(self.body)
+
+    def message_types(self) -> list[str]:
+        """The enclosed types, most specific first, without .NET assembly suffixes."""
+        raw = self.message_type or ""
+        return [part.split(",")[0].strip() for part in raw.split(";") if part.strip()]

@@ -1,0 +1,82 @@
+"""What happens when a handler fails, or a row cannot be read at all.
+
+Immediate retries: the failed message goes back into its queue, in the same
+transaction that rolled its handler back, with ``Sluice.FailedAttempts`` counted up.
+The count lives in the row, so it survives restarts and spans workers.  After the last
+retry (or at once, for poison rows and messages with no handler) the message goes to
+the error queue with the ``NServiceBus.ExceptionInfo.*`` / ``FailedQ`` headers.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import traceback
+
+from core.conf import get_settings
+from core.errors import PoisonMessage
+from core.messages import Headers, Message, wire_time
+from core.transport import Transport
+
+log = logging.getLogger("sluice.recoverability")
+
+MAX_STACK_TRACE = 16_000
+
+
+def failure_headers(message: Message, exc: BaseException, queue: str) -> dict[str, str]:
+    """The error-queue headers that describe ``exc`` (NServiceBus names)."""
+    stack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    frames = traceback.extract_tb(exc.__traceback__)
+    source = frames[-1].name if frames else ""
+    module = type(exc).__module__
+    exc_type = type(exc).__qualname__ if module == "builtins" else f"{module}.{type(exc).__qualname__}"
+    return {
+        Headers.EXCEPTION_TYPE: exc_type,
+        Headers.EXCEPTION_MESSAGE: str(exc),
+        Headers.EXCEPTION_STACK_TRACE: stack[-MAX_STACK_TRACE:],
+        Headers.EXCEPTION_SOURCE: source,
+        Headers.FAILED_Q: queue,
+        Headers.TIME_OF_FAILURE: wire_time(dt.datetime.now(dt.timezone.utc)),
+        Headers.PROCESSING_ENDPOINT: get_settings().ENDPOINT,
+    }
+
+
+class Recoverability:
+    """Retry-or-error decisions for one transport (the receive's connection)."""
+
+    def __init__(self, transport: Transport, immediate_retries: int | None = None,
+                 error_queue: str | None = None) -> None:
+        settings = get_settings()
+        self.transport = transport
+        self.immediate_retries = settings.IMMEDIATE_RETRIES if immediate_retries is None else immediate_retries
+        self.error_queue = error_queue or settings.ERROR_QUEUE
+
+    def on_failure(self, message: Message, exc: BaseException) -> str:
+        """Record a failed attempt; returns "retry" or "error"."""
+        attempts = message.failed_attempts + 1
+        if attempts <= self.immediate_retries:
+            headers = {**message.headers, Headers.FAILED_ATTEMPTS: str(attempts)}
+            self.transport.requeue(message.queue, message, headers=headers)
+            log.warning("message %s on %s failed (attempt %d of %d): %s: %s", message.id, message.queue,
+                        attempts, self.immediate_retries + 1, type(exc).__name__, exc)
+            return "retry"
+        self.move_to_error(message, exc, attempts=attempts)
+        return "error"
+
+    def move_to_error(self, message: Message, exc: BaseException, attempts: int | None = None) -> None:
+        headers = {**message.headers, **failure_headers(message, exc, message.queue)}
+        headers[Headers.FAILED_ATTEMPTS] = str(attempts if attempts is not None else message.failed_attempts + 1)
+        # Error-queue messages wait for an operator: no expiry, no TTL header.
+        headers.pop(Headers.TIME_TO_BE_RECEIVED, None)
+        self.transport.requeue(self.error_queue, message, headers=headers, expires=False)
+        log.error("message %s on %s moved to %s after %s attempt(s): %s: %s", message.id, message.queue,
+                  self.error_queue, headers[Headers.FAILED_ATTEMPTS], type(exc).__name__, exc)
+
+    def move_poison(self, message: Message) -> None:
+        """A row whose headers cannot be parsed: to the error queue at once, body untouched,
+        the original header text kept in ``Sluice.RawHeaders``."""
+        exc = PoisonMessage(message.poison or "unreadable message")
+        headers = failure_headers(message, exc, message.queue)
+        headers[Headers.RAW_HEADERS] = message.raw_headers
+        headers[Headers.MESSAGE_ID] = message.id
+        self.transport.requeue(self.error_queue, message, headers=headers, expires=False)
+        log.error("poison message %s on %s moved to %s: %s", message.id, message.queue, self.error_queue, exc)

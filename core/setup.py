@@ -1,0 +1,34 @@
+"""`sluice setup`: everything a fresh database needs, idempotently."""
+from __future__ import annotations
+
+import logging
+
+from django.core.management import call_command
+
+from core.conf import get_settings
+from core.handlers import handlers, load_handler_modules
+from core.models import QueueKind
+from core.queues import create_queue, missing_indexes
+
+log = logging.getLogger("sluice.setup")
+
+
+def setup_infrastructure(using: str | None = None) -> list[tuple[str, bool]]:
+    """Migrate Sluice's own tables, then create the error queue, every queue that has a
+    handler and every queue in SLUICE_QUEUES.  Returns [(queue, created)]."""
+    settings = get_settings()
+    alias = using or settings.DATABASE
+    call_command("migrate", interactive=False, verbosity=0, database=alias)
+    load_handler_modules()
+    wanted: list[tuple[str, str]] = [(settings.ERROR_QUEUE, QueueKind.ERROR)]
+    wanted += [(name, QueueKind.NORMAL) for name in [*handlers.queues(), *settings.QUEUES]]
+    done: list[tuple[str, bool]] = []
+    seen: set[str] = set()
+    for name, kind in wanted:
+        if name in seen:
+            continue
+        seen.add(name)
+        _, created = create_queue(name, kind=kind, using=alias)
+        missing_indexes(name, alias)
+        done.append((name, created))
+    return done

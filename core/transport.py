@@ -1,0 +1,303 @@
+"""Send, receive, peek, browse, delete and purge on queue tables.
+
+Every statement comes from the dialect by name; this module only binds parameters
+and turns rows into :class:`~core.messages.Message` values.  All calls run on the
+Django connection of ``using`` (default ``SLUICE_DATABASE``) in whatever transaction
+is open there, which is what makes "sends atomic with receive" work: a handler's
+sends go through the same connection as the receive that delivered its message.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from django.db import connections
+
+from core.conf import get_settings
+from core.dialects import Dialect, dialect_for
+from core.errors import BodyTooLarge, InvalidMessage, PoisonMessage
+from core.messages import Headers, Message, decode_headers, encode_headers, timespan, wire_time
+from core.queues import QueueInfo, registry, validate_name, validate_ttl
+
+log = logging.getLogger("sluice.transport")
+
+#: Namespace for turning a non-UUID message id into the table's uuid Id column.
+ID_NAMESPACE = uuid.UUID("5f1a7c2e-8b0d-4f57-9a52-3c1e5d0b7a11")
+MAX_MESSAGE_ID_LENGTH = 200
+
+
+@dataclass(frozen=True)
+class QueueCounts:
+    total: int
+    expired: int
+
+    @property
+    def pending(self) -> int:
+        return self.total - self.expired
+
+
+@dataclass(frozen=True)
+class OutgoingMessage:
+    """A validated message ready for INSERT (what send builds; the outbox will store it)."""
+
+    queue: str
+    row_id: str
+    headers: dict[str, str]
+    body: bytes
+    correlation_id: str | None
+    reply_to: str | None
+    ttl_seconds: float | None
+
+    @property
+    def message_id(self) -> str:
+        return self.headers[Headers.MESSAGE_ID]
+
+
+def encode_body(body: Any, content_type: str | None) -> tuple[bytes, str]:
+    """Bytes and content type for a body given as bytes, text or a JSON-able value."""
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        return bytes(body), content_type or "application/octet-stream"
+    if isinstance(body, str):
+        return body.encode("utf-8"), content_type or "text/plain"
+    try:
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8"), \
+            content_type or "application/json"
+    except (TypeError, ValueError) as exc:
+        raise InvalidMessage(f"body must be bytes, text or JSON-serialisable: {exc}") from None
+
+
+def row_id_for(message_id: str) -> str:
+    """The uuid for the Id column: the message id itself when it is a UUID."""
+    try:
+        return str(uuid.UUID(message_id))
+    except ValueError:
+        return str(uuid.uuid5(ID_NAMESPACE, message_id))
+
+
+class Transport:
+    """Queue-table operations on one database alias."""
+
+    def __init__(self, using: str | None = None) -> None:
+        self.using = using or get_settings().DATABASE
+
+    @property
+    def dialect(self) -> Dialect:
+        return dialect_for(connections[self.using], get_settings().SCHEMA)
+
+    def _queue(self, name: str) -> QueueInfo:
+        validate_name(name)
+        return registry.get(name, self.using)
+
+    def _cursor(self):
+        return connections[self.using].cursor()
+
+    # -- sending -------------------------------------------------------------
+    def build(
+        self,
+        queue: str,
+        body: Any,
+        *,
+        message_type: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        message_id: str | None = None,
+        correlation_id: str | None = None,
+        reply_to: str | None = None,
+        ttl: Any = None,
+        content_type: str | None = None,
+    ) -> OutgoingMessage:
+        """Validate everything about a message without touching its queue table."""
+        info = self._queue(queue)
+        settings = get_settings()
+        data, ctype = encode_body(body, content_type)
+        if len(data) > settings.MAX_BODY_BYTES:
+            raise BodyTooLarge(
+                f"body is {len(data)} bytes; SLUICE_MAX_BODY_BYTES allows {settings.MAX_BODY_BYTES}"
+            )
+        if message_id is None:
+            message_id = str(uuid.uuid4())
+        if not isinstance(message_id, str) or not message_id.strip() or len(message_id) > MAX_MESSAGE_ID_LENGTH \
+                or any(ord(c) < 32 for c in message_id):
+            raise InvalidMessage(
+                f"message id must be 1–{MAX_MESSAGE_ID_LENGTH} printable characters, not {message_id!r}"
+            )
+        if message_type is not None and (not isinstance(message_type, str) or not message_type.strip()):
+            raise InvalidMessage(f"message type must be a non-empty string, not {message_type!r}")
+        ttl_seconds = info.effective_ttl(validate_ttl(ttl))
+        all_headers: dict[str, str] = {
+            Headers.MESSAGE_ID: message_id,
+            Headers.CORRELATION_ID: correlation_id or message_id,
+            Headers.CONVERSATION_ID: str(uuid.uuid4()),
+            Headers.CONTENT_TYPE: ctype,
+            Headers.TIME_SENT: wire_time(dt.datetime.now(dt.timezone.utc)),
+            Headers.ORIGINATING_ENDPOINT: settings.ENDPOINT,
+        }
+        if headers is not None:
+            encode_headers(headers)  # validates: flat string → string
+            all_headers.update(headers)
+        all_headers[Headers.MESSAGE_ID] = message_id
+        if message_type is not None:
+            all_headers[Headers.ENCLOSED_MESSAGE_TYPES] = message_type
+        if correlation_id is not None:
+            all_headers[Headers.CORRELATION_ID] = correlation_id
+        if reply_to is not None:
+            all_headers[Headers.REPLY_TO_ADDRESS] = reply_to
+        if ttl_seconds is not None:
+            all_headers[Headers.TIME_TO_BE_RECEIVED] = timespan(ttl_seconds)
+        else:
+            all_headers.pop(Headers.TIME_TO_BE_RECEIVED, None)
+        return OutgoingMessage(
+            queue=info.name,
+            row_id=row_id_for(message_id),
+            headers=all_headers,
+            body=data,
+            correlation_id=all_headers.get(Headers.CORRELATION_ID),
+            reply_to=all_headers.get(Headers.REPLY_TO_ADDRESS),
+            ttl_seconds=ttl_seconds,
+        )
+
+    def send(self, queue: str, body: Any, **options: Any) -> str:
+        """Send one message (one INSERT; Expires from the database clock).  Returns its id.
+
+        Options: message_type, headers, message_id, correlation_id, reply_to, ttl
+        (seconds or timedelta), content_type.
+        """
+        message = self.build(queue, body, **options)
+        self.insert(message)
+        return message.message_id
+
+    def insert(self, message: OutgoingMessage) -> None:
+        d = self.dialect
+        headers = encode_headers(message.headers)
+        with self._cursor() as cursor:
+            if message.ttl_seconds is None:
+                cursor.execute(d.insert_with_expires(message.queue),
+                               [message.row_id, message.correlation_id, message.reply_to, None, headers, message.body])
+            else:
+                cursor.execute(d.insert_with_ttl(message.queue),
+                               [message.row_id, message.correlation_id, message.reply_to,
+                                *d.ttl_params(message.ttl_seconds), headers, message.body])
+        registry.touch(registry.get(message.queue, self.using), self.using)
+
+    def send_many(self, queue: str, bodies: list[Any], **options: Any) -> list[str]:
+        """Send several messages with the same options in one executemany."""
+        messages = [self.build(queue, body, **options) for body in bodies]
+        if not messages:
+            return []
+        d = self.dialect
+        with self._cursor() as cursor:
+            ttl = messages[0].ttl_seconds
+            if ttl is None:
+                cursor.executemany(d.insert_with_expires(queue), [
+                    [m.row_id, m.correlation_id, m.reply_to, None, encode_headers(m.headers), m.body]
+                    for m in messages])
+            else:
+                cursor.executemany(d.insert_with_ttl(queue), [
+                    [m.row_id, m.correlation_id, m.reply_to, *d.ttl_params(ttl), encode_headers(m.headers), m.body]
+                    for m in messages])
+        return [m.message_id for m in messages]
+
+    def requeue(self, queue: str, message: Message, headers: Mapping[str, str] | None = None,
+                expires: dt.datetime | None | bool = True) -> None:
+        """Insert a received message (again) as it is: same Id, body and expiry.
+
+        ``headers`` replaces its headers; ``expires=False`` clears its expiry (error and
+        dead-letter queues keep messages until someone acts on them).
+        """
+        d = self.dialect
+        when = message.expires if expires is True else (None if expires is False else expires)
+        text = encode_headers(headers) if headers is not None else (message.raw_headers or encode_headers(message.headers))
+        with self._cursor() as cursor:
+            cursor.execute(d.insert_with_expires(queue), [
+                message.id, message.correlation_id, message.reply_to, d.datetime_param(when), text, message.body])
+
+    # -- receiving -------------------------------------------------------------
+    def receive_batch(self, queue: str, limit: int) -> list[Message]:
+        """Delete and return up to ``limit`` oldest messages no other receiver holds.
+
+        Inside ``transaction.atomic()`` the delete stays uncommitted until the block ends:
+        a rollback puts the messages back.  Expired messages come back with
+        ``expired=True`` (the database decides) and must not reach a handler.  Rows whose
+        headers cannot be parsed come back with ``poison`` set.
+        """
+        info = self._queue(queue)
+        d = self.dialect
+        with self._cursor() as cursor:
+            cursor.execute(d.receive(queue), [limit])
+            rows = cursor.fetchall()
+        messages = sorted((self._message(queue, d.to_row(raw)) for raw in rows), key=lambda m: m.row_version)
+        if messages:
+            registry.touch(info, self.using)
+        return messages
+
+    def receive(self, queue: str) -> Message | None:
+        batch = self.receive_batch(queue, 1)
+        return batch[0] if batch else None
+
+    def _message(self, queue: str, row) -> Message:
+        message = Message(id=row.id, headers={}, body=row.body, queue=queue, row_version=row.row_version,
+                          expires=row.expires, expired=row.expired, correlation_id=row.correlation_id,
+                          reply_to=row.reply_to, raw_headers=row.headers)
+        try:
+            message.headers = decode_headers(row.headers)
+        except PoisonMessage as exc:
+            message.poison = str(exc)
+        return message
+
+    # -- looking -------------------------------------------------------------
+    def peek_estimate(self, queue: str) -> int:
+        """Roughly how many messages wait (max − min RowVersion); never counts rows."""
+        self._queue(queue)
+        with self._cursor() as cursor:
+            cursor.execute(self.dialect.peek_estimate(queue), [])
+            value = cursor.fetchone()[0]
+        return max(int(value or 0), 0)
+
+    def browse(self, queue: str, limit: int = 50, after: int = 0) -> list[Message]:
+        """Messages in FIFO order without taking them (skips rows receivers hold)."""
+        info = self._queue(queue)
+        d = self.dialect
+        with self._cursor() as cursor:
+            cursor.execute(d.browse(queue), d.browse_params(after, limit))
+            rows = cursor.fetchall()
+        registry.touch(info, self.using)
+        return [self._message(queue, d.to_row(raw)) for raw in rows]
+
+    def counts(self, queue: str) -> QueueCounts:
+        """Exact total and expired counts (an operator's view; the pump uses peek_estimate)."""
+        self._queue(queue)
+        with self._cursor() as cursor:
+            cursor.execute(self.dialect.counts(queue), [])
+            total, expired = cursor.fetchone()
+        return QueueCounts(int(total), int(expired))
+
+    # -- removing -------------------------------------------------------------
+    def delete(self, queue: str, message_id: str) -> bool:
+        """Delete one message by id; False when it is not there or a receiver holds it."""
+        self._queue(queue)
+        with self._cursor() as cursor:
+            cursor.execute(self.dialect.delete_by_id(queue), [row_id_for(message_id)])
+            return cursor.rowcount > 0
+
+    def purge(self, queue: str, expired_only: bool = False, batch_size: int | None = None,
+              max_batches: int | None = None) -> int:
+        """Delete messages in batches (each its own transaction), skipping rows receivers
+        hold.  Returns how many were deleted."""
+        self._queue(queue)
+        size = batch_size or get_settings().PURGE_BATCH_SIZE
+        sql = self.dialect.purge_expired(queue) if expired_only else self.dialect.purge_all(queue)
+        total = batches = 0
+        while max_batches is None or batches < max_batches:
+            with self._cursor() as cursor:
+                cursor.execute(sql, [size])
+                deleted = max(cursor.rowcount, 0)
+            total += deleted
+            batches += 1
+            if deleted < size:
+                break
+        if total:
+            log.info("purged %d %smessages from %s", total, "expired " if expired_only else "", queue)
+        return total

@@ -1,0 +1,54 @@
+"""The overview page: every queue with its counts (the full dashboard comes later)."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from django.db import DatabaseError
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+
+from core.queues import list_queues
+from core.transport import Transport
+
+log = logging.getLogger("sluice.dashboard")
+
+
+@dataclass
+class QueueRow:
+    name: str
+    kind: str
+    pending: int | None
+    expired: int | None
+    ttl_seconds: float | None
+    error: str = ""
+
+
+def queue_rows() -> tuple[list[QueueRow], str]:
+    """Counts for every registered queue; a queue whose table is unreadable shows its error."""
+    try:
+        records = list_queues()
+    except DatabaseError as exc:
+        log.warning("cannot read the queue registry: %s", exc)
+        return [], "The queue registry cannot be read. Has `python manage.py sluice setup` run?"
+    transport = Transport()
+    rows = []
+    for record in records:
+        try:
+            counts = transport.counts(record.name)
+            rows.append(QueueRow(record.name, record.kind, counts.pending, counts.expired, record.default_ttl_seconds))
+        except DatabaseError as exc:
+            log.warning("cannot count queue %s: %s", record.name, exc)
+            rows.append(QueueRow(record.name, record.kind, None, None, record.default_ttl_seconds,
+                                 error="table unreadable"))
+    return rows, ""
+
+
+def overview(request: HttpRequest) -> HttpResponse:
+    rows, problem = queue_rows()
+    return render(request, "dashboard/overview.html", {"rows": rows, "problem": problem})
+
+
+def queue_table(request: HttpRequest) -> HttpResponse:
+    rows, problem = queue_rows()
+    return render(request, "dashboard/_queue_table.html", {"rows": rows, "problem": problem})
