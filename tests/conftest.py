@@ -1,0 +1,176 @@
+"""Shared fixtures.  Tests run against the database in DATABASE_URL (SQLite or
+PostgreSQL; `make test` runs the suite once on each)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from django.db import connection
+
+from core.handlers import handlers
+from core.queues import create_queue, delete_queue, registry
+from core.transport import Transport
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(config, items):
+    url = os.environ.get("DATABASE_URL", "sqlite:")
+    on_postgres = url.startswith(("postgres://", "postgresql://"))
+    skip = pytest.mark.skip(reason="needs PostgreSQL (run with DATABASE_URL=postgresql://…)")
+    for item in items:
+        if "postgresql" in item.keywords and not on_postgres:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _independent_alias(django_db_setup):
+    """The receive_only pump's second connection, registered once the test database
+    exists (Django's test case only allows aliases it knows when a test starts)."""
+    from core.db import independent_alias
+
+    independent_alias("default")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_registry_cache():
+    registry.forget()
+    yield
+    registry.forget()
+
+
+@pytest.fixture
+def make_queue(transactional_db):
+    """Create queues with unique names; their tables are dropped afterwards.
+
+    Queue tables are not Django-managed, so a test database flush would not empty
+    them: every test gets names of its own.
+    """
+    made: list[str] = []
+
+    def make(prefix: str = "q", **options) -> str:
+        name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+        create_queue(name, **options)
+        made.append(name)
+        if options.get("dead_letter_on_expiry"):
+            made.append(name + ".deadletter")
+        return name
+
+    yield make
+    for name in made:
+        try:
+            delete_queue(name)
+        except Exception:
+            pass
+
+
+@pytest.fixture
+def queue(make_queue) -> str:
+    return make_queue()
+
+
+@pytest.fixture
+def transport(transactional_db) -> Transport:
+    return Transport()
+
+
+@pytest.fixture
+def error_queue(transactional_db) -> str:
+    """The error queue, created and emptied."""
+    create_queue("error", kind="error")
+    Transport().purge("error")
+    yield "error"
+    Transport().purge("error")
+
+
+@pytest.fixture
+def demo(transactional_db, error_queue) -> str:
+    """The shipped demo endpoint's queue, set up and empty."""
+    from core.setup import setup_infrastructure
+
+    setup_infrastructure()
+    Transport().purge("demo")
+    yield "demo"
+    Transport().purge("demo")
+
+
+@pytest.fixture
+def temp_handlers():
+    """Register handlers for a test only: ``temp_handlers(queue, type, fn)``."""
+    added = []
+
+    def register(queue, message_type, fn):
+        handlers.register(queue, message_type, fn)
+        added.append((queue, message_type))
+        return fn
+
+    yield register
+    for key in added:
+        handlers.unregister(*key)
+
+
+def database_url() -> str:
+    """A DATABASE_URL for the database the tests are using (the test database)."""
+    s = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{s['NAME']}"
+    auth = quote(s["USER"] or "")
+    if s.get("PASSWORD"):
+        auth += ":" + quote(s["PASSWORD"])
+    return f"postgresql://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+def manage(*args: str, env: dict | None = None, timeout: float = 120, check: bool = False,
+           input: bytes | None = None) -> subprocess.CompletedProcess:
+    """Run ``manage.py`` in a child process against the test database."""
+    full_env = {**os.environ, "DATABASE_URL": database_url(), **(env or {})}
+    result = subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], cwd=ROOT, env=full_env,
+                            capture_output=True, timeout=timeout, input=input)
+    if check and result.returncode != 0:
+        raise AssertionError(f"manage.py {' '.join(args)} failed ({result.returncode}):\n"
+                             f"{result.stderr.decode()}")
+    return result
+
+
+def start_worker(*args: str, env: dict | None = None) -> subprocess.Popen:
+    """Start ``manage.py sluice worker`` in a child process; returns once it serves."""
+    full_env = {**os.environ, "DATABASE_URL": database_url(), "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "sluice", "worker", *args], cwd=ROOT,
+                            env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc.output = []  # type: ignore[attr-defined]
+    serving = threading.Event()
+
+    def drain() -> None:  # keep reading, or a chatty worker blocks on a full pipe
+        for raw in proc.stdout:
+            line = raw.decode(errors="replace")
+            proc.output.append(line)
+            if "worker serving" in line:
+                serving.set()
+
+    threading.Thread(target=drain, daemon=True).start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not serving.is_set():
+        if proc.poll() is not None:
+            raise AssertionError(f"worker exited with {proc.returncode} before serving:\n{''.join(proc.output)}")
+        serving.wait(0.1)
+    if not serving.is_set():
+        proc.kill()
+        raise AssertionError("worker did not start within 60 s")
+    return proc
+
+
+def wait_for(predicate, timeout: float = 30, interval: float = 0.05, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")

@@ -1,0 +1,255 @@
+"""The message pump: handlers, transaction modes, retries, error queue, poison rows, expiry."""
+from __future__ import annotations
+
+import random
+
+import pytest
+from django.db import connection, transaction
+
+from core.conf import get_settings
+from core.demo.models import PingRecord
+from core.errors import ConfigurationError
+from core.messages import Headers
+from core.pump import MessagePump
+from core.queues import dialect
+from core.transport import Transport
+
+
+def drain(pump: MessagePump, max_steps: int = 200) -> None:
+    """Run pump steps until a peek finds the queue empty."""
+    for _ in range(max_steps):
+        if pump.step() > 0:
+            return
+    raise AssertionError("queue did not drain")
+
+
+@pytest.fixture
+def pump_for(transactional_db):
+    pumps = []
+
+    def make(queue, **options):
+        options.setdefault("peek_delay", 0.1)
+        pump = MessagePump(queue, **options)
+        pumps.append(pump)
+        return pump
+
+    yield make
+    for pump in pumps:
+        pump.close()
+
+
+def test_handler_gets_each_message(transport, queue, pump_for, temp_handlers):
+    seen = []
+    temp_handlers(queue, "Order", lambda m, ctx: seen.append(m.json()["n"]))
+    for i in range(20):
+        transport.send(queue, {"n": i}, message_type="Order")
+    drain(pump_for(queue, concurrency=1))
+    assert seen == list(range(20))
+    assert transport.counts(queue).total == 0
+
+
+def test_sends_from_a_handler_commit_with_the_receive(transport, make_queue, pump_for, temp_handlers,
+                                                      error_queue):
+    source, target = make_queue(), make_queue()
+
+    def forward(message, context):
+        context.send(target, message.body, message_type="Forwarded")
+        if message.json()["fail"]:
+            raise RuntimeError("after sending")
+
+    temp_handlers(source, None, forward)
+    transport.send(source, {"fail": False})
+    transport.send(source, {"fail": True})
+    drain(pump_for(source, immediate_retries=2))
+    forwarded = transport.browse(target)
+    # The failing handler's send was rolled back each time: only the good one went out.
+    assert [m.json() for m in forwarded] == [{"fail": False}]
+    assert forwarded[0].headers["NServiceBus.RelatedTo"]
+    assert transport.counts(error_queue).total == 1
+
+
+def test_failure_counts_are_stored_in_the_row_and_survive_a_new_pump(transport, queue, pump_for,
+                                                                    temp_handlers, error_queue):
+    attempts = []
+
+    def flaky(message, context):
+        attempts.append(context.attempt)
+        raise ValueError("nope")
+
+    temp_handlers(queue, None, flaky)
+    transport.send(queue, "x")
+    pump_for(queue, immediate_retries=3).receive_and_process(1)
+    assert transport.browse(queue)[0].headers[Headers.FAILED_ATTEMPTS] == "1"
+    # A different pump (another worker, or this one after a restart) carries on the count.
+    drain(pump_for(queue, immediate_retries=3))
+    assert attempts == [1, 2, 3, 4]
+    failed = transport.browse(error_queue)
+    assert len(failed) == 1
+    headers = failed[0].headers
+    assert headers[Headers.FAILED_ATTEMPTS] == "4"
+    assert headers[Headers.EXCEPTION_TYPE] == "ValueError"
+    assert headers[Headers.EXCEPTION_MESSAGE] == "nope"
+    assert "flaky" in headers[Headers.EXCEPTION_STACK_TRACE]
+    assert headers[Headers.EXCEPTION_SOURCE] == "flaky"
+    assert headers[Headers.FAILED_Q] == queue
+    assert headers[Headers.TIME_OF_FAILURE].endswith(" Z")
+    assert failed[0].body == b"x" and failed[0].expires is None
+
+
+def test_zero_immediate_retries_goes_straight_to_the_error_queue(transport, queue, pump_for, temp_handlers,
+                                                                error_queue):
+    calls = []
+    temp_handlers(queue, None, lambda m, c: calls.append(1) or 1 / 0)
+    transport.send(queue, "x")
+    drain(pump_for(queue, immediate_retries=0))
+    assert calls == [1]
+    assert transport.browse(error_queue)[0].headers[Headers.EXCEPTION_TYPE] == "ZeroDivisionError"
+
+
+def test_a_message_without_a_handler_goes_to_the_error_queue(transport, queue, pump_for, error_queue):
+    transport.send(queue, "x", message_type="Unknown")
+    drain(pump_for(queue))
+    failed = transport.browse(error_queue)[0]
+    assert failed.headers[Headers.EXCEPTION_TYPE] == "core.errors.NoHandler"
+
+
+def test_a_poison_row_goes_to_the_error_queue_raw_and_does_not_block(transport, queue, pump_for,
+                                                                    temp_handlers, error_queue):
+    handled = []
+    temp_handlers(queue, None, lambda m, c: handled.append(m.body))
+    d = dialect()
+    with connection.cursor() as cursor:
+        # Another system wrote a row with broken header JSON.
+        cursor.execute(d.insert_with_expires(queue),
+                       ["0b5e3c1e-0000-4000-8000-000000000001", None, None, None, "{not json", b"\x00raw"])
+    transport.send(queue, "after")
+    drain(pump_for(queue))
+    assert handled == [b"after"]
+    poison = transport.browse(error_queue)[0]
+    assert poison.body == b"\x00raw"
+    assert poison.headers[Headers.RAW_HEADERS] == "{not json"
+    assert poison.headers[Headers.EXCEPTION_TYPE] == "core.errors.PoisonMessage"
+    assert poison.headers[Headers.FAILED_Q] == queue
+
+
+def test_expired_messages_never_reach_a_handler(transport, queue, pump_for, temp_handlers):
+    handled = []
+    temp_handlers(queue, None, lambda m, c: handled.append(m.body))
+    transport.send(queue, "expired", ttl=0)
+    transport.send(queue, "live", ttl=3600)
+    pump = pump_for(queue)
+    drain(pump)
+    assert handled == [b"live"]
+    assert pump.stats.expired == 1
+
+
+def test_expired_messages_are_dead_lettered_when_the_queue_says_so(transport, make_queue, pump_for,
+                                                                   temp_handlers):
+    name = make_queue(dead_letter_on_expiry=True)
+    temp_handlers(name, None, lambda m, c: None)
+    transport.send(name, "too late", ttl=0)
+    drain(pump_for(name))
+    dead = transport.browse(name + ".deadletter")
+    assert [m.body for m in dead] == [b"too late"]
+    assert dead[0].headers[Headers.EXPIRED_REASON] == "TTLExpiredException"
+
+
+def test_max_records_to_peek_really_caps_one_cycle(transport, queue, pump_for, temp_handlers):
+    temp_handlers(queue, None, lambda m, c: None)
+    for i in range(30):
+        transport.send(queue, str(i))
+    pump = pump_for(queue, max_records_to_peek=7, receive_batch_size=3, concurrency=2)
+    assert pump.step() == 0  # work was done: peek again at once
+    assert pump.stats.received == 7
+    assert transport.counts(queue).total == 23
+
+
+def test_peek_delay_rules(transactional_db, queue, caplog):
+    with pytest.raises(ConfigurationError, match="100 ms"):
+        MessagePump(queue, peek_delay=0.05)
+    pump = MessagePump(queue, peek_delay=11)
+    try:
+        assert "messages may back up" in caplog.text
+        assert pump.step() == 11  # empty queue: wait the peek delay
+    finally:
+        pump.close()
+
+
+def test_exactly_once_with_injected_failures(demo, transport, pump_for, temp_handlers):
+    """Ping writes its row, then (sometimes) the handler fails: the row rolls back with it."""
+    rng = random.Random(7)
+    from core.demo.handlers import ping
+
+    def failing_ping(message, context):
+        ping(message, context)
+        if rng.random() < 0.3:
+            raise RuntimeError("injected failure after the business write")
+
+    temp_handlers("demo", "PingFlaky", failing_ping)
+    ids = [transport.send("demo", {"n": i}, message_type="PingFlaky") for i in range(60)]
+    drain(pump_for("demo", concurrency=3, immediate_retries=20))
+    rows = list(PingRecord.objects.values_list("message_id", flat=True))
+    assert sorted(rows) == sorted(ids)  # one row per message: none lost, none doubled
+
+
+def test_demo_handlers(demo, transport, pump_for, error_queue, settings):
+    settings.SLUICE_IMMEDIATE_RETRIES = 2
+    ping_id = transport.send("demo", {}, message_type="Ping")
+    transport.send("demo", {}, message_type="FailOnce")
+    fail_id = transport.send("demo", {}, message_type="Fail")
+    transport.send("demo", {"seconds": 0.01}, message_type="Slow")
+    pump = pump_for("demo", concurrency=1)
+    drain(pump)
+    assert list(PingRecord.objects.values_list("message_id", flat=True)) == [ping_id]
+    failed = transport.browse(error_queue)
+    assert [m.headers[Headers.MESSAGE_ID] for m in failed] == [fail_id]
+    assert pump.stats.succeeded == 3 and pump.stats.retried == 3
+
+
+def test_receive_only_is_refused_on_sqlite(transactional_db, queue):
+    if dialect().supports_concurrent_writers:
+        pytest.skip("this database allows concurrent writers")
+    with pytest.raises(ConfigurationError, match="SQLite"):
+        MessagePump(queue, transaction_mode="receive_only")
+
+
+@pytest.mark.postgresql
+@pytest.mark.django_db(transaction=True, databases="__all__")
+def test_receive_only_keeps_business_writes_of_a_failed_attempt(demo, transport, pump_for, temp_handlers):
+    """receive_only: the handler's writes are its own (at-least-once), the receive rolls back."""
+    from core.demo.handlers import ping
+
+    def ping_then_fail_once(message, context):
+        ping(message, context)
+        if context.attempt == 1:
+            raise RuntimeError("fail after writing")
+
+    temp_handlers("demo", "PingTwice", ping_then_fail_once)
+    message_id = transport.send("demo", {}, message_type="PingTwice")
+    drain(pump_for("demo", transaction_mode="receive_only", using=get_settings().DATABASE))
+    assert PingRecord.objects.filter(message_id=message_id).count() == 2
+
+
+def test_graceful_stop_finishes_the_current_batch(transport, queue, pump_for, temp_handlers):
+    import threading
+
+    started = threading.Event()
+    release = threading.Event()
+
+    def slow(message, context):
+        started.set()
+        release.wait(10)
+
+    temp_handlers(queue, None, slow)
+    for i in range(5):
+        transport.send(queue, str(i))
+    pump = pump_for(queue, concurrency=1, receive_batch_size=1)
+    worker = threading.Thread(target=pump.step)
+    worker.start()
+    assert started.wait(10)
+    pump.stop()
+    release.set()
+    worker.join(10)
+    # The in-flight message finished and committed; no new batch was taken.
+    assert pump.stats.succeeded == 1
+    assert transport.counts(queue).total == 4
