@@ -1,15 +1,29 @@
 """Django system checks for Sluice's configuration."""
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 from django.core import checks
 from django.db import connections
 
 from core.conf import get_settings
 
 
-@checks.register(checks.Tags.database)
-def sqlite_transaction_mode(app_configs=None, **kwargs):
+def sqlite_problems(db: Mapping[str, Any]) -> list[checks.CheckMessage]:
     """SQLite receives need BEGIN IMMEDIATE, or two receivers deadlock upgrading locks."""
+    if db.get("ENGINE") != "django.db.backends.sqlite3":
+        return []
+    if (db.get("OPTIONS") or {}).get("transaction_mode") in ("IMMEDIATE", "EXCLUSIVE"):
+        return []
+    return [checks.Error(
+        "Sluice on SQLite needs DATABASES[...]['OPTIONS']['transaction_mode'] = 'IMMEDIATE'",
+        hint="Without it two receivers can deadlock when they upgrade their read locks.",
+        id="sluice.E001",
+    )]
+
+
+@checks.register(checks.Tags.database)
+def sluice_database(app_configs=None, **kwargs):
     try:
         conf = get_settings()
     except ValueError as exc:
@@ -17,12 +31,4 @@ def sqlite_transaction_mode(app_configs=None, **kwargs):
     db = connections.settings.get(conf.DATABASE)
     if db is None:
         return [checks.Error(f"SLUICE_DATABASE={conf.DATABASE!r} is not in DATABASES", id="sluice.E003")]
-    if db["ENGINE"] == "django.db.backends.sqlite3":
-        mode = (db.get("OPTIONS") or {}).get("transaction_mode")
-        if mode not in ("IMMEDIATE", "EXCLUSIVE"):
-            return [checks.Error(
-                "Sluice on SQLite needs DATABASES[...]['OPTIONS']['transaction_mode'] = 'IMMEDIATE'",
-                hint="Without it two receivers can deadlock when they upgrade their read locks.",
-                id="sluice.E001",
-            )]
-    return []
+    return sqlite_problems(db)

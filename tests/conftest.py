@@ -139,31 +139,44 @@ def manage(*args: str, env: dict | None = None, timeout: float = 120, check: boo
     return result
 
 
-def start_worker(*args: str, env: dict | None = None) -> subprocess.Popen:
-    """Start ``manage.py sluice worker`` in a child process; returns once it serves."""
+def start_workers(count: int, *args: str, env: dict | None = None) -> list[subprocess.Popen]:
+    """Start ``count`` ``manage.py sluice worker`` processes together; returns once all serve.
+
+    Their output is kept in ``proc.output`` (read continuously, so a chatty worker
+    never blocks on a full pipe)."""
     full_env = {**os.environ, "DATABASE_URL": database_url(), "PYTHONUNBUFFERED": "1", **(env or {})}
-    proc = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "sluice", "worker", *args], cwd=ROOT,
-                            env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    proc.output = []  # type: ignore[attr-defined]
-    serving = threading.Event()
+    procs = []
+    for _ in range(count):
+        proc = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "sluice", "worker", *args], cwd=ROOT,
+                                env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        proc.output = []  # type: ignore[attr-defined]
+        proc.serving = threading.Event()  # type: ignore[attr-defined]
 
-    def drain() -> None:  # keep reading, or a chatty worker blocks on a full pipe
-        for raw in proc.stdout:
-            line = raw.decode(errors="replace")
-            proc.output.append(line)
-            if "worker serving" in line:
-                serving.set()
+        def drain(proc=proc) -> None:
+            for raw in proc.stdout:
+                line = raw.decode(errors="replace")
+                proc.output.append(line)
+                if "worker serving" in line:
+                    proc.serving.set()
 
-    threading.Thread(target=drain, daemon=True).start()
+        threading.Thread(target=drain, daemon=True).start()
+        procs.append(proc)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not serving.is_set():
-        if proc.poll() is not None:
-            raise AssertionError(f"worker exited with {proc.returncode} before serving:\n{''.join(proc.output)}")
-        serving.wait(0.1)
-    if not serving.is_set():
-        proc.kill()
-        raise AssertionError("worker did not start within 60 s")
-    return proc
+    for proc in procs:
+        while not proc.serving.is_set():
+            if proc.poll() is not None:
+                raise AssertionError(f"worker exited with {proc.returncode} before serving:\n{''.join(proc.output)}")
+            if time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                raise AssertionError("worker did not start within 60 s")
+            proc.serving.wait(0.1)
+    return procs
+
+
+def start_worker(*args: str, env: dict | None = None) -> subprocess.Popen:
+    """Start one ``manage.py sluice worker``; returns once it serves."""
+    return start_workers(1, *args, env=env)[0]
 
 
 def wait_for(predicate, timeout: float = 30, interval: float = 0.05, what: str = "condition"):

@@ -1,0 +1,92 @@
+# Sluice: every public target does its own set-up (scripts/bootstrap.sh installs the
+# venv and system libraries; scripts/services.sh installs/starts PostgreSQL, Redis and
+# Chromium), so `make test` and `make run` work on a fresh Debian 12 machine.
+#
+#   make run                 migrate, set up queues, run dashboard + worker (Ctrl-C stops)
+#   make test                import contracts, then pytest on SQLite and on PostgreSQL
+#   make test-sqlite         pytest on SQLite only
+#   make test-postgresql     pytest on PostgreSQL only
+#   make bench               transport benchmark on SQLite and PostgreSQL
+#   make lint                import-linter contracts
+#   make venv                only the set-up (.venv, system packages)
+#   make clean               remove var/ and caches (keeps .venv)
+#
+# Variables: PYTEST_ARGS="-k foo -x", BENCH_ARGS="...", PG_URL=postgresql://...,
+#            DEMO=0 (make run without demo traffic).
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+# Set-up steps call apt-get; never run them in parallel.
+.NOTPARALLEL:
+
+VENV        := .venv
+PY          := $(VENV)/bin/python
+PYTEST      := $(VENV)/bin/pytest
+PG_URL      ?= postgresql://sluice:sluice@127.0.0.1:5432/sluice
+SQLITE_URL  ?= sqlite:///var/test-sqlite.sqlite3
+PYTEST_ARGS ?=
+BENCH_ARGS  ?=
+
+# Test/bench environment (PySpark binds oddly without SPARK_LOCAL_IP; Playwright's
+# sync API runs an event loop in the test thread, next to pytest-django's live_server).
+export SPARK_LOCAL_IP := 127.0.0.1
+export PYSPARK_PYTHON := $(CURDIR)/$(PY)
+export DJANGO_ALLOW_ASYNC_UNSAFE := true
+
+.PHONY: help venv run test test-sqlite test-postgresql bench lint clean \
+        services-all services-postgres services-test-sqlite
+
+help:
+	@sed -n 's/^#   make /  make /p' $(firstword $(MAKEFILE_LIST))
+
+venv:
+	@bash scripts/bootstrap.sh
+
+run: venv
+	@bash scripts/run.sh
+
+services-all:
+	@bash scripts/services.sh postgres redis chromium
+
+services-test-sqlite:
+	@bash scripts/services.sh redis chromium
+
+services-postgres:
+	@bash scripts/services.sh postgres
+
+# Runs lint and both pytest runs even if one fails; fails if any failed.
+test: venv services-all
+	@mkdir -p var
+	@failed=""; \
+	echo "== lint-imports"; \
+	$(VENV)/bin/lint-imports || failed="$$failed lint"; \
+	echo "== pytest on SQLite ($(SQLITE_URL))"; \
+	DATABASE_URL='$(SQLITE_URL)' $(PYTEST) $(PYTEST_ARGS) || failed="$$failed sqlite"; \
+	echo "== pytest on PostgreSQL ($(PG_URL))"; \
+	DATABASE_URL='$(PG_URL)' $(PYTEST) $(PYTEST_ARGS) || failed="$$failed postgresql"; \
+	if [ -n "$$failed" ]; then echo "== FAILED:$$failed"; exit 1; fi; \
+	echo "== all passed (lint, sqlite, postgresql)"
+
+test-sqlite: venv services-test-sqlite
+	@mkdir -p var
+	DATABASE_URL='$(SQLITE_URL)' $(PYTEST) $(PYTEST_ARGS)
+
+test-postgresql: venv services-all
+	DATABASE_URL='$(PG_URL)' $(PYTEST) $(PYTEST_ARGS)
+
+bench: venv services-postgres
+	@mkdir -p var
+	@failed=""; \
+	echo "== benchmark: sqlite"; \
+	SLUICE_BENCH_POSTGRES_URL='$(PG_URL)' $(PY) -m benchmarks transport --db sqlite $(BENCH_ARGS) || failed="$$failed sqlite"; \
+	echo "== benchmark: postgresql"; \
+	SLUICE_BENCH_POSTGRES_URL='$(PG_URL)' $(PY) -m benchmarks transport --db postgresql $(BENCH_ARGS) || failed="$$failed postgresql"; \
+	if [ -n "$$failed" ]; then echo "== FAILED:$$failed"; exit 1; fi
+
+lint: venv
+	$(VENV)/bin/lint-imports
+
+clean:
+	rm -rf var .pytest_cache test-results build htmlcov .coverage
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -print0 | xargs -0 rm -rf
+	find . -path ./$(VENV) -prune -o -name '*.py[co]' -type f -print0 | xargs -0 rm -f

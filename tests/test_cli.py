@@ -1,0 +1,154 @@
+"""`python manage.py sluice …`: the command line and its stable --json formats."""
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from core.demo.models import PingRecord
+from core.messages import Headers
+from tests.conftest import manage, start_worker, wait_for
+
+
+def sluice(*args: str, **kwargs):
+    return manage("sluice", *args, **kwargs)
+
+
+def ok(*args: str, **kwargs) -> str:
+    result = sluice(*args, **kwargs)
+    assert result.returncode == 0, result.stderr.decode()
+    return result.stdout.decode()
+
+
+def test_setup_is_idempotent(transactional_db):
+    first = ok("setup")
+    assert "error" in first and "demo" in first and "setup complete" in first
+    second = ok("setup")
+    assert "exists  error" in second
+
+
+def test_queue_create_list_purge_delete(transactional_db):
+    ok("setup")
+    assert "created queue cli_orders" in ok("queue", "create", "cli_orders", "--ttl", "90")
+    ok("send", "cli_orders", "--body", "one")
+    ok("send", "cli_orders", "--body", "gone", "--ttl", "0")
+    listing = json.loads(ok("queue", "list", "--json"))
+    row = next(r for r in listing if r["name"] == "cli_orders")
+    assert row["pending"] == 1 and row["expired"] == 1 and row["ttl_seconds"] == 90
+    assert {"name", "pending", "expired", "ttl_seconds"} <= set(row)
+    assert "purged 1 expired" in ok("queue", "purge", "cli_orders", "--expired-only")
+    assert "purged 1 message" in ok("queue", "purge", "cli_orders")
+    assert "deleted queue cli_orders" in ok("queue", "delete", "cli_orders")
+    assert all(r["name"] != "cli_orders" for r in json.loads(ok("queue", "list", "--json")))
+
+
+def test_queue_create_options(transactional_db):
+    ok("setup")
+    ok("queue", "create", "cli_tmp", "--auto-delete-on-idle", "600", "--dead-letter-on-expiry")
+    listing = {r["name"]: r for r in json.loads(ok("queue", "list", "--json"))}
+    assert listing["cli_tmp"]["kind"] == "temporary"
+    assert listing["cli_tmp"]["auto_delete_on_idle_seconds"] == 600
+    assert listing["cli_tmp"]["dead_letter_on_expiry"] is True
+    assert listing["cli_tmp.deadletter"]["kind"] == "dead_letter"
+    ok("queue", "delete", "cli_tmp")
+    ok("queue", "delete", "cli_tmp.deadletter")
+
+
+def test_send_peek_receive_json(transactional_db, tmp_path):
+    ok("setup")
+    ok("queue", "create", "cli_msgs")
+    first = ok("send", "cli_msgs", "--body", '{"a": 1}', "--type", "Ping", "--header", "K=V",
+               "--header", "Empty=", "--message-id", "order-1").strip()
+    assert first == "order-1"
+    blob = tmp_path / "blob.bin"
+    blob.write_bytes(b"\x00\xffbinary")
+    second = ok("send", "cli_msgs", "--body-file", str(blob), "--ttl", "3600").strip()
+
+    peeked = json.loads(ok("peek", "cli_msgs", "--json"))
+    assert [m["id"] for m in peeked] == ["order-1", second]  # FIFO
+    text, binary = peeked
+    assert text["type"] == "Ping" and text["body"] == '{"a": 1}' and text["expires"] is None
+    assert text["headers"]["K"] == "V" and text["headers"]["Empty"] == ""
+    assert binary["body"] is None and base64.b64decode(binary["body_base64"]) == b"\x00\xffbinary"
+    assert binary["expires"].endswith("+00:00")
+    assert json.loads(ok("peek", "cli_msgs", "--limit", "1", "--json"))[0]["id"] == "order-1"
+
+    got = json.loads(ok("receive", "cli_msgs", "--json"))
+    assert got["id"] == "order-1" and got["headers"][Headers.MESSAGE_ID] == "order-1"
+    assert json.loads(ok("receive", "cli_msgs", "--json"))["id"] == second
+    assert json.loads(ok("receive", "cli_msgs", "--json")) is None
+    ok("queue", "delete", "cli_msgs")
+
+
+def test_body_from_stdin(transactional_db):
+    ok("setup")
+    message_id = ok("send", "demo", "--type", "Nothing", "--body-file", "-", input=b"piped").strip()
+    peeked = json.loads(ok("peek", "demo", "--json"))
+    assert any(m["id"] == message_id and m["body"] == "piped" for m in peeked)
+    ok("queue", "purge", "demo")
+
+
+def test_receive_skips_expired_messages(transactional_db):
+    ok("setup")
+    ok("queue", "create", "cli_exp")
+    ok("send", "cli_exp", "--body", "old", "--ttl", "0")
+    ok("send", "cli_exp", "--body", "new")
+    assert json.loads(ok("receive", "cli_exp", "--json"))["body"] == "new"
+    ok("queue", "delete", "cli_exp")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["send", "nosuch", "--body", "x"], "does not exist"),
+    (["send", "demo", "--ttl", "-3"], "must not be negative"),
+    (["send", "demo", "--ttl", "soon"], "number of seconds"),
+    (["send", "demo", "--header", "novalue"], "KEY=VALUE"),
+    (["send", "demo", "--body-file", "/nonexistent/file"], "cannot read"),
+    (["queue", "create", "bad;name"], "may contain only"),
+    (["queue", "create", "x" * 61], "at most 60"),
+    (["queue", "create", "q1", "--ttl", "abc"], "number of seconds"),
+    (["queue", "create", "q2", "--auto-delete-on-idle", "10"], "at least 300"),
+    (["queue", "delete", "nosuch"], "does not exist"),
+    (["peek", "nosuch"], "does not exist"),
+    (["peek", "demo", "--limit", "0"], "at least 1"),
+    (["receive", "it'sbad"], "may contain only"),
+    (["worker", "--queue", "nosuch"], "does not exist"),
+])
+def test_bad_input_gives_a_clear_error_and_nonzero_exit(transactional_db, args, message):
+    ok("setup")
+    result = sluice(*args)
+    assert result.returncode != 0
+    err = result.stderr.decode()
+    assert message in err and "Traceback" not in err
+    assert result.stdout.decode() == ""
+
+
+def test_body_too_large(transactional_db):
+    ok("setup")
+    result = sluice("send", "demo", "--body", "x" * 2000, env={"SLUICE_MAX_BODY_BYTES": "1000"})
+    assert result.returncode != 0 and "SLUICE_MAX_BODY_BYTES" in result.stderr.decode()
+
+
+def test_worker_processes_demo_traffic_and_stops_cleanly(demo):
+    import signal
+
+    ids = [ok("send", "demo", "--type", "Ping", "--body", "{}").strip() for _ in range(5)]
+    worker = start_worker("--queue", "demo")
+    try:
+        wait_for(lambda: PingRecord.objects.count() == 5, what="5 pings handled")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+    assert sorted(PingRecord.objects.values_list("message_id", flat=True)) == sorted(ids)
+    assert "demo: received 5" in "".join(worker.output)
+
+
+def test_worker_demo_traffic_flag_sends_to_the_demo_queue(demo):
+    import signal
+
+    worker = start_worker("--queue", "demo", "--demo-traffic", env={"SLUICE_DEMO_RATE": "20"})
+    try:
+        wait_for(lambda: PingRecord.objects.count() >= 3, what="demo pings handled")
+    finally:
+        worker.send_signal(signal.SIGINT)
+        assert worker.wait(30) == 0
