@@ -47,6 +47,29 @@ class SluiceSettings:
     PURGE_BATCH_SIZE: int = 4000
     #: Seconds queue settings are cached per process (TTL ceilings, existence).
     REGISTRY_CACHE_SECONDS: float = 5.0
+    #: Delayed retries after the immediate ones (SPEC C5), through the delayed store.
+    DELAYED_RETRIES: int = 3
+    #: Delay of the n-th delayed retry = n × this many seconds (10 s, 20 s, 30 s).
+    DELAYED_RETRY_INCREASE: float = 10.0
+    #: Delayed-message store table; empty = "<SLUICE_ENDPOINT>.delayed".
+    DELAYED_TABLE: str = ""
+    #: Class implementing the delayed-message store interface (core.delayed.DelayedMessageStore).
+    DELAYED_STORE: str = "core.delayed.SqlDelayedStore"
+    #: Failed forwards of a due message before it goes to the error queue (0: first failure).
+    DELAYED_NUMBER_OF_RETRIES: int = 0
+    #: Due messages the mover moves in one transaction.
+    DELAYED_BATCH_SIZE: int = 100
+    #: Longest the mover sleeps when nothing is due (a store anywhere wakes it sooner).
+    DELAYED_MAX_SLEEP: float = 60.0
+    #: Seconds of continuous failure before a circuit breaker triggers (store / fetch / dispatch / pump).
+    TIME_TO_TRIGGER_STORE_BREAKER: float = 30.0
+    TIME_TO_TRIGGER_FETCH_BREAKER: float = 30.0
+    TIME_TO_TRIGGER_DISPATCH_BREAKER: float = 30.0
+    TIME_TO_TRIGGER_RECEIVE_BREAKER: float = 30.0
+    #: Forwarding failures per second above which the recovery breaker triggers.
+    MAXIMUM_RECOVERY_FAILURES_PER_SECOND: float = 1.0
+    #: Seconds a mover's leadership lease lasts; another worker takes over when it lapses.
+    MOVER_LEASE_SECONDS: float = 10.0
     #: Send demo traffic to the ``demo`` queue from ``sluice worker --demo-traffic``: messages per second.
     DEMO_RATE: float = 2.0
     extra: Mapping[str, Any] = field(default_factory=dict)
@@ -62,8 +85,21 @@ class SluiceSettings:
         for name in ("CONCURRENCY", "MAX_RECORDS_TO_PEEK", "RECEIVE_BATCH_SIZE", "PURGE_BATCH_SIZE", "MAX_BODY_BYTES"):
             if getattr(self, name) < 1:
                 raise ValueError(f"SLUICE_{name} must be at least 1")
-        if self.IMMEDIATE_RETRIES < 0:
-            raise ValueError("SLUICE_IMMEDIATE_RETRIES must be 0 or more")
+        for name in ("IMMEDIATE_RETRIES", "DELAYED_RETRIES", "DELAYED_NUMBER_OF_RETRIES"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"SLUICE_{name} must be 0 or more")
+        for name in ("DELAYED_BATCH_SIZE",):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SLUICE_{name} must be at least 1")
+        for name in ("DELAYED_MAX_SLEEP", "MOVER_LEASE_SECONDS", "MAXIMUM_RECOVERY_FAILURES_PER_SECOND",
+                     "TIME_TO_TRIGGER_STORE_BREAKER", "TIME_TO_TRIGGER_FETCH_BREAKER",
+                     "TIME_TO_TRIGGER_DISPATCH_BREAKER", "TIME_TO_TRIGGER_RECEIVE_BREAKER"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"SLUICE_{name} must be positive")
+
+    @property
+    def delayed_table(self) -> str:
+        return self.DELAYED_TABLE or f"{self.ENDPOINT}.delayed"
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(SluiceSettings) if f.name != "extra"}
@@ -94,9 +130,32 @@ def from_environ(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
             for name in FIELDS if f"SLUICE_{name}" in environ}
 
 
+_cached: SluiceSettings | None = None
+
+
 def get_settings() -> SluiceSettings:
-    """The current Sluice settings, from Django's settings (``SLUICE_*``)."""
+    """The current Sluice settings, from Django's settings (``SLUICE_*``).
+
+    Built once and cached (sends call this on the hot path); a change to a ``SLUICE_*``
+    setting (``override_settings`` in tests) clears the cache.
+    """
+    global _cached
+    if _cached is None:
+        _cached = _build()
+    return _cached
+
+
+def _clear_cache(*, setting: str, **kwargs: Any) -> None:
+    global _cached
+    if setting.startswith("SLUICE_"):
+        _cached = None
+
+
+def _build() -> SluiceSettings:
     from django.conf import settings
+    from django.core.signals import setting_changed
+
+    setting_changed.connect(_clear_cache, dispatch_uid="sluice-settings")
 
     values = {}
     for name, f in FIELDS.items():

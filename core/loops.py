@@ -40,6 +40,9 @@ class ThreadRunner:
 
     def start(self) -> "ThreadRunner":
         for loop in self.loops:
+            bind = getattr(loop, "bind_wake", None)
+            if bind is not None:  # loops that can be woken early (the delayed mover)
+                bind(lambda name=loop.name: self.wake(name))
             thread = threading.Thread(target=self._run, args=(loop,), name=f"sluice-{loop.name}", daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -68,7 +71,7 @@ class ThreadRunner:
                     wait = ERROR_BACKOFF_SECONDS
                 if wait > 0:
                     wake.wait(wait)
-                    wake.clear()
+                wake.clear()
         finally:
             try:
                 loop.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -37,7 +38,15 @@ class Headers:
     FAILED_Q = NSB + "FailedQ"
     TIME_OF_FAILURE = NSB + "TimeOfFailure"
     # Sluice's own.
+    #: Failed attempts in the current round of immediate retries (reset by a delayed retry).
     FAILED_ATTEMPTS = "Sluice.FailedAttempts"
+    #: Every failed attempt of the message, across rounds.
+    TOTAL_FAILED_ATTEMPTS = "Sluice.TotalFailedAttempts"
+    #: Delayed retries done so far, and when the last one was scheduled.
+    DELAYED_RETRIES = NSB + "Retries"
+    DELAYED_RETRIES_TIMESTAMP = NSB + "Retries.Timestamp"
+    #: When the delayed-message mover put the message into its queue.
+    DELIVERED_AT = "Sluice.DeliveredAt"
     RAW_HEADERS = "Sluice.RawHeaders"
     EXPIRED_REASON = "Sluice.DeadLetterReason"
 
@@ -67,6 +76,19 @@ def timespan(seconds: float) -> str:
     if frac:
         text += f".{frac:07d}"
     return text
+
+
+TIMESPAN_RE = re.compile(r"^(?:(\d+)\.)?(\d{1,2}):(\d{2}):(\d{2})(?:\.(\d{1,7}))?$")
+
+
+def parse_timespan(text: str) -> float:
+    """Seconds in a .NET TimeSpan string (``[d.]hh:mm:ss[.fffffff]``); ValueError if malformed."""
+    match = TIMESPAN_RE.match(text.strip())
+    if not match:
+        raise ValueError(f"not a TimeSpan: {text!r}")
+    days, hours, minutes, seconds, fraction = match.groups()
+    return (int(days or 0) * 86400 + int(hours) * 3600 + int(minutes) * 60 + int(seconds)
+            + (int(fraction.ljust(7, "0")) / 10_000_000 if fraction else 0.0))
 
 
 def encode_headers(headers: Mapping[str, Any]) -> str:
@@ -120,6 +142,20 @@ class Message:
     def failed_attempts(self) -> int:
         try:
             return int(self.headers.get(Headers.FAILED_ATTEMPTS, "0"))
+        except ValueError:
+            return 0
+
+    @property
+    def total_failed_attempts(self) -> int:
+        try:
+            return int(self.headers.get(Headers.TOTAL_FAILED_ATTEMPTS, str(self.failed_attempts)))
+        except ValueError:
+            return self.failed_attempts
+
+    @property
+    def delayed_retries(self) -> int:
+        try:
+            return int(self.headers.get(Headers.DELAYED_RETRIES, "0"))
         except ValueError:
             return 0
 

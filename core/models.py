@@ -32,3 +32,15 @@ class QueueRecord(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class Lease(models.Model):
+    """A named lease: which process currently does a job only one should do (the
+    delayed-message mover).  Times are the database's clock."""
+
+    name = models.CharField(max_length=200, primary_key=True)
+    holder = models.CharField(max_length=200, default="")
+    expires_at = models.DateTimeField(null=True)
+
+    class Meta:
+        db_table = "sluice_lease"

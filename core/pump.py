@@ -28,8 +28,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 
+from core.breakers import RepeatedFailuresOverTimeCircuitBreaker
 from core.conf import get_settings
 from core.db import independent_alias
 from core.errors import ConfigurationError, NoHandler
@@ -86,6 +87,7 @@ class MessagePump:
         receive_batch_size: int | None = None,
         transaction_mode: str | None = None,
         immediate_retries: int | None = None,
+        delayed_retries: int | None = None,
         handlers: HandlerRegistry | None = None,
         using: str | None = None,
     ) -> None:
@@ -105,6 +107,11 @@ class MessagePump:
             log.warning("peek delay of %.1f s on %s: messages may back up", self.peek_delay, queue)
         if self.concurrency < 1 or self.max_records_to_peek < 1 or self.batch_size < 1:
             raise ConfigurationError("concurrency, max_records_to_peek and receive_batch_size must be at least 1")
+        if not dialect(self.business_alias).supports_concurrent_writers and self.concurrency > 1:
+            # One writer at a time: extra threads would only queue for the write lock.
+            log.info("%s allows one writer at a time: pump %s uses 1 thread, not %d",
+                     dialect(self.business_alias).vendor, queue, self.concurrency)
+            self.concurrency = 1
         if self.mode == "receive_only":
             if not dialect(self.business_alias).supports_concurrent_writers:
                 raise ConfigurationError(
@@ -118,7 +125,11 @@ class MessagePump:
             raise ConfigurationError(f"unknown transaction mode {self.mode!r}")
         self.receiver = Transport(self.receive_alias)
         self.sender = Transport(self.business_alias)
-        self.recoverability = Recoverability(self.receiver, immediate_retries)
+        self.recoverability = Recoverability(self.receiver, immediate_retries, delayed_retries=delayed_retries)
+        self.receive_breaker = RepeatedFailuresOverTimeCircuitBreaker(
+            f"pump-receive:{queue}", s.TIME_TO_TRIGGER_RECEIVE_BREAKER)
+        self.processing_breaker = RepeatedFailuresOverTimeCircuitBreaker(
+            f"pump-processing:{queue}", s.TIME_TO_TRIGGER_RECEIVE_BREAKER)
         self.stats = PumpStats()
         self._stats_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -127,14 +138,33 @@ class MessagePump:
 
     # -- the loop -------------------------------------------------------------
     def step(self) -> float:
-        estimate = min(self.receiver.peek_estimate(self.queue), self.max_records_to_peek)
+        try:
+            estimate = min(self.receiver.peek_estimate(self.queue), self.max_records_to_peek)
+        except DatabaseError as exc:
+            self._discard_connection(self.receive_alias)
+            return self.receive_breaker.failure(exc)
+        self.receive_breaker.success()
         if estimate == 0:
             return self.peek_delay
         budget = _Budget(estimate)
         workers = min(self.concurrency, math.ceil(estimate / self.batch_size))
         futures = [self._executor.submit(self._receive_until_short, budget) for _ in range(workers)]
-        received = sum(f.result() for f in futures)
+        received, failure = 0, None
+        for future in futures:
+            try:
+                received += future.result()
+            except DatabaseError as exc:  # the database, not a handler: handlers' errors are data
+                failure = exc
+        if failure is not None:
+            return self.processing_breaker.failure(failure)
+        self.processing_breaker.success()
         return 0.0 if received else self.peek_delay
+
+    @staticmethod
+    def _discard_connection(alias: str) -> None:
+        conn = connections[alias]
+        if not conn.in_atomic_block:
+            conn.close()
 
     def stop(self) -> None:
         """Finish the current batches, take no new ones."""
@@ -169,9 +199,7 @@ class MessagePump:
                 if got < want:
                     break  # another receiver got there first, or the queue is empty: peek again
         except Exception:
-            conn = connections[self.receive_alias]
-            if not conn.in_atomic_block:
-                conn.close()
+            self._discard_connection(self.receive_alias)
             raise
         return received
 
@@ -212,10 +240,10 @@ class MessagePump:
                 fn(message, context)
         except Exception as exc:  # the handler's failure is data, not a crash
             outcome = self.recoverability.on_failure(message, exc)
-            if outcome == "retry":
-                stats.retried += 1
-            else:
+            if outcome == "error":
                 stats.errored += 1
+            else:
+                stats.retried += 1
             return
         stats.succeeded += 1
         log.debug("handled %s (%s) on %s in %.1f ms", message.id, message.message_type, self.queue,

@@ -1,10 +1,15 @@
 """What happens when a handler fails, or a row cannot be read at all.
 
-Immediate retries: the failed message goes back into its queue, in the same
-transaction that rolled its handler back, with ``Sluice.FailedAttempts`` counted up.
-The count lives in the row, so it survives restarts and spans workers.  After the last
-retry (or at once, for poison rows and messages with no handler) the message goes to
-the error queue with the ``NServiceBus.ExceptionInfo.*`` / ``FailedQ`` headers.
+1. Immediate retries: the failed message goes back into its queue, in the same
+   transaction that rolled its handler back, with ``Sluice.FailedAttempts`` counted up.
+2. Delayed retries: after the last immediate retry it goes to the delayed store, due
+   in 10 s, then 20 s, then 30 s (``NServiceBus.Retries`` counts them; each delayed
+   retry starts a new round of immediate retries).
+3. Then the error queue, with the ``NServiceBus.ExceptionInfo.*`` / ``FailedQ``
+   headers.  Poison rows and messages with no handler go there at once.
+
+Every count lives in the message's own headers, in the same transaction as the
+receive, so it survives restarts and spans workers.
 """
 from __future__ import annotations
 
@@ -22,7 +27,7 @@ log = logging.getLogger("sluice.recoverability")
 MAX_STACK_TRACE = 16_000
 
 
-def failure_headers(message: Message, exc: BaseException, queue: str) -> dict[str, str]:
+def failure_headers(exc: BaseException, queue: str) -> dict[str, str]:
     """The error-queue headers that describe ``exc`` (NServiceBus names)."""
     stack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     frames = traceback.extract_tb(exc.__traceback__)
@@ -44,27 +49,54 @@ class Recoverability:
     """Retry-or-error decisions for one transport (the receive's connection)."""
 
     def __init__(self, transport: Transport, immediate_retries: int | None = None,
-                 error_queue: str | None = None) -> None:
+                 error_queue: str | None = None, delayed_retries: int | None = None,
+                 delayed_retry_increase: float | None = None) -> None:
         settings = get_settings()
         self.transport = transport
         self.immediate_retries = settings.IMMEDIATE_RETRIES if immediate_retries is None else immediate_retries
+        self.delayed_retries = settings.DELAYED_RETRIES if delayed_retries is None else delayed_retries
+        self.delayed_retry_increase = (settings.DELAYED_RETRY_INCREASE if delayed_retry_increase is None
+                                       else delayed_retry_increase)
         self.error_queue = error_queue or settings.ERROR_QUEUE
 
     def on_failure(self, message: Message, exc: BaseException) -> str:
-        """Record a failed attempt; returns "retry" or "error"."""
+        """Record a failed attempt; returns "retry", "delayed-retry" or "error"."""
         attempts = message.failed_attempts + 1
+        total = message.total_failed_attempts + 1
         if attempts <= self.immediate_retries:
-            headers = {**message.headers, Headers.FAILED_ATTEMPTS: str(attempts)}
+            headers = {**message.headers, Headers.FAILED_ATTEMPTS: str(attempts),
+                       Headers.TOTAL_FAILED_ATTEMPTS: str(total)}
             self.transport.requeue(message.queue, message, headers=headers)
             log.warning("message %s on %s failed (attempt %d of %d): %s: %s", message.id, message.queue,
                         attempts, self.immediate_retries + 1, type(exc).__name__, exc)
             return "retry"
+        done = message.delayed_retries
+        if done < self.delayed_retries:
+            self.schedule_delayed_retry(message, exc, done + 1, total)
+            return "delayed-retry"
         self.move_to_error(message, exc, attempts=attempts)
         return "error"
 
+    def schedule_delayed_retry(self, message: Message, exc: BaseException, number: int, total: int) -> None:
+        from core.delayed import DelayedMessage, delayed_store  # the store builds on recoverability
+
+        delay = self.delayed_retry_increase * number
+        headers = {**message.headers,
+                   Headers.FAILED_ATTEMPTS: "0",  # a new round of immediate retries
+                   Headers.TOTAL_FAILED_ATTEMPTS: str(total),
+                   Headers.DELAYED_RETRIES: str(number),
+                   Headers.DELAYED_RETRIES_TIMESTAMP: wire_time(dt.datetime.now(dt.timezone.utc))}
+        delayed_store(self.transport.using).store(
+            DelayedMessage(id=headers.get(Headers.MESSAGE_ID, message.id), destination=message.queue,
+                           body=message.body, headers=headers), delay=delay)
+        log.warning("message %s on %s failed %d time(s); delayed retry %d of %d in %g s: %s: %s",
+                    message.id, message.queue, total, number, self.delayed_retries, delay,
+                    type(exc).__name__, exc)
+
     def move_to_error(self, message: Message, exc: BaseException, attempts: int | None = None) -> None:
-        headers = {**message.headers, **failure_headers(message, exc, message.queue)}
+        headers = {**message.headers, **failure_headers(exc, message.queue)}
         headers[Headers.FAILED_ATTEMPTS] = str(attempts if attempts is not None else message.failed_attempts + 1)
+        headers[Headers.TOTAL_FAILED_ATTEMPTS] = str(message.total_failed_attempts + 1)
         # Error-queue messages wait for an operator: no expiry, no TTL header.
         headers.pop(Headers.TIME_TO_BE_RECEIVED, None)
         self.transport.requeue(self.error_queue, message, headers=headers, expires=False)
@@ -75,7 +107,7 @@ class Recoverability:
         """A row whose headers cannot be parsed: to the error queue at once, body untouched,
         the original header text kept in ``Sluice.RawHeaders``."""
         exc = PoisonMessage(message.poison or "unreadable message")
-        headers = failure_headers(message, exc, message.queue)
+        headers = failure_headers(exc, message.queue)
         headers[Headers.RAW_HEADERS] = message.raw_headers
         headers[Headers.MESSAGE_ID] = message.id
         self.transport.requeue(self.error_queue, message, headers=headers, expires=False)

@@ -14,14 +14,17 @@ log = logging.getLogger("sluice.setup")
 
 
 def setup_infrastructure(using: str | None = None) -> list[tuple[str, bool]]:
-    """Migrate Sluice's own tables, then create the error queue, every queue that has a
-    handler and every queue in SLUICE_QUEUES.  Returns [(queue, created)]."""
+    """Migrate Sluice's own tables, create the delayed-message store, then the error queue,
+    every queue that has a handler and every queue in SLUICE_QUEUES.  Returns [(queue, created)]."""
     settings = get_settings()
     alias = using or settings.DATABASE
     call_command("migrate", interactive=False, verbosity=0, database=alias)
     load_handler_modules()
     wanted: list[tuple[str, str]] = [(settings.ERROR_QUEUE, QueueKind.ERROR)]
     wanted += [(name, QueueKind.NORMAL) for name in [*handlers.queues(), *settings.QUEUES]]
+    from core.delayed import delayed_store
+
+    delayed_store(alias).setup_infrastructure()
     done: list[tuple[str, bool]] = []
     seen: set[str] = set()
     for name, kind in wanted:

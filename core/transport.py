@@ -159,14 +159,23 @@ class Transport:
             ttl_seconds=ttl_seconds,
         )
 
-    def send(self, queue: str, body: Any, **options: Any) -> str:
+    def send(self, queue: str, body: Any, *, delay: Any = None, deliver_at: Any = None, **options: Any) -> str:
         """Send one message (one INSERT; Expires from the database clock).  Returns its id.
 
         Options: message_type, headers, message_id, correlation_id, reply_to, ttl
-        (seconds or timedelta), content_type.
+        (seconds or timedelta), content_type.  ``delay`` (seconds or timedelta) or
+        ``deliver_at`` (an aware datetime, or ISO 8601 text with an offset) put the
+        message in the delayed store instead; its TTL starts when it lands in the queue.
+        A zero delay or a time in the past sends at once.
         """
+        from core.delayed import resolve_due, store_outgoing  # delayed builds on transport
+
+        wait, when = resolve_due(delay, deliver_at)
         message = self.build(queue, body, **options)
-        self.insert(message)
+        if wait is None and when is None:
+            self.insert(message)
+        else:
+            store_outgoing(message, self.using, wait, when)
         return message.message_id
 
     def insert(self, message: OutgoingMessage) -> None:

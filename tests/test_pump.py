@@ -29,6 +29,7 @@ def pump_for(transactional_db):
 
     def make(queue, **options):
         options.setdefault("peek_delay", 0.1)
+        options.setdefault("delayed_retries", 0)  # delayed retries: see test_delayed.py
         pump = MessagePump(queue, **options)
         pumps.append(pump)
         return pump
@@ -167,7 +168,7 @@ def test_max_records_to_peek_really_caps_one_cycle(transport, queue, pump_for, t
 def test_peek_delay_rules(transactional_db, queue, caplog):
     with pytest.raises(ConfigurationError, match="100 ms"):
         MessagePump(queue, peek_delay=0.05)
-    pump = MessagePump(queue, peek_delay=11)
+    pump = MessagePump(queue, peek_delay=11, delayed_retries=0)
     try:
         assert "messages may back up" in caplog.text
         assert pump.step() == 11  # empty queue: wait the peek delay
@@ -194,6 +195,7 @@ def test_exactly_once_with_injected_failures(demo, transport, pump_for, temp_han
 
 def test_demo_handlers(demo, transport, pump_for, error_queue, settings):
     settings.SLUICE_IMMEDIATE_RETRIES = 2
+    settings.SLUICE_DELAYED_RETRIES = 0
     ping_id = transport.send("demo", {}, message_type="Ping")
     transport.send("demo", {}, message_type="FailOnce")
     fail_id = transport.send("demo", {}, message_type="Fail")

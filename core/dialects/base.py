@@ -16,6 +16,10 @@ COLUMNS = ("Id", "CorrelationId", "ReplyToAddress", "Recoverable", "Expires", "H
 MESSAGE_COLUMNS = ("Id", "CorrelationId", "ReplyToAddress", "Expires", "Headers", "Body", "RowVersion")
 
 
+#: Columns of the delayed-message store, in the order its SELECTs return them.
+DELAYED_COLUMNS = ("Id", "Destination", "State", "Time", "Headers", "RetryCount")
+
+
 class Row(NamedTuple):
     """A queue row as the database returned it, normalised to Python types."""
 
@@ -30,7 +34,8 @@ class Row(NamedTuple):
 
 
 class Dialect:
-    """Base class: shared helpers; subclasses fill in flags and SQL."""
+    """Base class: shared helpers; subclasses fill in flags and SQL (DelayedSQL is mixed in
+    by each dialect)."""
 
     vendor: str = ""
     #: A receive can skip rows locked by another receiver (row-level locking).
@@ -43,6 +48,13 @@ class Dialect:
     supports_schemas: bool = True
     #: RowVersion is the table's integer primary key, so it needs no index of its own.
     rowversion_is_primary_key: bool = False
+    #: The database can wake listeners in other processes when a transaction commits
+    #: (PostgreSQL LISTEN/NOTIFY); otherwise movers poll every ``wake_poll_interval`` s.
+    supports_notify: bool = False
+    wake_poll_interval: float = 0.5
+    #: Suffix of a SELECT that locks its rows and skips rows others hold ("" when the
+    #: database has one writer at a time and needs no row locks).
+    skip_locked_suffix: str = ""
 
     def __init__(self, schema: str | None = None) -> None:
         if schema is not None and not self.supports_schemas:
@@ -67,6 +79,10 @@ class Dialect:
         """
         digest = hashlib.sha1(name.encode()).hexdigest()[:12]
         return {"rowversion": f"sluice_rv_{digest}", "expires": f"sluice_exp_{digest}"}
+
+    def delayed_time_index(self, name: str) -> str:
+        """Name of the delayed store's index on Time."""
+        return f"sluice_time_{hashlib.sha1(name.encode()).hexdigest()[:12]}"
 
     # -- value conversions ----------------------------------------------------
     def to_row(self, raw: tuple[Any, ...]) -> Row:
@@ -211,3 +227,80 @@ def _is_uuid(value: Any) -> bool:
     except ValueError:
         return False
     return True
+
+
+class DelayedSQL:
+    """Named SQL of the delayed-message store (table ``Id, Destination, State, Time,
+    Headers, RetryCount`` with an index on Time).  Mixed into every dialect; the
+    generic forms below are overridden where a database differs."""
+
+    # Provided by Dialect.
+    table: Any
+    quote: Any
+    now_sql: Any
+    skip_locked_suffix: str
+
+    def _delayed_columns(self) -> str:
+        return ", ".join(self.quote(c) for c in DELAYED_COLUMNS)
+
+    def create_delayed_table(self, name: str) -> list[tuple[str, list[Any]]]:
+        raise NotImplementedError
+
+    def delayed_insert_at(self, name: str) -> str:
+        """Store a message due at an explicit time, unless its Id is already stored.
+        Params: id, destination, state, time, headers.  Returns the stored Time (no row
+        when the Id was already there)."""
+        return (
+            f"INSERT INTO {self.table(name)} ({self._delayed_columns()}) VALUES (%s, %s, %s, %s, %s, 0) "
+            f"ON CONFLICT ({self.quote('Id')}) DO NOTHING RETURNING {self.quote('Time')}"
+        )
+
+    def delayed_insert_after(self, name: str) -> str:
+        """Like delayed_insert_at, due at database now + a delay given by ttl_params."""
+        return (
+            f"INSERT INTO {self.table(name)} ({self._delayed_columns()}) "
+            f"VALUES (%s, %s, %s, {self.expires_after_ttl_sql()}, %s, 0) "
+            f"ON CONFLICT ({self.quote('Id')}) DO NOTHING RETURNING {self.quote('Time')}"
+        )
+
+    def delayed_insert_params(self, id_: str, destination: str, state: bytes, time_params: list[Any],
+                              headers: str) -> list[Any]:
+        return [id_, destination, state, *time_params, headers]
+
+    def delayed_fetch_due(self, name: str) -> str:
+        """Up to N messages due at a time (NULL: the database's now), earliest first,
+        locked against other movers.  Params: delayed_fetch_params(at, limit)."""
+        time = self.quote("Time")
+        return (
+            f"SELECT {self._delayed_columns()} FROM {self.table(name)} "
+            f"WHERE {time} <= COALESCE(%s, {self.now_sql()}) ORDER BY {time} LIMIT %s{self.skip_locked_suffix}"
+        )
+
+    def delayed_fetch_params(self, at: Any, limit: int) -> list[Any]:
+        return [at, limit]
+
+    def delayed_remove(self, name: str) -> str:
+        return f"DELETE FROM {self.table(name)} WHERE {self.quote('Id')} = %s"
+
+    def delayed_increment_failure(self, name: str) -> str:
+        rc = self.quote("RetryCount")
+        return f"UPDATE {self.table(name)} SET {rc} = {rc} + 1 WHERE {self.quote('Id')} = %s"
+
+    def delayed_next(self, name: str) -> str:
+        """One row: (earliest due time or NULL, the database's now)."""
+        return f"SELECT (SELECT MIN({self.quote('Time')}) FROM {self.table(name)}), {self.now_sql()}"
+
+    def delayed_list(self, name: str) -> str:
+        """Up to %s stored messages by due time, with the database's now.  Not locked."""
+        return (
+            f"SELECT {self._delayed_columns()}, {self.now_sql()} FROM {self.table(name)} "
+            f"ORDER BY {self.quote('Time')}, {self.quote('Id')} LIMIT %s"
+        )
+
+    def delayed_deliver_now(self, name: str) -> str:
+        """Make one stored message due now.  Params: id."""
+        return f"UPDATE {self.table(name)} SET {self.quote('Time')} = {self.now_sql()} WHERE {self.quote('Id')} = %s"
+
+    def notify(self) -> str | None:
+        """A statement that wakes listeners on channel %s with payload %s at commit."""
+        return None

@@ -13,11 +13,13 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from core.dialects.base import Dialect
+from core.dialects.base import DelayedSQL, Dialect
 
 
-class MSSQLDialect(Dialect):
+class MSSQLDialect(DelayedSQL, Dialect):
     vendor = "microsoft"
+    # No cross-process wake-up here: movers poll for newly stored early messages.
+    wake_poll_interval = 1.0
 
     def quote(self, name: str) -> str:
         return "[" + name.replace("]", "]]") + "]"
@@ -28,9 +30,23 @@ class MSSQLDialect(Dialect):
     def index_names(self, name: str) -> dict[str, str]:
         return {"rowversion": "Index_RowVersion", "expires": "Index_Expires"}
 
+    def delayed_time_index(self, name: str) -> str:
+        return "Index_Time"
+
     def ddl_lock(self) -> tuple[str, list[Any]]:
+        # A Transaction-owned applock needs @@TRANCOUNT > 0.  Django's atomic() turns
+        # ODBC autocommit off, which the SQL Server driver does with
+        # SET IMPLICIT_TRANSACTIONS ON: the transaction opens only at the first
+        # SELECT/INSERT/CREATE/…, and DECLARE/EXEC are not among those, so as the
+        # first statement of a block sp_getapplock would see no transaction and
+        # fail (-999, msg 15626).  In implicit mode BEGIN TRANSACTION opens two
+        # levels; the COMMIT closes the explicit one and leaves the implicit one
+        # open for Django to commit.  In autocommit mode the pair is a no-op and the
+        # lock still fails loudly, as it should outside a transaction.
         return (
-            "DECLARE @r int; EXEC @r = sp_getapplock @Resource = N'sluice:ddl', "
+            "DECLARE @r int; "
+            "IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 2 BEGIN BEGIN TRANSACTION; COMMIT TRANSACTION; END; "
+            "EXEC @r = sp_getapplock @Resource = N'sluice:ddl', "
             "@LockMode = 'Exclusive', @LockOwner = 'Transaction', @LockTimeout = 60000; "
             "IF @r < 0 THROW 51000, 'Sluice: could not take the DDL lock', 1;",
             [],
@@ -87,13 +103,15 @@ class MSSQLDialect(Dialect):
         return "GETUTCDATE()"
 
     def expires_after_ttl_sql(self) -> str:
-        # DATEADD takes an int: whole seconds, then the milliseconds left over, so a
-        # TTL of years does not overflow a millisecond count.
-        return "DATEADD(millisecond, %s, DATEADD(second, %s, GETUTCDATE()))"
+        # DATEADD takes an int (overflow past 2**31 - 1): milliseconds overflow after
+        # 24.8 days and seconds after 68 years, while a TTL may be up to 100 years
+        # (queues.MAX_TTL_SECONDS).  So: whole minutes, then the milliseconds left
+        # over (< 60000).  Params: ttl_params(ttl) = [milliseconds, minutes].
+        return "DATEADD(millisecond, %s, DATEADD(minute, %s, GETUTCDATE()))"
 
     def ttl_params(self, ttl_seconds: float) -> list[Any]:
-        whole = int(ttl_seconds)
-        return [int(round((ttl_seconds - whole) * 1000)), whole]
+        minutes, ms = divmod(int(round(ttl_seconds * 1000)), 60_000)
+        return [ms, minutes]
 
     def datetime_param(self, value: dt.datetime | None) -> Any:
         if value is None:
@@ -146,3 +164,61 @@ class MSSQLDialect(Dialect):
 
     def purge_all(self, name: str) -> str:
         return f"DELETE TOP (%s) FROM {self.table(name)} WITH (READPAST)"
+
+    # -- delayed-message store (the layout of the transport's SQL Server store) ---------
+    def create_delayed_table(self, name: str) -> list[tuple[str, list[Any]]]:
+        t = self.table(name)
+        statements: list[tuple[str, list[Any]]] = []
+        if self.schema:
+            statements.append((
+                "IF SCHEMA_ID(%s) IS NULL EXEC('CREATE SCHEMA ' + %s)",
+                [self.schema, self.quote(self.schema)],
+            ))
+        return statements + [
+            ("IF OBJECT_ID(%s, N'U') IS NULL "
+             f"CREATE TABLE {t} ([Id] nvarchar(250) NOT NULL PRIMARY KEY, [Destination] nvarchar(200) NOT NULL, "
+             "[State] varbinary(max) NULL, [Time] datetime NOT NULL, [Headers] nvarchar(max) NOT NULL, "
+             "[RetryCount] int NOT NULL DEFAULT 0)", [t]),
+            ("IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE name = %s AND object_id = OBJECT_ID(%s)) "
+             f"CREATE NONCLUSTERED INDEX {self.quote(self.delayed_time_index(name))} ON {t} ([Time] ASC)",
+             [self.delayed_time_index(name), t]),
+        ]
+
+    def delayed_insert_at(self, name: str) -> str:
+        # Params: id, destination, state, time, headers — then id again for the existence check.
+        t = self.table(name)
+        return (
+            "SET NOCOUNT ON; "
+            f"INSERT INTO {t} ({self._delayed_columns()}) OUTPUT inserted.[Time] "
+            "SELECT %s, %s, %s, %s, %s, 0 "
+            f"WHERE NOT EXISTS (SELECT 1 FROM {t} WITH (UPDLOCK, HOLDLOCK) WHERE [Id] = %s)"
+        )
+
+    def delayed_insert_after(self, name: str) -> str:
+        t = self.table(name)
+        return (
+            "SET NOCOUNT ON; "
+            f"INSERT INTO {t} ({self._delayed_columns()}) OUTPUT inserted.[Time] "
+            f"SELECT %s, %s, %s, {self.expires_after_ttl_sql()}, %s, 0 "
+            f"WHERE NOT EXISTS (SELECT 1 FROM {t} WITH (UPDLOCK, HOLDLOCK) WHERE [Id] = %s)"
+        )
+
+    def delayed_insert_params(self, id_: str, destination: str, state: bytes, time_params: list[Any],
+                              headers: str) -> list[Any]:
+        # The id again at the end, for the NOT EXISTS check.
+        return [id_, destination, state, *time_params, headers, id_]
+
+    def delayed_fetch_due(self, name: str) -> str:
+        return (
+            f"SELECT TOP (%s) {self._delayed_columns()} FROM {self.table(name)} WITH (UPDLOCK, READPAST, ROWLOCK) "
+            "WHERE [Time] <= COALESCE(%s, GETUTCDATE()) ORDER BY [Time]"
+        )
+
+    def delayed_fetch_params(self, at: Any, limit: int) -> list[Any]:
+        return [limit, at]
+
+    def delayed_list(self, name: str) -> str:
+        return (
+            f"SELECT TOP (%s) {self._delayed_columns()}, GETUTCDATE() FROM {self.table(name)} WITH (NOLOCK) "
+            "ORDER BY [Time], [Id]"
+        )

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.dialects.base import Dialect
+from core.dialects.base import DelayedSQL, Dialect
 
 # pg_advisory_xact_lock key for Sluice's DDL ("sluice" as an int).
 DDL_LOCK_KEY = 0x736C7569
 
 
-class PostgreSQLDialect(Dialect):
+class PostgreSQLDialect(DelayedSQL, Dialect):
     vendor = "postgresql"
     true_literal = "TRUE"
+    supports_notify = True
+    skip_locked_suffix = " FOR UPDATE SKIP LOCKED"
 
     def ddl_lock(self) -> tuple[str, list[Any]]:
         return ("SELECT pg_advisory_xact_lock(%s)", [DDL_LOCK_KEY])
@@ -108,3 +110,20 @@ class PostgreSQLDialect(Dialect):
             f'DELETE FROM {t} WHERE "RowVersion" IN '
             f'(SELECT "RowVersion" FROM {t} LIMIT %s FOR UPDATE SKIP LOCKED)'
         )
+
+    # -- delayed-message store -------------------------------------------------
+    def create_delayed_table(self, name: str) -> list[tuple[str, list[Any]]]:
+        t = self.table(name)
+        statements: list[tuple[str, list[Any]]] = []
+        if self.schema:
+            statements.append((f"CREATE SCHEMA IF NOT EXISTS {self.quote(self.schema)}", []))
+        return statements + [
+            (f"CREATE TABLE IF NOT EXISTS {t} ("
+             '"Id" varchar(250) NOT NULL PRIMARY KEY, "Destination" varchar(200) NOT NULL, "State" bytea NULL, '
+             '"Time" timestamptz NOT NULL, "Headers" text NOT NULL, "RetryCount" integer NOT NULL DEFAULT 0)', []),
+            (f'CREATE INDEX IF NOT EXISTS {self.quote(self.delayed_time_index(name))} ON {t} ("Time")', []),
+        ]
+
+
+    def notify(self) -> str:
+        return "SELECT pg_notify(%s, %s)"

@@ -10,10 +10,10 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from core.dialects.base import Dialect
+from core.dialects.base import DelayedSQL, Dialect
 
 
-class SQLiteDialect(Dialect):
+class SQLiteDialect(DelayedSQL, Dialect):
     vendor = "sqlite"
     supports_skip_locked = False
     supports_concurrent_writers = False
@@ -95,3 +95,14 @@ class SQLiteDialect(Dialect):
     def purge_all(self, name: str) -> str:
         t = self.table(name)
         return f'DELETE FROM {t} WHERE "RowVersion" IN (SELECT "RowVersion" FROM {t} LIMIT %s)'
+
+    # -- delayed-message store -------------------------------------------------
+    def create_delayed_table(self, name: str) -> list[tuple[str, list[Any]]]:
+        t = self.table(name)
+        return [
+            (f"CREATE TABLE IF NOT EXISTS {t} ("
+             '"Id" TEXT NOT NULL PRIMARY KEY, "Destination" TEXT NOT NULL, "State" BLOB NULL, '
+             '"Time" TEXT NOT NULL, "Headers" TEXT NOT NULL, "RetryCount" INTEGER NOT NULL DEFAULT 0)', []),
+            (f'CREATE INDEX IF NOT EXISTS {self.quote(self.delayed_time_index(name))} ON {t} ("Time")', []),
+        ]
+

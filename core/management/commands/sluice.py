@@ -5,6 +5,8 @@ Sub-commands (see README "Command line" for the JSON formats, which are stable):
   queue create NAME [--ttl S] [--dead-letter-on-expiry] [--auto-delete-on-idle S]
   queue list [--json] | queue delete NAME | queue purge NAME [--expired-only]
   send QUEUE [--body TEXT | --body-file PATH] [--type T] [--header K=V]… [--ttl S] [--message-id ID]
+       [--delay S | --deliver-at ISO8601]
+  delayed list [--json] | delayed deliver-now ID | delayed delete ID
   peek QUEUE [--limit N] [--json]
   receive QUEUE [--json]
   worker [--queue Q]… [--concurrency N] [--demo-traffic] [--until-empty]
@@ -89,6 +91,19 @@ class Command(BaseCommand):
         send.add_argument("--correlation-id")
         send.add_argument("--reply-to")
         send.add_argument("--content-type")
+        later = send.add_mutually_exclusive_group()
+        later.add_argument("--delay", help="deliver after S seconds (through the delayed store)")
+        later.add_argument("--deliver-at", help="deliver at an ISO 8601 time with an offset, e.g. 2026-11-22T10:00:00Z")
+
+        delayed = sub.add_parser("delayed", help="messages waiting in the delayed store")
+        dsub = delayed.add_subparsers(dest="delayed_action", required=True, metavar="ACTION")
+        dlist = dsub.add_parser("list", help="stored messages by due time")
+        dlist.add_argument("--json", action="store_true")
+        dlist.add_argument("--limit", type=int, default=1000)
+        now = dsub.add_parser("deliver-now", help="make a stored message due now")
+        now.add_argument("id")
+        dele = dsub.add_parser("delete", help="delete a stored message")
+        dele.add_argument("id")
 
         peek = sub.add_parser("peek", help="look at messages in FIFO order without taking them")
         peek.add_argument("queue")
@@ -107,6 +122,8 @@ class Command(BaseCommand):
                             help="also send demo messages to the demo queue (SLUICE_DEMO_RATE per second)")
         worker.add_argument("--until-empty", action="store_true",
                             help="exit once every served queue is empty")
+        worker.add_argument("--no-mover", action="store_true",
+                            help="do not run the delayed-message mover in this worker")
 
     def handle(self, *args, **options) -> None:
         action = options["action"]
@@ -178,8 +195,41 @@ class Command(BaseCommand):
             options["queue"], body, message_type=options["message_type"], headers=headers or None,
             ttl=options["ttl"], message_id=options["message_id"], correlation_id=options["correlation_id"],
             reply_to=options["reply_to"], content_type=options["content_type"] or
-            ("application/octet-stream" if options["body_file"] else "text/plain"))
+            ("application/octet-stream" if options["body_file"] else "text/plain"),
+            delay=options["delay"], deliver_at=options["deliver_at"])
         self.stdout.write(message_id)
+
+    def do_delayed(self, options) -> None:
+        from core.delayed import delayed_store
+
+        store = delayed_store()
+        act = options["delayed_action"]
+        if act == "list":
+            if options["limit"] < 1:
+                raise CommandError("--limit must be at least 1")
+            messages, now = store.list(options["limit"])
+            rows = [{
+                "id": m.id, "destination": m.destination, "due": m.due.isoformat() if m.due else None,
+                "retry_count": m.retry_count, "type": m.message_type,
+                "state": "due" if m.due and m.due <= now else "scheduled",
+                "due_in_s": round((m.due - now).total_seconds(), 3) if m.due else None,
+                "delayed_retry": m.headers.get(Headers.DELAYED_RETRIES),
+            } for m in messages]
+            if options["json"]:
+                self.stdout.write(json.dumps(rows))
+                return
+            self.stdout.write(f"{'DUE (UTC)':32} {'STATE':9} {'DESTINATION':24} {'TYPE':16} ID")
+            for r in rows:
+                self.stdout.write(f"{r['due'] or '-':32} {r['state']:9} {r['destination']:24} "
+                                  f"{r['type'] or '-':16} {r['id']}")
+        elif act == "deliver-now":
+            if not store.deliver_now(options["id"]):
+                raise CommandError(f"no delayed message {options['id']!r}")
+            self.stdout.write(f"{options['id']} is due now")
+        elif act == "delete":
+            if not store.delete(options["id"]):
+                raise CommandError(f"no delayed message {options['id']!r}")
+            self.stdout.write(f"deleted delayed message {options['id']}")
 
     def do_peek(self, options) -> None:
         from core.transport import Transport
@@ -223,6 +273,10 @@ class Command(BaseCommand):
             registry.get(name)  # UnknownQueue → clear error before any thread starts
         pumps = [MessagePump(name, concurrency=options["concurrency"]) for name in names]
         loops: list = list(pumps)
+        if not options["no_mover"]:
+            from core.delayed import DelayedMover
+
+            loops.append(DelayedMover())
         if options["demo_traffic"]:
             loops.append(DemoTraffic(rate=get_settings().DEMO_RATE))
         stop = threading.Event()
