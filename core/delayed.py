@@ -236,8 +236,7 @@ def delayed_store(using: str | None = None) -> DelayedMessageStore:
 
 def resolve_due(delay: Any = None, deliver_at: Any = None) -> tuple[float | None, dt.datetime | None]:
     """Validate a delay (seconds) or an absolute time.  Returns (delay, deliver_at) with at
-    most one set, or (None, None) for "deliver now" (no delay, zero delay, or a past time
-    — which the caller cannot tell from our clock, so past means now)."""
+    most one set, or (None, None) for "deliver now" (no delay, zero delay, a past time)."""
     if delay is not None and deliver_at is not None:
         raise InvalidMessage("give a delay or a delivery time, not both")
     if delay is not None:
@@ -265,9 +264,12 @@ def resolve_due(delay: Any = None, deliver_at: Any = None) -> tuple[float | None
             raise InvalidMessage("delivery time must be timezone-aware (e.g. 2026-11-22T10:00:00Z); "
                                  "naive times are refused rather than guessed")
         deliver_at = deliver_at.astimezone(dt.timezone.utc)
-        if deliver_at > dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=MAX_DELAY_SECONDS):
+        now = dt.datetime.now(dt.timezone.utc)
+        if deliver_at > now + dt.timedelta(seconds=MAX_DELAY_SECONDS):
             raise InvalidMessage(f"delivery time {deliver_at.isoformat()} is more than 100 years away")
-        return None, deliver_at
+        # Already past: straight into the queue.  (This one comparison uses our clock; a
+        # time a moment ahead of it still goes through the store, whose clock decides.)
+        return (None, None) if deliver_at <= now else (None, deliver_at)
     return None, None
 
 
@@ -443,7 +445,7 @@ class DelayedMover:
             nxt, now = self._guard("fetch", self._next_and_now)
         except _Phase as failure:
             return self._sleep(self.fetch_breaker.failure(failure.cause))
-        wait = self.max_sleep if nxt is None else max((nxt - now).total_seconds(), 0.0)
+        wait = self.max_sleep if nxt is None else min(max((nxt - now).total_seconds(), 0.0), self.max_sleep)
         if self._poll is not None:
             wait = min(wait, self._poll)
         if self.lease is not None:

@@ -38,8 +38,8 @@ class HandlerContext:
 
     @property
     def attempt(self) -> int:
-        """1 on the first attempt, 2 on the first retry, …"""
-        return self.message.failed_attempts + 1
+        """1 on the first attempt, 2 on the first retry, … counted across delayed retries."""
+        return self.message.total_failed_attempts + 1
 
     @property
     def using(self) -> str:

@@ -1,0 +1,850 @@
+"""The SQL Server dialect, proven without a SQL Server.
+
+No SQL Server can run here (see STACK-NOTES), so these tests check the T-SQL the
+dialect emits instead of running it:
+
+- every named statement has exactly as many ``%s`` placeholders as its call site
+  in core/transport.py or core/queues.py passes parameters, in the right order;
+- every statement parses as T-SQL with sqlglot once its placeholders are bound the
+  way the ODBC driver sends them (``@P1``, ``@P2`` … to sp_executesql), and the
+  parse tree says what the SQL transport needs (heap + nonclustered indexes,
+  ``UPDLOCK, READPAST, ROWLOCK``, ``OUTPUT deleted.…``, no ``COUNT(*)`` in peek);
+  where sqlglot cannot read a valid T-SQL construct the statement is checked
+  structurally instead, and a comment says so;
+- mssql-django itself (not connected: its version probe is pre-filled) picks the
+  dialect, compiles an ORM ``select_for_update(skip_locked=True)`` on a queue
+  model, and carries the transport's own statements through its cursor wrapper
+  down to a stand-in for the pyodbc cursor.
+
+Nothing here needs the ``db`` fixture.
+"""
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import json
+import re
+import uuid
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+import sqlglot
+from django.db.backends.utils import CursorWrapper as DjangoCursorWrapper
+from django.db.utils import ConnectionHandler
+from sqlglot import exp
+
+from core.dialects import dialect_for
+from core.dialects.base import COLUMNS, MESSAGE_COLUMNS
+from core.dialects.mssql import MSSQLDialect
+from core.queues import MAX_TTL_SECONDS, QueueInfo, queue_model, registry, validate_name
+from core.transport import Transport, row_id_for
+from sluice.dburl import DatabaseUrlError, parse_database_url
+
+ROOT = Path(__file__).resolve().parent.parent
+NAME = "orders"
+MSSQL_URL = "mssql://sa:p%40ss@db:1433/sluice?python_driver=mssql_python&TrustServerCertificate=yes"
+ALIAS = "sluice_fake_mssql"
+INT_MAX = 2**31 - 1  # DATEADD's number argument is an int
+
+
+# -- helpers -------------------------------------------------------------------
+
+def placeholders(sql: str) -> int:
+    """Number of ``%s`` placeholders; any other ``%`` would break mssql-django, which
+    formats the SQL with ``sql % ('?', …)`` when there are params and not at all
+    when there are none, so a literal ``%`` can be right in neither case."""
+    assert "%" not in sql.replace("%s", ""), f"stray % in {sql!r}"
+    return sql.count("%s")
+
+
+def bind(sql: str, n_params: int) -> str:
+    """Bind placeholders as the ODBC driver does for sp_executesql: @P1, @P2, …"""
+    assert placeholders(sql) == n_params, f"{placeholders(sql)} placeholders, {n_params} params: {sql}"
+    counter = iter(range(1, n_params + 1))
+    return re.sub(r"%s", lambda _: f"@P{next(counter)}", sql)
+
+
+def parse(sql: str) -> list[exp.Expression]:
+    """T-SQL parse trees; fails on a parse error or on sqlglot's opaque fallback."""
+    trees = [t for t in sqlglot.parse(sql, read="tsql", error_level=sqlglot.ErrorLevel.RAISE) if t is not None]
+    assert trees, sql
+    for tree in trees:
+        assert not list(tree.find_all(exp.Command)), f"sqlglot did not really parse: {tree.sql('tsql')}"
+    return trees
+
+
+def parse_one(sql: str) -> exp.Expression:
+    trees = parse(sql)
+    assert len(trees) == 1, [t.sql("tsql") for t in trees]
+    return trees[0]
+
+
+def param_name(node: exp.Expression) -> str:
+    assert isinstance(node, exp.Parameter), repr(node)
+    return node.name
+
+
+def hints(table: exp.Table) -> list[str]:
+    (hint,) = table.args["hints"]
+    assert isinstance(hint, exp.WithTableHint)
+    return [h.name.upper() for h in hint.expressions]
+
+
+def assert_table(table: exp.Table, name: str, schema: str = "dbo") -> None:
+    """The identifiers sqlglot read back are exactly the queue's name and schema."""
+    assert isinstance(table, exp.Table)
+    assert (table.name, table.db) == (name, schema)
+    assert table.this.quoted and table.args["db"].quoted
+
+
+def assert_column(node: exp.Expression, name: str, table: str | None = None) -> None:
+    assert isinstance(node, exp.Column), repr(node)
+    assert node.name == name and node.this.quoted, repr(node)
+    assert (node.table or None) == table, repr(node)
+
+
+def assert_expired_flag(case: exp.Expression, prefix: str | None) -> None:
+    """CASE WHEN <Expires> IS NOT NULL AND <Expires> <= GETUTCDATE() THEN 1 ELSE 0 END."""
+    assert isinstance(case, exp.Case)
+    (when,) = case.args["ifs"]
+    cond = when.this
+    assert isinstance(cond, exp.And)
+    not_null, due = cond.this, cond.expression
+    assert isinstance(not_null, exp.Not) and isinstance(not_null.this, exp.Is)
+    assert_column(not_null.this.this, "Expires", prefix)
+    assert isinstance(not_null.this.expression, exp.Null)
+    assert isinstance(due, exp.LTE)
+    assert_column(due.this, "Expires", prefix)
+    assert due.expression.name.upper() == "GETUTCDATE"
+    assert when.args["true"].this == "1" and case.args["default"].this == "0"
+
+
+def is_getutcdate(node: exp.Expression) -> bool:
+    return isinstance(node, exp.Anonymous) and node.name.upper() == "GETUTCDATE"
+
+
+# -- 1. every named statement: placeholders vs call sites, and it parses ----------
+
+class Stmt(NamedTuple):
+    what: str
+    sql: str
+    n_params: int               # how many params the call site passes
+    params: list | None         # the params the dialect returns with the SQL, if it does
+
+
+def _statements(d: MSSQLDialect, name: str) -> list[Stmt]:
+    """Every named statement with the number of params its call site passes.
+
+    queues.py executes create/drop/existing_indexes/ddl_lock (and tests
+    table_exists) with the params the dialect returns next to the SQL;
+    transport.py builds the lists noted below.
+    """
+    out = []
+    for i, (sql, params) in enumerate(d.create_queue_table(name)):
+        out.append(Stmt(f"create_queue_table[{i}]", sql, len(params), params))
+    lock_sql, lock_params = d.ddl_lock()
+    out.append(Stmt("ddl_lock", lock_sql, len(lock_params), lock_params))
+    for i, (sql, params) in enumerate(d.drop_queue_table(name)):
+        out.append(Stmt(f"drop_queue_table[{i}]", sql, len(params), params))
+    for what in ("existing_indexes", "table_exists"):
+        sql, params = getattr(d, what)(name)
+        out.append(Stmt(what, sql, len(params), params))
+    # transport.insert / send_many: [row_id, correlation_id, reply_to, *ttl_params, headers, body]
+    out.append(Stmt("insert_with_ttl", d.insert_with_ttl(name), 3 + len(d.ttl_params(60)) + 2, None))
+    # transport.insert / send_many / requeue: [row_id, correlation_id, reply_to, expires, headers, body]
+    out.append(Stmt("insert_with_expires", d.insert_with_expires(name), 6, None))
+    out.append(Stmt("receive", d.receive(name), 1, None))                     # [limit]
+    out.append(Stmt("peek_estimate", d.peek_estimate(name), 0, None))         # []
+    out.append(Stmt("browse", d.browse(name), len(d.browse_params(0, 50)), None))
+    out.append(Stmt("counts", d.counts(name), 0, None))                       # []
+    out.append(Stmt("delete_by_id", d.delete_by_id(name), 1, None))           # [row_id]
+    out.append(Stmt("purge_expired", d.purge_expired(name), 1, None))         # [batch size]
+    out.append(Stmt("purge_all", d.purge_all(name), 1, None))                 # [batch size]
+    # core/delayed.py's SqlDelayedStore, on a store table of the same name.
+    for i, (sql, params) in enumerate(d.create_delayed_table(name)):
+        out.append(Stmt(f"create_delayed_table[{i}]", sql, len(params), params))
+    out.append(Stmt("delayed_insert_at", d.delayed_insert_at(name),
+                    len(d.delayed_insert_params("id", "dest", b"", [None], "{}")), None))
+    out.append(Stmt("delayed_insert_after", d.delayed_insert_after(name),
+                    len(d.delayed_insert_params("id", "dest", b"", d.ttl_params(5), "{}")), None))
+    out.append(Stmt("delayed_fetch_due", d.delayed_fetch_due(name), len(d.delayed_fetch_params(None, 10)), None))
+    for what in ("delayed_remove", "delayed_increment_failure", "delayed_list", "delayed_deliver_now"):
+        out.append(Stmt(what, getattr(d, what)(name), 1, None))                # [id] or [limit]
+    out.append(Stmt("delayed_next", d.delayed_next(name), 0, None))
+    return out
+
+
+NAMED = ["create_queue_table", "ddl_lock", "drop_queue_table", "existing_indexes", "table_exists",
+         "insert_with_ttl", "insert_with_expires", "receive", "peek_estimate", "browse", "counts",
+         "delete_by_id", "purge_expired", "purge_all",
+         "create_delayed_table", "delayed_insert_at", "delayed_insert_after", "delayed_fetch_due",
+         "delayed_remove", "delayed_increment_failure", "delayed_list", "delayed_deliver_now", "delayed_next"]
+
+
+def not_parseable(stmt: Stmt) -> bool:
+    """Statements sqlglot (30.x) cannot read although they are valid T-SQL; each is
+    checked structurally by its own test below instead:
+
+    - ddl_lock: sqlglot has no THROW statement (and its BEGIN … END swallows the
+      next statement);
+    - the CREATE SCHEMA step: ``IF … EXEC('CREATE SCHEMA ' + @P2)`` — sqlglot takes
+      ``EXEC`` for an alias and the parenthesis for an expression, not dynamic SQL;
+    - purge_expired / purge_all: sqlglot reads ``DELETE TOP (n) FROM t`` as a DELETE
+      from a table named TOP.
+    """
+    return (stmt.what in ("ddl_lock", "purge_expired", "purge_all")
+            or stmt.sql.startswith("IF SCHEMA_ID("))
+
+
+def test_every_named_statement_is_covered():
+    covered = {stmt.what.split("[")[0] for stmt in _statements(MSSQLDialect(), NAME)}
+    assert covered == set(NAMED)
+    # Every public statement-making method of the dialect is in the list (a new one must be added).
+    from core.dialects.base import DelayedSQL, Dialect
+
+    helpers = {"quote", "table", "index_names", "delayed_time_index", "to_row", "to_datetime", "datetime_param",
+               "ttl_params", "browse_params", "now_sql", "expires_after_ttl_sql", "expired_sql",
+               "delayed_insert_params", "delayed_fetch_params", "notify"}
+    public = {n for cls in (Dialect, DelayedSQL) for n, v in vars(cls).items()
+              if callable(v) and not n.startswith("_")} - helpers
+    assert public == set(NAMED)
+
+
+@pytest.mark.parametrize("schema", [None, "sales"])
+@pytest.mark.parametrize("name", [NAME, "Billing.Events-v2"])
+def test_placeholders_match_params_and_sql_parses_as_tsql(schema, name):
+    d = MSSQLDialect(schema=schema)
+    for stmt in _statements(d, name):
+        bound = bind(stmt.sql, stmt.n_params)             # asserts the count (and no stray %)
+        assert "GROUP BY" not in stmt.sql, stmt.what      # mssql-django rewrites GROUP BY statements
+        if not_parseable(stmt):
+            continue
+        trees = parse(bound)
+        tables = [t for tree in trees for t in tree.find_all(exp.Table)
+                  if t.name not in ("indexes", "message")]  # sys.indexes, receive's CTE
+        for table in tables:                              # the queue table, schema-qualified
+            assert_table(table, name, schema or "dbo")
+        if not tables:                                    # it names the table in a param (OBJECT_ID)
+            assert stmt.params == [d.table(name)], stmt.what
+
+
+# -- identifiers ------------------------------------------------------------------
+
+def test_identifiers_are_bracket_quoted_and_a_closing_bracket_is_doubled():
+    d = MSSQLDialect()
+    assert d.quote("orders") == "[orders]"
+    assert d.quote("a]b") == "[a]]b]"
+    assert d.quote("[x]") == "[[x]]]"
+    assert d.table("orders") == "[dbo].[orders]"
+    assert d.table("a]b") == "[dbo].[a]]b]"
+    assert MSSQLDialect(schema="sa]les").table("or]ders") == "[sa]]les].[or]]ders]"
+    # A dotted queue name stays one identifier, not schema.table.
+    assert d.table("Billing.Events") == "[dbo].[Billing.Events]"
+
+
+def _mentions(stmt: Stmt, text: str) -> bool:
+    return text in stmt.sql or any(isinstance(p, str) and text in p for p in stmt.params or ())
+
+
+def test_a_bracket_in_a_name_is_escaped_in_every_statement():
+    d = MSSQLDialect(schema="sa]les")
+    for stmt in _statements(d, "or]ders"):
+        if stmt.what == "ddl_lock" or stmt.sql.startswith("IF SCHEMA_ID("):
+            continue
+        assert _mentions(stmt, "[sa]]les].[or]]ders]"), stmt.what
+        assert "[or]ders]" not in stmt.sql and "[sa]les]" not in stmt.sql, stmt.what
+    # sqlglot reads the doubled bracket back as the raw name.
+    _, delete = parse(bind(d.receive("or]ders"), 1))
+    assert_table(delete.find(exp.CTE).this.args["from_"].this, "or]ders", "sa]les")
+
+
+def test_schema_defaults_to_dbo_and_a_configured_schema_is_used_everywhere():
+    for schema, table in [(None, "[dbo].[orders]"), ("sales", "[sales].[orders]")]:
+        d = MSSQLDialect(schema=schema)
+        assert d.schema == schema and d.table(NAME) == table
+        for stmt in _statements(d, NAME):
+            if stmt.what == "ddl_lock" or stmt.sql.startswith("IF SCHEMA_ID("):
+                continue
+            assert _mentions(stmt, table), stmt.what
+            assert "[dbo]" not in stmt.sql or schema is None, stmt.what
+
+
+# -- 2. what the SPEC asks of SQL Server -------------------------------------------
+
+def test_create_table_is_a_heap_with_the_transport_columns():
+    d = MSSQLDialect()
+    stmts = d.create_queue_table(NAME)
+    assert len(stmts) == 3  # table, RowVersion index, Expires index (no schema step for dbo)
+    sql, params = stmts[0]
+    assert params == ["[dbo].[orders]"]
+    tree = parse_one(bind(sql, 1))
+    assert isinstance(tree, exp.IfBlock)
+    cond = tree.this                                   # IF OBJECT_ID(@P1, N'U') IS NULL
+    assert isinstance(cond, exp.Is) and isinstance(cond.expression, exp.Null)
+    assert isinstance(cond.this, exp.ObjectId) and param_name(cond.this.this) == "P1"
+    (create,) = tree.args["true"].expressions
+    assert isinstance(create, exp.Create) and create.kind == "TABLE"
+    assert_table(create.this.this, NAME)
+    cols = {c.name: c for c in create.this.expressions if isinstance(c, exp.ColumnDef)}
+    assert list(cols) == list(COLUMNS)
+    assert len(create.this.expressions) == len(COLUMNS)  # no table constraints at all
+
+    def nullable(col):
+        (nn,) = [c.kind for c in col.constraints if isinstance(c.kind, exp.NotNullColumnConstraint)]
+        return bool(nn.args.get("allow_null"))
+
+    expected = {
+        "Id": ("UNIQUEIDENTIFIER", False), "CorrelationId": ("VARCHAR(255)", True),
+        "ReplyToAddress": ("VARCHAR(255)", True), "Recoverable": ("BIT", False),
+        "Expires": ("DATETIME", True), "Headers": ("NVARCHAR(MAX)", False),
+        "Body": ("VARBINARY(MAX)", True), "RowVersion": ("BIGINT", False),
+    }
+    for col, (typ, null) in expected.items():
+        assert cols[col].kind.sql("tsql").upper() == typ, col
+        assert nullable(cols[col]) is null, col
+    (identity,) = [c.kind for c in cols["RowVersion"].constraints
+                   if isinstance(c.kind, exp.GeneratedAsIdentityColumnConstraint)]
+    assert (identity.args["start"].this, identity.args["increment"].this) == ("1", "1")
+    # A heap: no primary key and nothing clustered (a clustered RowVersion index
+    # caused last-page latch contention).
+    for sql, _ in stmts:
+        assert "PRIMARY KEY" not in sql.upper()
+        assert not re.search(r"(?<!NON)CLUSTERED", sql.upper()), sql
+    assert not list(create.find_all(exp.PrimaryKey, exp.PrimaryKeyColumnConstraint))
+
+
+def _index(sql: str, params: list) -> tuple[exp.Create, exp.IfBlock]:
+    tree = parse_one(bind(sql, len(params)))
+    assert isinstance(tree, exp.IfBlock)
+    # IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE name = @P1 AND object_id = OBJECT_ID(@P2))
+    exists = tree.this
+    assert isinstance(exists, exp.Not) and isinstance(exists.this, exp.Exists)
+    where = exists.this.this.args["where"].this
+    assert where.this.this.name == "name" and param_name(where.this.expression) == "P1"
+    assert where.expression.this.name == "object_id"
+    assert param_name(where.expression.expression.this) == "P2"
+    (create,) = tree.args["true"].expressions
+    return create, tree
+
+
+def test_rowversion_index_is_nonclustered_and_named_like_the_transport():
+    d = MSSQLDialect()
+    sql, params = d.create_queue_table(NAME)[1]
+    assert params == ["Index_RowVersion", "[dbo].[orders]"]
+    assert "CREATE NONCLUSTERED INDEX [Index_RowVersion] ON [dbo].[orders] ([RowVersion] ASC)" in sql
+    create, _ = _index(sql, params)
+    assert create.kind.upper() == "NONCLUSTERED INDEX"
+    index = create.this
+    assert index.name == "Index_RowVersion"
+    assert_table(index.args["table"], NAME)
+    cols = index.args["params"].args["columns"]
+    assert [c.this.name for c in cols] == ["RowVersion"] and not cols[0].args.get("desc")
+    assert not index.args["params"].args.get("where")
+    assert d.index_names(NAME) == {"rowversion": "Index_RowVersion", "expires": "Index_Expires"}
+
+
+def test_expires_index_is_filtered_nonclustered_and_includes_id_and_rowversion():
+    d = MSSQLDialect()
+    sql, params = d.create_queue_table(NAME)[2]
+    assert params == ["Index_Expires", "[dbo].[orders]"]
+    assert sql.endswith("INCLUDE ([Id], [RowVersion]) WHERE [Expires] IS NOT NULL")
+    create, _ = _index(sql, params)
+    assert create.kind.upper() == "NONCLUSTERED INDEX"
+    index = create.this
+    assert index.name == "Index_Expires"
+    assert_table(index.args["table"], NAME)
+    p = index.args["params"]
+    assert [c.this.name for c in p.args["columns"]] == ["Expires"]
+    assert [i.name for i in p.args["include"]] == ["Id", "RowVersion"]
+    where = p.args["where"].this
+    assert isinstance(where, exp.Not) and isinstance(where.this, exp.Is)
+    assert_column(where.this.this, "Expires")
+
+
+def test_create_schema_step_runs_first_and_quotes_the_schema():
+    # sqlglot cannot read EXEC('…' + @P2) (dynamic SQL) — checked structurally.
+    d = MSSQLDialect(schema="sa]les")
+    stmts = d.create_queue_table(NAME)
+    assert len(stmts) == 4
+    sql, params = stmts[0]
+    assert sql == "IF SCHEMA_ID(%s) IS NULL EXEC('CREATE SCHEMA ' + %s)"
+    # SCHEMA_ID takes the raw name; the dynamic CREATE SCHEMA gets it bracket-quoted.
+    assert params == ["sa]les", "[sa]]les]"]
+    assert stmts[1][1] == ["[sa]]les].[orders]"]
+    assert "CREATE TABLE [sa]]les].[orders] (" in stmts[1][0]
+
+
+def test_ddl_lock_is_a_transaction_owned_exclusive_applock():
+    # sqlglot has no THROW statement, and its BEGIN … END block swallows the
+    # statement after END: the batch is checked structurally and each of its
+    # other statements is parsed on its own.
+    sql, params = MSSQLDialect().ddl_lock()
+    assert params == [] and placeholders(sql) == 0
+    guard = "IF @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 2 BEGIN BEGIN TRANSACTION; COMMIT TRANSACTION; END;"
+    lock = ("EXEC @r = sp_getapplock @Resource = N'sluice:ddl', @LockMode = 'Exclusive', "
+            "@LockOwner = 'Transaction', @LockTimeout = 60000;")
+    throw = "IF @r < 0 THROW 51000, 'Sluice: could not take the DDL lock', 1;"
+    assert sql.startswith("DECLARE @r int; ")
+    assert sql.index(guard) < sql.index(lock) < sql.index(throw)
+    assert sql.endswith(throw)
+    declare = parse_one("DECLARE @r int;")
+    assert isinstance(declare, exp.Declare)
+    guard_tree = parse_one(guard)
+    execute = parse_one(lock)
+    # The guard opens the implicit transaction a manual-commit ODBC connection has
+    # not opened yet (DECLARE/EXEC do not), so a Transaction-owned lock can be taken.
+    assert isinstance(guard_tree, exp.IfBlock)
+    body = [type(e) for e in guard_tree.args["true"].expressions]
+    assert body[:2] == [exp.Transaction, exp.Commit]
+    assert isinstance(execute, exp.Execute) and execute.this.name == "sp_getapplock"
+    args = {a.this.name: a.expression.this for a in execute.expressions}
+    assert args == {"Resource": "sluice:ddl", "LockMode": "Exclusive", "LockOwner": "Transaction",
+                    "LockTimeout": "60000"}
+
+
+def test_drop_existing_indexes_and_table_exists():
+    d = MSSQLDialect()
+    ((sql, params),) = d.drop_queue_table(NAME)
+    assert params == ["[dbo].[orders]"]
+    tree = parse_one(bind(sql, 1))
+    assert isinstance(tree, exp.IfBlock) and isinstance(tree.this, exp.Not)   # OBJECT_ID(…) IS NOT NULL
+    assert isinstance(tree.this.this.this, exp.ObjectId)
+    (drop,) = tree.args["true"].expressions
+    assert isinstance(drop, exp.Drop) and drop.kind == "TABLE"
+    (dropped,) = drop.args["tables"]
+    assert_table(dropped, NAME)
+
+    sql, params = d.existing_indexes(NAME)
+    assert params == ["[dbo].[orders]"]
+    tree = parse_one(bind(sql, 1))
+    assert [e.name for e in tree.expressions] == ["name"]
+    assert tree.args["from_"].this.sql("tsql") == "sys.indexes"
+    assert "name IS NOT NULL" in sql  # a heap has an unnamed row in sys.indexes
+
+    sql, params = d.table_exists(NAME)
+    assert params == ["[dbo].[orders]"]
+    tree = parse_one(bind(sql, 1))
+    assert isinstance(tree, exp.Select) and "OBJECT_ID(%s, N'U') IS NOT NULL" in sql
+
+
+def test_receive_deletes_top_n_in_rowversion_order_skipping_locked_rows():
+    d = MSSQLDialect()
+    sql = d.receive(NAME)
+    assert placeholders(sql) == 1  # transport.receive_batch passes [limit]
+    assert "TOP (%s)" in sql
+    assert "[dbo].[orders] WITH (UPDLOCK, READPAST, ROWLOCK)" in sql
+    assert "ORDER BY [RowVersion]" in sql
+    # A CTE must follow a terminated statement.
+    assert sql.startswith("SET NOCOUNT ON; WITH message AS (")
+    set_nocount, delete = parse(bind(sql, 1))
+    assert isinstance(set_nocount, exp.Set)
+    assert isinstance(delete, exp.Delete)
+    assert delete.this.name == "message"                               # DELETE FROM the CTE
+    cte = delete.args["with_"].expressions[0]
+    assert cte.alias == "message"
+    select = cte.this
+    assert isinstance(select.expressions[0], exp.Star)
+    assert param_name(select.args["limit"].expression) == "P1"          # TOP (@P1)
+    table = select.args["from_"].this
+    assert_table(table, NAME)
+    assert hints(table) == ["UPDLOCK", "READPAST", "ROWLOCK"]
+    (order,) = select.args["order"].expressions
+    assert_column(order.this, "RowVersion")
+    assert not order.args.get("desc")
+    out = delete.args["returning"].expressions                          # OUTPUT deleted.…
+    assert len(out) == len(MESSAGE_COLUMNS) + 1
+    for node, column in zip(out, MESSAGE_COLUMNS):
+        assert_column(node, column, "deleted")
+    assert [c for c in MESSAGE_COLUMNS] == ["Id", "CorrelationId", "ReplyToAddress", "Expires", "Headers",
+                                            "Body", "RowVersion"]
+    assert_expired_flag(out[-1], "deleted")
+
+
+def test_receive_orm_hints_match_what_mssql_django_emits(mssql_connection):
+    # The same lock hints as the ORM's select_for_update(skip_locked=True).
+    model = queue_model(NAME)
+    qs = model.objects.select_for_update(skip_locked=True).order_by("row_version")[:1]
+    sql, _ = qs.query.get_compiler(connection=mssql_connection).as_sql()
+    orm_hints = set(re.search(r"WITH \(([^)]*)\)", sql).group(1).split(", "))
+    receive_hints = set(re.search(r"WITH \(([^)]*)\)", MSSQLDialect().receive(NAME)).group(1).split(", "))
+    assert orm_hints == receive_hints == {"UPDLOCK", "READPAST", "ROWLOCK"}
+
+
+def test_peek_estimates_from_rowversion_and_never_counts():
+    d = MSSQLDialect()
+    sql = d.peek_estimate(NAME)
+    assert placeholders(sql) == 0
+    assert "COUNT" not in sql.upper()
+    tree = parse_one(sql)
+    assert not list(tree.find_all(exp.Count))
+    maxes, mins = list(tree.find_all(exp.Max)), list(tree.find_all(exp.Min))
+    assert len(maxes) == len(mins) == 1
+    assert_column(maxes[0].this, "RowVersion")
+    assert_column(mins[0].this, "RowVersion")
+    for table in tree.find_all(exp.Table):
+        assert_table(table, NAME)
+        assert hints(table) == ["NOLOCK"]        # an estimate need not wait for receivers
+    assert "ISNULL(" in sql and sql.endswith("+ 1, 0)")  # empty queue → 0
+
+
+def test_browse_pages_oldest_first_without_taking():
+    d = MSSQLDialect()
+    sql = d.browse(NAME)
+    params = d.browse_params(after_row_version=41, limit=50)
+    assert params == [50, 41]                     # TOP comes first in the T-SQL
+    tree = parse_one(bind(sql, len(params)))
+    assert param_name(tree.args["limit"].expression) == "P1"
+    where = tree.args["where"].this
+    assert isinstance(where, exp.GT) and param_name(where.expression) == "P2"
+    assert_column(where.this, "RowVersion")
+    for node, column in zip(tree.expressions, MESSAGE_COLUMNS):
+        assert_column(node, column)
+    assert len(tree.expressions) == len(MESSAGE_COLUMNS) + 1
+    assert_expired_flag(tree.expressions[-1], None)
+    table = tree.args["from_"].this
+    assert hints(table) == ["READPAST"]
+    (order,) = tree.args["order"].expressions
+    assert_column(order.this, "RowVersion")
+    assert not order.args.get("desc")
+
+
+def test_counts_total_and_expired():
+    sql = MSSQLDialect().counts(NAME)
+    tree = parse_one(sql)
+    assert len(tree.expressions) == 2 and len(list(tree.find_all(exp.Count))) == 2
+    assert "[Expires] <= GETUTCDATE()" in sql
+
+
+def test_insert_with_expires_binds_columns_in_call_site_order():
+    sql = MSSQLDialect().insert_with_expires(NAME)
+    tree = parse_one(bind(sql, 6))
+    cols = [c.name for c in tree.this.expressions]
+    assert cols == list(COLUMNS[:-1])             # RowVersion is the identity
+    (row,) = tree.expression.expressions
+    values = dict(zip(cols, row.expressions))
+    assert {c: param_name(v) for c, v in values.items() if c != "Recoverable"} == {
+        "Id": "P1", "CorrelationId": "P2", "ReplyToAddress": "P3", "Expires": "P4", "Headers": "P5", "Body": "P6"}
+    assert values["Recoverable"].this == "1"      # always true, for transport v1 compatibility
+
+
+def test_insert_with_ttl_computes_expires_from_the_database_clock():
+    d = MSSQLDialect()
+    sql = d.insert_with_ttl(NAME)
+    n = 3 + len(d.ttl_params(60)) + 2
+    assert n == 7
+    tree = parse_one(bind(sql, n))
+    (row,) = tree.expression.expressions
+    values = dict(zip([c.name for c in tree.this.expressions], row.expressions))
+    assert [param_name(values[c]) for c in ("Id", "CorrelationId", "ReplyToAddress", "Headers", "Body")] == \
+        ["P1", "P2", "P3", "P6", "P7"]
+    # Expires = DATEADD(millisecond, @P4, DATEADD(minute, @P5, GETUTCDATE())):
+    # ttl_params order is [milliseconds, minutes].
+    outer = values["Expires"]
+    assert isinstance(outer, exp.DateAdd) and outer.unit.name.upper() == "MILLISECOND"
+    assert param_name(outer.expression) == "P4"
+    inner = outer.this
+    assert isinstance(inner, exp.DateAdd) and inner.unit.name.upper() == "MINUTE"
+    assert param_name(inner.expression) == "P5"
+    assert is_getutcdate(inner.this)
+
+
+def test_delete_by_id_skips_a_message_a_receiver_holds():
+    sql = MSSQLDialect().delete_by_id(NAME)
+    tree = parse_one(bind(sql, 1))
+    assert isinstance(tree, exp.Delete)
+    assert_table(tree.this, NAME)
+    assert hints(tree.this) == ["ROWLOCK", "READPAST"]
+    where = tree.args["where"].this
+    assert isinstance(where, exp.EQ) and param_name(where.expression) == "P1"
+    assert_column(where.this, "Id")
+
+
+@pytest.mark.parametrize("which", ["purge_expired", "purge_all"])
+def test_purge_deletes_a_batch_with_readpast(which):
+    # sqlglot reads ``DELETE TOP (n) FROM t`` as a DELETE from a table named TOP,
+    # so the TOP clause is checked as text and the rest is parsed without it.
+    d = MSSQLDialect()
+    sql = getattr(d, which)(NAME)
+    assert placeholders(sql) == 1                 # transport.purge passes [batch size]
+    prefix = "DELETE TOP (%s) FROM [dbo].[orders] WITH (READPAST)"
+    assert sql.startswith(prefix)
+    tree = parse_one(sql.replace("DELETE TOP (%s) FROM", "DELETE FROM"))
+    assert isinstance(tree, exp.Delete)
+    assert_table(tree.this, NAME)
+    assert hints(tree.this) == ["READPAST"]
+    where = tree.args.get("where")
+    if which == "purge_all":
+        assert where is None
+        return
+    cond = where.this                             # [Expires] IS NOT NULL AND [Expires] <= GETUTCDATE()
+    assert isinstance(cond, exp.And)
+    assert isinstance(cond.this, exp.Not) and isinstance(cond.this.this, exp.Is)
+    assert_column(cond.this.this.this, "Expires")
+    assert isinstance(cond.expression, exp.LTE) and is_getutcdate(cond.expression.expression)
+    assert_column(cond.expression.this, "Expires")
+
+
+# -- TTL and datetimes ---------------------------------------------------------------
+
+@pytest.mark.parametrize("ttl", [0, 0.0004, 0.25, 1, 1.5, 59.9996, 60, 90.25, 3600.001, 86400 * 30,
+                                 10 * 365 * 86400, 70 * 365 * 86400, MAX_TTL_SECONDS])
+def test_ttl_params_fit_dateadd_ints_and_add_up_to_the_ttl(ttl):
+    ms, minutes = MSSQLDialect().ttl_params(ttl)
+    for part in (ms, minutes):
+        assert type(part) is int and 0 <= part <= INT_MAX
+    assert ms < 60_000
+    # What DATEADD(millisecond, ms, DATEADD(minute, minutes, now)) adds:
+    assert dt.timedelta(minutes=minutes, milliseconds=ms) == dt.timedelta(milliseconds=round(ttl * 1000))
+
+
+def test_ttl_params_examples():
+    d = MSSQLDialect()
+    assert d.ttl_params(10) == [10_000, 0]
+    assert d.ttl_params(90.25) == [30_250, 1]
+    ten_years = 10 * 365 * 86400
+    assert d.ttl_params(ten_years) == [0, ten_years // 60]
+    # Whole seconds would overflow DATEADD's int past ~68 years; minutes do not.
+    assert MAX_TTL_SECONDS > INT_MAX and d.ttl_params(MAX_TTL_SECONDS)[1] < INT_MAX
+
+
+def test_datetime_param_is_naive_utc():
+    d = MSSQLDialect()
+    assert d.datetime_param(None) is None
+    plus2 = dt.timezone(dt.timedelta(hours=2))
+    value = d.datetime_param(dt.datetime(2030, 1, 2, 14, 30, 5, 123000, tzinfo=plus2))
+    assert value == dt.datetime(2030, 1, 2, 12, 30, 5, 123000) and value.tzinfo is None
+    utc = dt.datetime(2030, 1, 2, 12, 0, tzinfo=dt.timezone.utc)
+    assert d.datetime_param(utc) == dt.datetime(2030, 1, 2, 12, 0)
+    # …and a naive datetime read back from the column is taken as UTC.
+    assert d.to_datetime(d.datetime_param(utc)) == utc
+
+
+def test_to_row_reads_what_pyodbc_returns():
+    row = MSSQLDialect().to_row(("6F9619FF-8B86-D011-B42D-00C04FD430C8", None, "reply@x",
+                                 dt.datetime(2030, 1, 1, 0, 0, 0), '{"a":"b"}', b"\x00\x01", 7, 1))
+    assert row.id == "6f9619ff-8b86-d011-b42d-00c04fd430c8"
+    assert row.expires == dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
+    assert (row.body, row.row_version, row.expired, row.reply_to) == (b"\x00\x01", 7, True, "reply@x")
+
+
+# -- 3. mssql-django itself, never connected ----------------------------------------------
+
+@pytest.fixture
+def mssql_connection(monkeypatch):
+    """A mssql-django DatabaseWrapper for the DATABASE_URL below, never connected.
+
+    The STACK-NOTES recipe: pre-fill the version / Azure probes (they would query
+    the server) and report autocommit off (select_for_update checks it).  Any
+    attempt to connect fails the test.
+    """
+    try:
+        from mssql.base import DatabaseWrapper  # imports pyodbc → needs libodbc.so.2
+    except ImportError as exc:  # pragma: no cover - environment problem
+        pytest.fail(f"mssql-django cannot be imported ({exc}); apt-get install -y libodbc2 unixodbc")
+    monkeypatch.setitem(DatabaseWrapper._known_versions, ALIAS, 2022)
+    monkeypatch.setitem(DatabaseWrapper._known_azures, ALIAS, False)
+    settings_dict = parse_database_url(MSSQL_URL, ROOT)
+    handler = ConnectionHandler({"default": copy.deepcopy(settings_dict), ALIAS: copy.deepcopy(settings_dict)})
+    conn = handler[ALIAS]
+    assert isinstance(conn, DatabaseWrapper)
+
+    def no_server(*args, **kwargs):
+        raise AssertionError("the test tried to connect to SQL Server")
+
+    monkeypatch.setattr(conn, "connect", no_server)
+    monkeypatch.setattr(conn, "get_autocommit", lambda: False)
+    yield conn
+    assert conn.connection is None
+
+
+def test_dialect_for_a_mssql_django_connection(mssql_connection):
+    assert mssql_connection.vendor == "microsoft"
+    assert mssql_connection.sql_server_version == 2022
+    d = dialect_for(mssql_connection)
+    assert isinstance(d, MSSQLDialect)
+    assert d.table(NAME) == "[dbo].[orders]"
+    assert dialect_for(mssql_connection, "sales").table(NAME) == "[sales].[orders]"
+
+
+def test_queue_model_compiles_skip_locked_to_sql_server_hints(mssql_connection):
+    model = queue_model(NAME)
+    qs = model.objects.select_for_update(skip_locked=True).order_by("row_version")[:1]
+    sql, params = qs.query.get_compiler(connection=mssql_connection).as_sql()
+    assert sql.startswith("SELECT TOP 1 ")
+    assert "FROM [orders] WITH (ROWLOCK, UPDLOCK, READPAST)" in sql
+    assert sql.endswith("ORDER BY [orders].[RowVersion] ASC")
+    for column in COLUMNS:
+        assert f"[orders].[{column}]" in sql
+    assert params == ()
+
+
+class _DriverCursor:
+    """Stands in for a pyodbc cursor: records what mssql-django hands the driver."""
+
+    def __init__(self, log: list, rows_for, rowcounts: list):
+        self.log, self.rows_for, self._rowcounts = log, rows_for, rowcounts
+        self.rows, self.rowcount = [], -1
+
+    def execute(self, sql, params=()):
+        self.log.append(("execute", sql, tuple(params)))
+        self.rows = list(self.rows_for(sql))
+        self.rowcount = self._rowcounts.pop(0) if self._rowcounts else -1
+        return self
+
+    def executemany(self, sql, seq):
+        self.log.append(("executemany", sql, [tuple(p) for p in seq]))
+
+    def fetchall(self):
+        return list(self.rows)
+
+    def fetchone(self):
+        return self.rows[0] if self.rows else None
+
+    def nextset(self):  # mssql-django drains the result set after fetchone on non-Microsoft drivers
+        return False
+
+    def close(self):
+        pass
+
+
+def _queue_info(name: str, using: str | None = None) -> QueueInfo:
+    return QueueInfo(name, "normal", None, False, None, None)
+
+
+@pytest.fixture
+def no_registry(monkeypatch):
+    """The queue registry is a Django model on the real database: keep it out."""
+    monkeypatch.setattr(registry, "get", _queue_info)
+    monkeypatch.setattr(registry, "touch", lambda *a, **k: None)
+
+
+class _FakeMSSQLTransport(Transport):
+    """The real Transport, on the never-connected mssql-django connection."""
+
+    def __init__(self, conn, rows_for=lambda sql: (), rowcounts=()):
+        super().__init__(using=ALIAS)
+        self.conn, self.log, self.rows_for, self.rowcounts = conn, [], rows_for, list(rowcounts)
+
+    @property
+    def dialect(self):
+        return dialect_for(self.conn)
+
+    def _queue(self, name):
+        validate_name(name)
+        return _queue_info(name)
+
+    def _cursor(self):
+        from mssql.base import CursorWrapper as MSSQLCursorWrapper
+
+        driver = _DriverCursor(self.log, self.rows_for, self.rowcounts)
+        return DjangoCursorWrapper(MSSQLCursorWrapper(driver, self.conn), self.conn)
+
+
+def _bound_values(sql: str, params: tuple) -> dict[str, object]:
+    """Column → value of a driver-level INSERT (``?`` placeholders)."""
+    counter = iter(range(1, len(params) + 1))
+    tree = parse_one(re.sub(r"\?", lambda _: f"@P{next(counter)}", sql))
+    (row,) = tree.expression.expressions
+    names = {f"P{i + 1}": p for i, p in enumerate(params)}
+
+    def value(node):
+        if isinstance(node, exp.Parameter):
+            return names[node.name]
+        if isinstance(node, exp.DateAdd):
+            return (node.unit.name.lower(), value(node.expression), value(node.this))
+        if is_getutcdate(node):
+            return "GETUTCDATE()"
+        return node.this
+
+    return {c.name: value(v) for c, v in zip(tree.this.expressions, row.expressions)}
+
+
+def test_transport_statements_reach_the_driver_with_matching_params(mssql_connection, no_registry):
+    """The transport's real call sites, through mssql-django's cursor wrapper."""
+    d = MSSQLDialect()
+    raw = (str(uuid.uuid4()).upper(), "corr", "reply@x", dt.datetime(2030, 1, 1), '{"NServiceBus.MessageId":"m1"}',
+           b"body", 42, 0)
+    d_sql = {d.receive(NAME).replace("%s", "?"): [raw], d.browse(NAME).replace("%s", "?"): [raw],
+             d.peek_estimate(NAME): [(3,)]}
+    t = _FakeMSSQLTransport(mssql_connection, rows_for=lambda sql: d_sql.get(sql, ()))
+
+    message_id = t.send(NAME, {"x": 1}, ttl=90.25, correlation_id="corr", reply_to="reply@x")
+    t.send(NAME, b"raw")                                          # no TTL
+    t.send_many(NAME, ["a", "b"], ttl=dt.timedelta(days=3650))
+    (received,) = t.receive_batch(NAME, 5)
+    t.requeue(NAME, received)
+    assert t.peek_estimate(NAME) == 3
+    (browsed,) = t.browse(NAME, limit=50, after=41)
+    assert browsed.id == received.id and browsed.headers == {"NServiceBus.MessageId": "m1"}
+    t.delete(NAME, message_id)
+
+    calls = t.log
+    for kind, sql, params in calls:
+        assert "%s" not in sql
+        for p in (params if kind == "executemany" else [params]):
+            assert sql.count("?") == len(p), (sql, p)
+
+    expected_sql = [d.insert_with_ttl(NAME), d.insert_with_expires(NAME), d.insert_with_ttl(NAME), d.receive(NAME),
+                    d.insert_with_expires(NAME), d.peek_estimate(NAME), d.browse(NAME), d.delete_by_id(NAME)]
+    # mssql-django only swaps %s for ? (no GROUP BY rewrite, no other change).
+    assert [sql for _, sql, _ in calls] == [s.replace("%s", "?") for s in expected_sql]
+
+    send_ttl, send_plain, many, receive, requeue, peek, browse, delete = calls
+    values = _bound_values(send_ttl[1], send_ttl[2])
+    assert values["Id"] == row_id_for(message_id)
+    assert (values["CorrelationId"], values["ReplyToAddress"], values["Recoverable"]) == ("corr", "reply@x", "1")
+    assert json.loads(values["Headers"])["NServiceBus.MessageId"] == message_id
+    assert values["Body"] == b'{"x":1}'
+    assert values["Expires"] == ("millisecond", 30_250, ("minute", 1, "GETUTCDATE()"))
+
+    assert _bound_values(send_plain[1], send_plain[2])["Expires"] is None
+    assert many[0] == "executemany" and len(many[2]) == 2
+    for row in many[2]:
+        assert _bound_values(many[1], row)["Expires"] == ("millisecond", 0, ("minute", 3650 * 24 * 60, "GETUTCDATE()"))
+
+    assert receive[2] == (5,)
+    assert (received.id, received.row_version, received.expired) == (raw[0].lower(), 42, False)
+    assert received.expires == dt.datetime(2030, 1, 1, tzinfo=dt.timezone.utc)
+    requeued = _bound_values(requeue[1], requeue[2])
+    assert requeued["Id"] == received.id and requeued["Body"] == b"body"
+    assert requeued["Expires"] == dt.datetime(2030, 1, 1) and requeued["Expires"].tzinfo is None
+    assert peek[2] == () and browse[2] == (50, 41) and delete[2] == (row_id_for(message_id),)
+
+
+def test_purge_and_counts_reach_the_driver(mssql_connection, no_registry):
+    t = _FakeMSSQLTransport(mssql_connection, rowcounts=[10, 10, 3])
+    assert t.purge(NAME, expired_only=True, batch_size=10) == 23
+    assert [c[2] for c in t.log] == [(10,), (10,), (10,)]
+    assert {c[1] for c in t.log} == {MSSQLDialect().purge_expired(NAME).replace("%s", "?")}
+
+    t = _FakeMSSQLTransport(mssql_connection, rows_for=lambda sql: [(5, 2)])
+    counts = t.counts(NAME)
+    assert (counts.total, counts.expired) == (5, 2)
+    assert t.log == [("execute", MSSQLDialect().counts(NAME), ())]
+
+
+# -- 4. the mssql DATABASE_URL ----------------------------------------------------------------
+
+def test_mssql_database_url():
+    s = parse_database_url(MSSQL_URL, ROOT)
+    assert s["ENGINE"] == "mssql"
+    assert (s["NAME"], s["USER"], s["PASSWORD"], s["HOST"], s["PORT"]) == ("sluice", "sa", "p@ss", "db", "1433")
+    assert s["OPTIONS"] == {
+        "driver": "ODBC Driver 18 for SQL Server",
+        "python_driver": "mssql_python",
+        "extra_params": "TrustServerCertificate=yes",
+    }
+    with pytest.raises(DatabaseUrlError):
+        parse_database_url("mssql://sa:pw@db:1433/", ROOT)
+
+
+def test_mssql_database_url_gives_mssql_django_a_usable_connection_string(mssql_connection):
+    params = mssql_connection.get_connection_params()
+    assert mssql_connection._uses_mssql_python(params)
+    cstr = mssql_connection._build_connection_string(params, params["OPTIONS"]["driver"])
+    parts = dict(p.split("=", 1) for p in cstr.split(";"))
+    assert parts["SERVER"] == "db,1433" and parts["UID"] == "sa" and parts["DATABASE"] == "sluice"
+    assert parts["PWD"].strip("{}") == "p@ss"
+    assert parts["TrustServerCertificate"] == "yes"
+    assert "DRIVER" not in parts  # mssql-python bundles its own driver
