@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Protocol
 
 from django.db import connections
@@ -37,6 +38,8 @@ class ThreadRunner:
         self._wake: dict[str, threading.Event] = {loop.name: threading.Event() for loop in loops}
         self._threads: list[threading.Thread] = []
         self.errors: dict[str, int] = {loop.name: 0 for loop in loops}
+        self.steps: dict[str, int] = {loop.name: 0 for loop in loops}
+        self.last_step: dict[str, float] = {}
 
     def start(self) -> "ThreadRunner":
         for loop in self.loops:
@@ -61,6 +64,8 @@ class ThreadRunner:
             while not self._stop.is_set():
                 try:
                     wait = loop.step()
+                    self.steps[loop.name] += 1
+                    self.last_step[loop.name] = time.time()
                 except Exception:
                     self.errors[loop.name] += 1
                     log.exception("loop %s: step failed; retrying in %.1f s", loop.name, ERROR_BACKOFF_SECONDS)
@@ -87,6 +92,13 @@ class ThreadRunner:
         for thread in self._threads:
             thread.join(timeout)
         return not any(t.is_alive() for t in self._threads)
+
+    def snapshot(self) -> list[dict]:
+        """Each loop's name, whether its thread lives, its steps, errors and last step time."""
+        alive = {t.name: t.is_alive() for t in self._threads}
+        return [{"name": loop.name, "alive": alive.get(f"sluice-{loop.name}", False),
+                 "steps": self.steps[loop.name], "errors": self.errors[loop.name],
+                 "last_step": self.last_step.get(loop.name)} for loop in self.loops]
 
     @property
     def stopping(self) -> bool:

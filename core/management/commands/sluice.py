@@ -125,6 +125,9 @@ class Command(BaseCommand):
         worker.add_argument("--no-mover", action="store_true",
                             help="do not run the delayed-message mover in this worker")
 
+        status = sub.add_parser("status", help="workers, their loops and circuit breakers (from Redis)")
+        status.add_argument("--json", action="store_true")
+
     def handle(self, *args, **options) -> None:
         action = options["action"]
         method = getattr(self, f"do_{action}")
@@ -279,6 +282,12 @@ class Command(BaseCommand):
             loops.append(DelayedMover())
         if options["demo_traffic"]:
             loops.append(DemoTraffic(rate=get_settings().DEMO_RATE))
+        from django.conf import settings
+
+        from core.health import HealthPublisher
+
+        runner_box: list = []
+        loops.append(HealthPublisher(settings.REDIS_URL, lambda: runner_box[0].snapshot() if runner_box else []))
         stop = threading.Event()
 
         def request_stop(signum, frame) -> None:
@@ -289,7 +298,9 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGTERM, request_stop)
         signal.signal(signal.SIGINT, request_stop)
-        runner = ThreadRunner(loops).start()
+        runner = ThreadRunner(loops)
+        runner_box.append(runner)
+        runner.start()
         self.stdout.write(f"worker serving {', '.join(names)}; Ctrl-C stops")
         self.stdout.flush()
         try:
@@ -305,3 +316,24 @@ class Command(BaseCommand):
             s = pump.stats
             self.stdout.write(f"{pump.queue}: received {s.received}, handled {s.succeeded}, retried {s.retried}, "
                               f"to error {s.errored}, expired {s.expired}, poison {s.poison}")
+
+    def do_status(self, options) -> None:
+        from django.conf import settings
+
+        from core.health import read_health
+
+        health = read_health(settings.REDIS_URL)
+        if options["json"]:
+            self.stdout.write(json.dumps(health))
+            return
+        self.stdout.write(f"redis: {health['redis']}" + (f" ({health['error']})" if health.get("error") else ""))
+        if not health["workers"]:
+            self.stdout.write("no workers seen in the last 15 s")
+        for w in health["workers"]:
+            self.stdout.write(f"worker {w['name']} (last seen {w['last_seen']})")
+            for loop in w["loops"]:
+                self.stdout.write(f"  loop {loop['name']:40} {'alive' if loop['alive'] else 'DEAD':5} "
+                                  f"steps {loop['steps']} errors {loop['errors']}")
+            for b in w["breakers"]:
+                self.stdout.write(f"  breaker {b['name']:37} {b['state']}"
+                                  + (f"  {b['last_error']}" if b["state"] != "closed" else ""))
