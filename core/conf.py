@@ -70,6 +70,19 @@ class SluiceSettings:
     MAXIMUM_RECOVERY_FAILURES_PER_SECOND: float = 1.0
     #: Seconds a mover's leadership lease lasts; another worker takes over when it lapses.
     MOVER_LEASE_SECONDS: float = 10.0
+    #: Beat intervals (seconds) of the periodic maintenance tasks.
+    PURGE_INTERVAL: float = 60.0
+    IDLE_QUEUE_INTERVAL: float = 60.0
+    INGEST_INTERVAL: float = 5.0
+    ARCHIVE_PURGE_INTERVAL: float = 3600.0
+    #: Archived failed messages older than this many seconds are deleted (30 days).
+    FAILED_ARCHIVE_RETENTION: float = 30 * 24 * 3600.0
+    #: Longest one run of a periodic task works before leaving the rest to the next run.
+    TASK_TIME_BUDGET: float = 20.0
+    #: The Celery worker hosts the pumps and the mover (bootstep); off for task-only workers.
+    CELERY_HOST_LOOPS: bool = True
+    #: The Celery worker also sends demo traffic (what `make run` does).
+    DEMO_TRAFFIC: bool = False
     #: Send demo traffic to the ``demo`` queue from ``sluice worker --demo-traffic``: messages per second.
     DEMO_RATE: float = 2.0
     extra: Mapping[str, Any] = field(default_factory=dict)

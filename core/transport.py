@@ -259,7 +259,8 @@ class Transport:
     # -- looking -------------------------------------------------------------
     def peek_estimate(self, queue: str) -> int:
         """Roughly how many messages wait (max − min RowVersion); never counts rows."""
-        self._queue(queue)
+        info = self._queue(queue)
+        registry.touch(info, self.using)  # a listening pump keeps a temporary queue alive
         with self._cursor() as cursor:
             cursor.execute(self.dialect.peek_estimate(queue), [])
             value = cursor.fetchone()[0]

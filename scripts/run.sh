@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Local demo: migrate, create the queues, then run the web dashboard and the Sluice
-# worker side by side until Ctrl-C. Used by `make run` (after scripts/bootstrap.sh).
+# Local demo: start Redis, migrate, create the queues, then run the web dashboard and one
+# Celery worker (hosting Sluice's pumps and delayed mover, with beat embedded for the
+# periodic tasks) side by side until Ctrl-C. Used by `make run` (after scripts/bootstrap.sh).
 #
 # Environment:
 #   DATABASE_URL    default sqlite:///var/sluice.sqlite3 (see sluice/settings.py)
-#   DEMO=0          run the worker without --demo-traffic
+#   DEMO=0          run the worker without demo traffic (SLUICE_DEMO_TRAFFIC=0)
 #   RUN_ADDR        runserver address, default 127.0.0.1:8000
 #   STOP_TIMEOUT    seconds to wait for the children after INT/TERM before SIGKILL (default 20)
 #
@@ -21,11 +22,16 @@ STOP_TIMEOUT=${STOP_TIMEOUT:-20}
 say() { printf '[run] %s\n' "$*" >&2; }
 
 mkdir -p var
+bash scripts/services.sh redis
 "$PY" manage.py migrate --noinput
 "$PY" manage.py sluice setup
 
-worker_cmd=("$PY" manage.py sluice worker)
-[ "${DEMO:-1}" = 0 ] || worker_cmd+=(--demo-traffic)
+# One Celery worker: the bootstep runs the pumps, the mover and the health heartbeat;
+# -B embeds beat (purge, idle queues, error ingestion). Demo traffic unless DEMO=0.
+export SLUICE_DEMO_TRAFFIC=1
+[ "${DEMO:-1}" = 0 ] && export SLUICE_DEMO_TRAFFIC=0
+worker_cmd=(.venv/bin/celery -A workers worker -B --pool=threads --concurrency=2 --loglevel=info
+            --schedule=var/celerybeat-schedule --hostname="sluice@%h")
 # --insecure: serve static files (admin, dashboard assets) although DEBUG is off.
 web_cmd=("$PY" manage.py runserver "$RUN_ADDR" --noreload --insecure)
 
@@ -78,7 +84,8 @@ web_pid=$!
 worker_pid=$!
 
 say "web dashboard: http://$RUN_ADDR/  (admin: http://$RUN_ADDR/admin/)"
-say "worker: ${worker_cmd[*]:1}  (pid $worker_pid; its log is this terminal)"
+say "worker: celery worker + beat (pid $worker_pid; its log is this terminal; demo traffic: $SLUICE_DEMO_TRAFFIC)"
+say "status: .venv/bin/python manage.py sluice status"
 say "database: ${DATABASE_URL:-sqlite:///var/sluice.sqlite3}"
 say "press Ctrl-C to stop both"
 

@@ -172,6 +172,10 @@ def _statements(d: MSSQLDialect, name: str) -> list[Stmt]:
     for what in ("delayed_remove", "delayed_increment_failure", "delayed_list", "delayed_deliver_now"):
         out.append(Stmt(what, getattr(d, what)(name), 1, None))                # [id] or [limit]
     out.append(Stmt("delayed_next", d.delayed_next(name), 0, None))
+    out.append(Stmt("delayed_has_destination", d.delayed_has_destination(name), 1, None))  # [queue]
+    out.append(Stmt("receive_expired", d.receive_expired(name), 1, None))                  # [limit]
+    out.append(Stmt("max_row_version", d.max_row_version(name), 0, None))
+    out.append(Stmt("lock_table", d.lock_table(name), 0, None))
     return out
 
 
@@ -179,7 +183,8 @@ NAMED = ["create_queue_table", "ddl_lock", "drop_queue_table", "existing_indexes
          "insert_with_ttl", "insert_with_expires", "receive", "peek_estimate", "browse", "counts",
          "delete_by_id", "purge_expired", "purge_all",
          "create_delayed_table", "delayed_insert_at", "delayed_insert_after", "delayed_fetch_due",
-         "delayed_remove", "delayed_increment_failure", "delayed_list", "delayed_deliver_now", "delayed_next"]
+         "delayed_remove", "delayed_increment_failure", "delayed_list", "delayed_deliver_now", "delayed_next",
+         "delayed_has_destination", "receive_expired", "max_row_version", "lock_table"]
 
 
 def not_parseable(stmt: Stmt) -> bool:

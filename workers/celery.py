@@ -1,27 +1,80 @@
-"""The Celery app: Redis broker from REDIS_URL (via Django settings).
+"""The Celery app: Redis broker (REDIS_URL), Sluice's loops in a worker bootstep, and the
+beat schedule of the periodic maintenance tasks (intervals from SLUICE_* settings).
 
-The periodic loops and the bootsteps that host core's loops are added with the Celery
-issue; until then `sluice worker` hosts the pumps in threads (core.loops.ThreadRunner).
+    celery -A workers worker --pool=threads -c 2     # pumps + mover + tasks
+    celery -A workers beat                           # the schedule
 """
 from __future__ import annotations
 
+import logging
 import os
 
 import django
-from celery import Celery
+from celery import Celery, bootsteps
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "sluice.settings")
 django.setup()
 
 from django.conf import settings  # noqa: E402  (after django.setup)
 
+from core.conf import get_settings  # noqa: E402
+
+log = logging.getLogger("sluice.celery")
+conf = get_settings()
+
 app = Celery("sluice")
 app.conf.update(
     broker_url=settings.REDIS_URL,
     result_backend=settings.REDIS_URL,
     broker_connection_retry_on_startup=True,
+    # A task a dying worker had taken is given to another one, not lost.
     task_acks_late=True,
+    task_reject_on_worker_lost=True,
     worker_prefetch_multiplier=1,
     timezone="UTC",
-    beat_schedule={},
+    task_default_queue="sluice",
+    # Beat tasks are worth nothing late: one that waited past its interval is dropped.
+    beat_schedule={
+        "purge-expired": {"task": "sluice.purge_expired", "schedule": conf.PURGE_INTERVAL,
+                          "options": {"expires": conf.PURGE_INTERVAL}},
+        "delete-idle-queues": {"task": "sluice.delete_idle_queues", "schedule": conf.IDLE_QUEUE_INTERVAL,
+                               "options": {"expires": conf.IDLE_QUEUE_INTERVAL}},
+        "ingest-errors": {"task": "sluice.ingest_errors", "schedule": conf.INGEST_INTERVAL,
+                          "options": {"expires": conf.INGEST_INTERVAL}},
+        "purge-archived-failures": {"task": "sluice.purge_archived_failures",
+                                    "schedule": conf.ARCHIVE_PURGE_INTERVAL,
+                                    "options": {"expires": conf.ARCHIVE_PURGE_INTERVAL}},
+    },
 )
+
+
+class SluiceLoops(bootsteps.StartStopStep):
+    """Hosts core's long-running loops (pumps, delayed mover, health) in the worker
+    process: they start with the worker and stop with it, finishing in-flight batches."""
+
+    requires = {"celery.worker.components:Pool"}
+
+    def __init__(self, worker, **kwargs) -> None:
+        super().__init__(worker, **kwargs)
+        self.host = None
+
+    def start(self, worker) -> None:
+        if not get_settings().CELERY_HOST_LOOPS:
+            log.info("SLUICE_CELERY_HOST_LOOPS is off: this worker runs tasks only")
+            return
+        from core.worker import WorkerHost
+
+        self.host = WorkerHost(demo_traffic=get_settings().DEMO_TRAFFIC, redis_url=settings.REDIS_URL).start()
+        log.info("Sluice loops started: %s", ", ".join(loop.name for loop in self.host.runner.loops))
+
+    def stop(self, worker) -> None:
+        if self.host is not None:
+            stopped = self.host.stop()
+            for line in self.host.summary():
+                log.info(line)
+            log.info("Sluice loops stopped%s", "" if stopped else " (some did not finish in time)")
+            self.host = None
+
+
+app.steps["worker"].add(SluiceLoops)
+app.autodiscover_tasks(["workers"], related_name="tasks", force=True)

@@ -218,6 +218,26 @@ class Dialect:
         """Delete up to %s rows, skipping locked ones; rowcount = rows deleted."""
         raise NotImplementedError
 
+    def receive_expired(self, name: str) -> str:
+        """Delete and return up to %s expired rows no receiver holds (for dead-lettering);
+        columns as :meth:`receive`."""
+        t = self.table(name)
+        exp, rv = self._col("Expires"), self._col("RowVersion")
+        return (
+            f"DELETE FROM {t} WHERE {rv} IN (SELECT {rv} FROM {t} WHERE {exp} IS NOT NULL "
+            f"AND {exp} <= {self.now_sql()} LIMIT %s{self.skip_locked_suffix}) "
+            f"RETURNING {self._message_columns()}, {self.expired_sql()}"
+        )
+
+    def max_row_version(self, name: str) -> str:
+        """One row: the newest RowVersion (NULL when empty)."""
+        return f"SELECT MAX({self._col('RowVersion')}) FROM {self.table(name)}"
+
+    def lock_table(self, name: str) -> str | None:
+        """Lock a queue table against every other writer until the transaction ends
+        (None: the transaction's own lock already does, as SQLite's BEGIN IMMEDIATE)."""
+        return None
+
 
 def _is_uuid(value: Any) -> bool:
     if isinstance(value, uuid.UUID):
@@ -300,6 +320,10 @@ class DelayedSQL:
     def delayed_deliver_now(self, name: str) -> str:
         """Make one stored message due now.  Params: id."""
         return f"UPDATE {self.table(name)} SET {self.quote('Time')} = {self.now_sql()} WHERE {self.quote('Id')} = %s"
+
+    def delayed_has_destination(self, name: str) -> str:
+        """A row when some stored message is for destination %s."""
+        return f"SELECT 1 FROM {self.table(name)} WHERE {self.quote('Destination')} = %s"
 
     def notify(self) -> str | None:
         """A statement that wakes listeners on channel %s with payload %s at commit."""

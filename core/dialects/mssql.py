@@ -162,6 +162,22 @@ class MSSQLDialect(DelayedSQL, Dialect):
             "WHERE [Expires] IS NOT NULL AND [Expires] <= GETUTCDATE()"
         )
 
+    def receive_expired(self, name: str) -> str:
+        t = self.table(name)
+        return (
+            "SET NOCOUNT ON; "
+            f"WITH message AS (SELECT TOP (%s) * FROM {t} WITH (UPDLOCK, READPAST, ROWLOCK) "
+            "WHERE [Expires] IS NOT NULL AND [Expires] <= GETUTCDATE() ORDER BY [RowVersion]) "
+            f"DELETE FROM message OUTPUT {self._message_columns('deleted.')}, "
+            f"{self.expired_sql('deleted.[Expires]')};"
+        )
+
+    def lock_table(self, name: str) -> str:
+        return f"SELECT TOP 0 1 FROM {self.table(name)} WITH (TABLOCKX, HOLDLOCK)"
+
+    def delayed_has_destination(self, name: str) -> str:
+        return f"SELECT TOP 1 1 FROM {self.table(name)} WITH (NOLOCK) WHERE [Destination] = %s"
+
     def purge_all(self, name: str) -> str:
         return f"DELETE TOP (%s) FROM {self.table(name)} WITH (READPAST)"
 

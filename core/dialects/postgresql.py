@@ -104,6 +104,9 @@ class PostgreSQLDialect(DelayedSQL, Dialect):
             "LIMIT %s FOR UPDATE SKIP LOCKED)"
         )
 
+    def lock_table(self, name: str) -> str:
+        return f"LOCK TABLE {self.table(name)} IN ACCESS EXCLUSIVE MODE"
+
     def purge_all(self, name: str) -> str:
         t = self.table(name)
         return (

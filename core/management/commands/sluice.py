@@ -262,32 +262,12 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(data, indent=2))
 
     def do_worker(self, options) -> None:
-        from core.demo.traffic import DemoTraffic
-        from core.handlers import handlers, load_handler_modules
-        from core.loops import ThreadRunner
-        from core.pump import MessagePump
-        from core.queues import registry
-
-        load_handler_modules()
-        names = options["queues"] or handlers.queues()
-        if not names:
-            raise CommandError("no queues to serve: register handlers (SLUICE_HANDLER_MODULES) or pass --queue")
-        for name in names:
-            registry.get(name)  # UnknownQueue → clear error before any thread starts
-        pumps = [MessagePump(name, concurrency=options["concurrency"]) for name in names]
-        loops: list = list(pumps)
-        if not options["no_mover"]:
-            from core.delayed import DelayedMover
-
-            loops.append(DelayedMover())
-        if options["demo_traffic"]:
-            loops.append(DemoTraffic(rate=get_settings().DEMO_RATE))
         from django.conf import settings
 
-        from core.health import HealthPublisher
+        from core.worker import WorkerHost
 
-        runner_box: list = []
-        loops.append(HealthPublisher(settings.REDIS_URL, lambda: runner_box[0].snapshot() if runner_box else []))
+        host = WorkerHost(options["queues"], concurrency=options["concurrency"], mover=not options["no_mover"],
+                          demo_traffic=options["demo_traffic"], redis_url=settings.REDIS_URL)
         stop = threading.Event()
 
         def request_stop(signum, frame) -> None:
@@ -298,24 +278,18 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGTERM, request_stop)
         signal.signal(signal.SIGINT, request_stop)
-        runner = ThreadRunner(loops)
-        runner_box.append(runner)
-        runner.start()
-        self.stdout.write(f"worker serving {', '.join(names)}; Ctrl-C stops")
+        host.start()
+        self.stdout.write(f"worker serving {', '.join(host.queues)}; Ctrl-C stops")
         self.stdout.flush()
         try:
             while not stop.is_set():
                 stop.wait(0.2)
-                if options["until_empty"] and all(p.receiver.peek_estimate(p.queue) == 0 for p in pumps):
+                if options["until_empty"] and host.is_empty():
                     break
         finally:
-            for pump in pumps:
-                pump.stop()
-            runner.stop()
-        for pump in pumps:
-            s = pump.stats
-            self.stdout.write(f"{pump.queue}: received {s.received}, handled {s.succeeded}, retried {s.retried}, "
-                              f"to error {s.errored}, expired {s.expired}, poison {s.poison}")
+            host.stop()
+        for line in host.summary():
+            self.stdout.write(line)
 
     def do_status(self, options) -> None:
         from django.conf import settings

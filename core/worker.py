@@ -1,0 +1,67 @@
+"""One worker's loops: the pumps, the delayed mover, demo traffic and the health
+heartbeat, hosted in threads.  `sluice worker` and the Celery bootstep (workers/) both
+use it, so a worker is the same thing however it is started."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from core.conf import get_settings
+from core.handlers import handlers, load_handler_modules
+from core.health import HealthPublisher
+from core.loops import ThreadRunner
+from core.pump import MessagePump
+from core.queues import registry
+
+log = logging.getLogger("sluice.worker")
+
+
+class WorkerHost:
+    def __init__(
+        self,
+        queues: list[str] | None = None,
+        *,
+        concurrency: int | None = None,
+        mover: bool = True,
+        demo_traffic: bool = False,
+        redis_url: str | None = None,
+        extra_loops: list[Any] | None = None,
+    ) -> None:
+        load_handler_modules()
+        self.queues = list(queues or handlers.queues())
+        if not self.queues:
+            raise ValueError("no queues to serve: register handlers (SLUICE_HANDLER_MODULES) or name queues")
+        for name in self.queues:
+            registry.get(name)  # UnknownQueue → a clear error before any thread starts
+        self.pumps = [MessagePump(name, concurrency=concurrency) for name in self.queues]
+        loops: list[Any] = list(self.pumps)
+        if mover:
+            from core.delayed import DelayedMover
+
+            loops.append(DelayedMover())
+        if demo_traffic:
+            from core.demo.traffic import DemoTraffic
+
+            loops.append(DemoTraffic(rate=get_settings().DEMO_RATE))
+        loops += list(extra_loops or [])
+        if redis_url:
+            loops.append(HealthPublisher(redis_url, lambda: self.runner.snapshot()))
+        self.runner = ThreadRunner(loops)
+
+    def start(self) -> "WorkerHost":
+        self.runner.start()
+        log.info("worker serving %s", ", ".join(self.queues))
+        return self
+
+    def stop(self, timeout: float = 30.0) -> bool:
+        """Finish in-flight batches, then stop every loop; True when all stopped in time."""
+        for pump in self.pumps:
+            pump.stop()
+        return self.runner.stop(timeout)
+
+    def is_empty(self) -> bool:
+        return all(p.receiver.peek_estimate(p.queue) == 0 for p in self.pumps)
+
+    def summary(self) -> list[str]:
+        return [f"{p.queue}: received {p.stats.received}, handled {p.stats.succeeded}, retried {p.stats.retried}, "
+                f"to error {p.stats.errored}, expired {p.stats.expired}, poison {p.stats.poison}" for p in self.pumps]
