@@ -6,4 +6,5 @@ app_name = "dashboard"
 urlpatterns = [
     path("", views.overview, name="overview"),
     path("partials/queues/", views.queue_table, name="queue-table"),
+    path("healthz", views.healthz, name="healthz"),
 ]
