@@ -15,4 +15,5 @@ to stderr; stdout carries exactly one JSON line, the result.
 #: Benchmark name → module (relative to this package).  Add new benchmarks here.
 BENCHMARKS: dict[str, str] = {
     "transport": "benchmarks.transport",
+    "delayed": "benchmarks.delayed",
 }

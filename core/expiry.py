@@ -53,7 +53,7 @@ def dead_letter_expired(queue: str, batch_size: int, max_batches: int, using: st
                 cursor.execute(d.receive_expired(queue), [batch_size])
                 rows = cursor.fetchall()
             for raw in rows:
-                message = transport._message(queue, d.to_row(raw))
+                message = transport.to_message(queue, d.to_row(raw))
                 on_expired_receive(transport, message)
         moved += len(rows)
         if len(rows) < batch_size:

@@ -44,3 +44,110 @@ class Lease(models.Model):
 
     class Meta:
         db_table = "sluice_lease"
+
+
+# -- failed messages (core/failures.py) ----------------------------------------------
+
+
+class FailureStatus(models.TextChoices):
+    UNRESOLVED = "unresolved", "unresolved"
+    RETRY_PENDING = "retry_pending", "retry pending"
+    RESOLVED = "resolved", "resolved"
+    ARCHIVED = "archived", "archived"
+
+
+class FailedMessage(models.Model):
+    """A message that reached the error queue, ingested by core.failures: one row per
+    message id; a message that fails again updates its row and appends to its history."""
+
+    #: The ``NServiceBus.MessageId`` header (else the error-queue row's Id).
+    message_id = models.CharField(max_length=255, unique=True)
+    #: ``NServiceBus.FailedQ``: the queue it failed in, where a retry sends it back.
+    original_queue = models.CharField(max_length=255, default="")
+    #: The first enclosed message type, without a .NET assembly suffix ("" when none).
+    message_type = models.CharField(max_length=255, default="")
+    exception_type = models.CharField(max_length=500, default="")
+    exception_message = models.TextField(default="")
+    stack_trace = models.TextField(default="")
+    #: Stable hash of exception type + the frame where it was raised (no line numbers).
+    group_key = models.CharField(max_length=40, default="")
+    #: Readable group: "ValueError @ demo/handlers.py:fail".
+    group_title = models.CharField(max_length=500, default="")
+    #: When the latest failure happened (``NServiceBus.TimeOfFailure``, else ingestion time).
+    time_of_failure = models.DateTimeField()
+    #: Failed processing attempts of the latest failure (``Sluice.TotalFailedAttempts``).
+    attempts = models.IntegerField(default=0)
+    #: How many times the message reached the error queue.
+    failure_count = models.IntegerField(default=1)
+    status = models.CharField(max_length=16, choices=FailureStatus.choices, default=FailureStatus.UNRESOLVED)
+    #: The error-queue headers (JSON text) and body, kept for retries.
+    headers = models.TextField(default="{}")
+    body = models.BinaryField(default=b"")
+    #: time_of_failure of the first failure.
+    first_failed_at = models.DateTimeField()
+    #: When ingestion recorded the latest failure (this server's clock).
+    last_failed_at = models.DateTimeField()
+    retried_at = models.DateTimeField(null=True, blank=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    archived_at = models.DateTimeField(null=True, blank=True)
+    #: Events, oldest first: {"at", "event": failed|retry|resolved|archived|restored, "exception_type",
+    #: "message", …}.  The newest core.failures.HISTORY_LIMIT are kept.
+    history = models.JSONField(default=list)
+
+    class Meta:
+        db_table = "sluice_failed_message"
+        ordering = ["-time_of_failure", "-id"]
+        indexes = [
+            models.Index(fields=["status", "time_of_failure"], name="sluice_fm_status_time"),
+            models.Index(fields=["group_key", "status"], name="sluice_fm_group"),
+            models.Index(fields=["original_queue", "status"], name="sluice_fm_queue"),
+            models.Index(fields=["message_type", "status"], name="sluice_fm_type"),
+            models.Index(fields=["time_of_failure"], name="sluice_fm_time"),
+            models.Index(fields=["status", "archived_at"], name="sluice_fm_archived"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.message_id} ({self.exception_type}, {self.status})"
+
+
+class BulkOperationStatus(models.TextChoices):
+    PENDING = "pending", "pending"
+    RUNNING = "running", "running"
+    FINISHED = "finished", "finished"
+    FAILED = "failed", "failed"
+
+
+class BulkOperation(models.Model):
+    """A retry or archive job over failed messages, run in batches; a page polls its counters."""
+
+    #: "retry" or "archive".
+    kind = models.CharField(max_length=16)
+    #: What was selected, for people ("group ValueError @ demo/handlers.py:fail").
+    description = models.CharField(max_length=500, default="")
+    #: The selection, for the job (JSON: {"ids": [...]} | {"group": key} | {"all": true, "queue", ...}).
+    selection = models.JSONField(default=dict)
+    total = models.IntegerField(default=0)
+    done = models.IntegerField(default=0)
+    failed = models.IntegerField(default=0)
+    status = models.CharField(max_length=16, choices=BulkOperationStatus.choices,
+                              default=BulkOperationStatus.PENDING)
+    #: Why records failed (one line each, capped), or why the job stopped.
+    error = models.TextField(default="", blank=True)
+    requested_by = models.CharField(max_length=150, default="", blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "sluice_bulk_operation"
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} #{self.pk}: {self.done}+{self.failed}/{self.total} {self.status}"
+
+    @property
+    def progress(self) -> float:
+        """0.0–1.0 for a progress bar."""
+        if self.status == BulkOperationStatus.FINISHED:
+            return 1.0
+        return min((self.done + self.failed) / self.total, 1.0) if self.total else 0.0

@@ -237,7 +237,7 @@ class Transport:
         with self._cursor() as cursor:
             cursor.execute(d.receive(queue), [limit])
             rows = cursor.fetchall()
-        messages = sorted((self._message(queue, d.to_row(raw)) for raw in rows), key=lambda m: m.row_version)
+        messages = sorted((self.to_message(queue, d.to_row(raw)) for raw in rows), key=lambda m: m.row_version)
         if messages:
             registry.touch(info, self.using)
         return messages
@@ -246,7 +246,8 @@ class Transport:
         batch = self.receive_batch(queue, 1)
         return batch[0] if batch else None
 
-    def _message(self, queue: str, row) -> Message:
+    def to_message(self, queue: str, row) -> Message:
+        """A Message from a normalised row (headers parsed; poison when they cannot be)."""
         message = Message(id=row.id, headers={}, body=row.body, queue=queue, row_version=row.row_version,
                           expires=row.expires, expired=row.expired, correlation_id=row.correlation_id,
                           reply_to=row.reply_to, raw_headers=row.headers)
@@ -274,7 +275,7 @@ class Transport:
             cursor.execute(d.browse(queue), d.browse_params(after, limit))
             rows = cursor.fetchall()
         registry.touch(info, self.using)
-        return [self._message(queue, d.to_row(raw)) for raw in rows]
+        return [self.to_message(queue, d.to_row(raw)) for raw in rows]
 
     def counts(self, queue: str) -> QueueCounts:
         """Exact total and expired counts (an operator's view; the pump uses peek_estimate)."""
