@@ -246,5 +246,8 @@ class MessagePump:
                 stats.retried += 1
             return
         stats.succeeded += 1
+        if "Sluice.RetryOf" in message.headers:  # a retried failed message succeeded (core.failures.RETRY_OF)
+            from core.failures import mark_resolved
+            mark_resolved(message.headers["Sluice.RetryOf"], using=self.receive_alias)
         log.debug("handled %s (%s) on %s in %.1f ms", message.id, message.message_type, self.queue,
                   (time.monotonic() - started) * 1000)
