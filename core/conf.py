@@ -75,8 +75,12 @@ class SluiceSettings:
     IDLE_QUEUE_INTERVAL: float = 60.0
     INGEST_INTERVAL: float = 5.0
     ARCHIVE_PURGE_INTERVAL: float = 3600.0
-    #: Archived failed messages older than this many seconds are deleted (30 days).
-    FAILED_ARCHIVE_RETENTION: float = 30 * 24 * 3600.0
+    #: Archived failed messages older than this many seconds are deleted (14 days).
+    FAILED_ARCHIVE_RETENTION: float = 14 * 24 * 3600.0
+    #: Error-queue messages ingested per transaction; failed messages a retry/archive
+    #: job handles per transaction.
+    ERROR_INGESTION_BATCH_SIZE: int = 100
+    RETRY_BATCH_SIZE: int = 100
     #: Longest one run of a periodic task works before leaving the rest to the next run.
     TASK_TIME_BUDGET: float = 20.0
     #: The Celery worker hosts the pumps and the mover (bootstep); off for task-only workers.

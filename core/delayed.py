@@ -567,6 +567,8 @@ class DelayedMover:
         else:
             headers = {**message.headers, **failure_headers(exc, self.table)}
             headers[Headers.FAILED_ATTEMPTS] = str(failures)
+            # FailedQ names the store (where it failed); a retry goes to the real destination.
+            headers[Headers.DELAYED_DESTINATION] = message.destination
             if message.extra.get("raw_headers"):
                 headers[Headers.RAW_HEADERS] = message.extra["raw_headers"]
             headers.pop(Headers.TIME_TO_BE_RECEIVED, None)

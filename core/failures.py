@@ -48,17 +48,8 @@ from core.transport import Transport, OutgoingMessage, row_id_for
 log = logging.getLogger("sluice.failures")
 
 # -- settings (to move to core/conf.py as SLUICE_*; the defaults are these) -------------------
-#: SLUICE_ERROR_INGESTION_BATCH_SIZE: error-queue messages ingested per transaction.
-ERROR_INGESTION_BATCH_SIZE = 100
-#: SLUICE_ERROR_INGESTION_INTERVAL: seconds the ingestor waits after a short (not full) batch.
-ERROR_INGESTION_INTERVAL = 1.0
-#: SLUICE_RETRY_BATCH_SIZE: failed messages a retry / archive operation handles per transaction.
-RETRY_BATCH_SIZE = 100
-#: SLUICE_FAILED_RETENTION_SECONDS: archived failures older than this are removed (14 days).
-FAILED_RETENTION_SECONDS = 14 * 24 * 3600
-#: SLUICE_FAILED_PURGE_INTERVAL: seconds between runs of the archived-failure purge loop.
-FAILED_PURGE_INTERVAL = 3600.0
-#: SLUICE_FAILED_PURGE_BATCH_SIZE: records one purge statement removes.
+# Settings (core/conf.py): ERROR_INGESTION_BATCH_SIZE, INGEST_INTERVAL, RETRY_BATCH_SIZE,
+# FAILED_ARCHIVE_RETENTION, ARCHIVE_PURGE_INTERVAL.
 FAILED_PURGE_BATCH_SIZE = 1000
 
 #: History events kept per record (the newest; a message failing forever must not grow without bound).
@@ -168,7 +159,7 @@ def _failure_of(message: Message, now: dt.datetime) -> _Failure:
     types = message.message_types()
     return _Failure(
         message_id=_record_id(h.get(Headers.MESSAGE_ID) or message.id),
-        original_queue=h.get(Headers.FAILED_Q, "")[:255],
+        original_queue=h.get(Headers.DELAYED_DESTINATION, h.get(Headers.FAILED_Q, ""))[:255],
         message_type=(types[0] if types else "")[:255],
         exception_type=h.get(Headers.EXCEPTION_TYPE, "")[:500],
         exception_message=h.get(Headers.EXCEPTION_MESSAGE, ""),
@@ -226,11 +217,12 @@ def _ingest_message(message: Message, records: dict[str, FailedMessage], now: dt
     records[failure.message_id] = _apply_failure(records.get(failure.message_id), failure, now, using)
 
 
-def ingest_batch(batch_size: int = ERROR_INGESTION_BATCH_SIZE, using: str | None = None,
+def ingest_batch(batch_size: int | None = None, using: str | None = None,
                  queue: str | None = None) -> int:
     """Ingest up to ``batch_size`` error-queue messages in one transaction; returns how many."""
     using = using or get_settings().DATABASE
     queue = queue or get_settings().ERROR_QUEUE
+    batch_size = batch_size or get_settings().ERROR_INGESTION_BATCH_SIZE
     transport = Transport(using)
     with transaction.atomic(using=using):
         messages = transport.receive_batch(queue, batch_size)
@@ -246,10 +238,11 @@ def ingest_batch(batch_size: int = ERROR_INGESTION_BATCH_SIZE, using: str | None
     return len(messages)
 
 
-def ingest_errors(batch_size: int = ERROR_INGESTION_BATCH_SIZE, max_batches: int | None = None,
+def ingest_errors(batch_size: int | None = None, max_batches: int | None = None,
                   using: str | None = None, queue: str | None = None) -> int:
     """Ingest the error queue in batches (each its own transaction) until a batch comes back
     short or ``max_batches`` ran.  Returns how many messages became (or updated) records."""
+    batch_size = batch_size or get_settings().ERROR_INGESTION_BATCH_SIZE
     if not 1 <= batch_size <= MAX_IN:
         raise ValueError(f"batch_size must be between 1 and {MAX_IN}")
     total = batches = 0
@@ -270,10 +263,10 @@ class ErrorIngestor:
     def __init__(self, batch_size: int | None = None, using: str | None = None, queue: str | None = None,
                  interval: float | None = None) -> None:
         settings = get_settings()
-        self.batch_size = batch_size or ERROR_INGESTION_BATCH_SIZE
+        self.batch_size = batch_size or get_settings().ERROR_INGESTION_BATCH_SIZE
         self.using = using or settings.DATABASE
         self.queue = queue or settings.ERROR_QUEUE
-        self.interval = ERROR_INGESTION_INTERVAL if interval is None else interval
+        self.interval = get_settings().INGEST_INTERVAL if interval is None else interval
         self.ingested = 0
         self.breaker = RepeatedFailuresOverTimeCircuitBreaker(
             f"error-ingestion:{self.queue}", settings.TIME_TO_TRIGGER_RECEIVE_BREAKER)
@@ -440,11 +433,12 @@ def _batches(op: BulkOperation, batch_size: int, using: str) -> Iterator[QuerySe
             return
 
 
-def run_operation(operation_id: int, batch_size: int = RETRY_BATCH_SIZE, using: str | None = None) -> BulkOperation:
+def run_operation(operation_id: int, batch_size: int | None = None, using: str | None = None) -> BulkOperation:
     """Run a pending (or interrupted) retry / archive operation in batches, one transaction
     each, updating its counters after every batch.  Safe to run again after a crash: records
     already done have left the selection's statuses."""
     using = using or get_settings().DATABASE
+    batch_size = batch_size or get_settings().RETRY_BATCH_SIZE
     ops = BulkOperation.objects.using(using)
     op = ops.get(pk=operation_id)
     if op.status in (BulkOperationStatus.FINISHED, BulkOperationStatus.FAILED):
@@ -491,12 +485,12 @@ def run_operation(operation_id: int, batch_size: int = RETRY_BATCH_SIZE, using: 
     return op
 
 
-def run_retry(operation_id: int, batch_size: int = RETRY_BATCH_SIZE, using: str | None = None) -> BulkOperation:
+def run_retry(operation_id: int, batch_size: int | None = None, using: str | None = None) -> BulkOperation:
     """Run a retry operation made by :func:`retry`."""
     return run_operation(operation_id, batch_size, using)
 
 
-def run_archive(operation_id: int, batch_size: int = RETRY_BATCH_SIZE, using: str | None = None) -> BulkOperation:
+def run_archive(operation_id: int, batch_size: int | None = None, using: str | None = None) -> BulkOperation:
     """Run an archive operation made by :func:`start_archive`."""
     return run_operation(operation_id, batch_size, using)
 
@@ -717,11 +711,13 @@ def delete(ids: Iterable[str], using: str | None = None) -> int:
     return total
 
 
-def purge_archived(older_than_seconds: float = FAILED_RETENTION_SECONDS, batch: int = FAILED_PURGE_BATCH_SIZE,
+def purge_archived(older_than_seconds: float | None = None, batch: int = FAILED_PURGE_BATCH_SIZE,
                    using: str | None = None, include_resolved: bool = False) -> int:
     """Remove archived records archived more than ``older_than_seconds`` ago (and resolved ones
     resolved that long ago with ``include_resolved``), ``batch`` rows per transaction."""
     using = using or get_settings().DATABASE
+    if older_than_seconds is None:
+        older_than_seconds = get_settings().FAILED_ARCHIVE_RETENTION
     cutoff = timezone.now() - dt.timedelta(seconds=older_than_seconds)
     old = Q(status=FailureStatus.ARCHIVED, archived_at__lt=cutoff)
     if include_resolved:
@@ -747,8 +743,8 @@ class ArchivedFailurePurger:
 
     def __init__(self, retention_seconds: float | None = None, interval: float | None = None,
                  using: str | None = None) -> None:
-        self.retention = FAILED_RETENTION_SECONDS if retention_seconds is None else retention_seconds
-        self.interval = FAILED_PURGE_INTERVAL if interval is None else interval
+        self.retention = get_settings().FAILED_ARCHIVE_RETENTION if retention_seconds is None else retention_seconds
+        self.interval = get_settings().ARCHIVE_PURGE_INTERVAL if interval is None else interval
         self.using = using or get_settings().DATABASE
 
     def step(self) -> float:

@@ -45,6 +45,8 @@ class Headers:
     #: Delayed retries done so far, and when the last one was scheduled.
     DELAYED_RETRIES = NSB + "Retries"
     DELAYED_RETRIES_TIMESTAMP = NSB + "Retries.Timestamp"
+    #: The destination of a delayed message that failed to forward (FailedQ is the store).
+    DELAYED_DESTINATION = "Sluice.DelayedDestination"
     #: When the delayed-message mover put the message into its queue.
     DELIVERED_AT = "Sluice.DeliveredAt"
     RAW_HEADERS = "Sluice.RawHeaders"

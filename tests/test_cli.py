@@ -152,3 +152,22 @@ def test_worker_demo_traffic_flag_sends_to_the_demo_queue(demo):
     finally:
         worker.send_signal(signal.SIGINT)
         assert worker.wait(30) == 0
+
+
+def test_failed_messages_cli(demo):
+    env = {"SLUICE_DELAYED_RETRIES": "0", "SLUICE_IMMEDIATE_RETRIES": "0"}
+    ids = [ok("send", "demo", "--type", "Fail").strip() for _ in range(2)]
+    assert sluice("worker", "--queue", "demo", "--until-empty", "--no-mover", env=env).returncode == 0
+    assert "ingested 2" in ok("failed", "ingest")
+    [group] = json.loads(ok("failed", "groups", "--json"))
+    assert group["count"] == 2 and group["exception_type"] == "ValueError" and "fail" in group["title"]
+    listed = json.loads(ok("failed", "list", "--json"))
+    assert sorted(r["message_id"] for r in listed) == sorted(ids)
+    assert {r["status"] for r in listed} == {"unresolved"} and {r["queue"] for r in listed} == {"demo"}
+    result = sluice("failed", "retry", "--group", group["group"])
+    assert result.returncode == 0 and "2 done, 0 failed of 2" in result.stdout.decode()
+    assert "2/2" in result.stderr.decode()  # the progress bar
+    assert {r["status"] for r in json.loads(ok("failed", "list", "--json"))} == {"retry_pending"}
+    assert len(json.loads(ok("peek", "demo", "--json"))) == 2
+    bad = sluice("failed", "retry")
+    assert bad.returncode != 0 and "name ids" in bad.stderr.decode()

@@ -41,3 +41,29 @@ def delete_idle_queues() -> list:
 
     with exclusive("delete_idle_queues") as mine:
         return run() if mine else []
+
+
+@shared_task(name="sluice.ingest_errors")
+def ingest_errors() -> int:
+    from core.failures import ingest_errors as run
+
+    with exclusive("ingest_errors") as mine:
+        return run(max_batches=50) if mine else 0
+
+
+@shared_task(name="sluice.purge_archived_failures")
+def purge_archived_failures() -> int:
+    from core.failures import purge_archived
+
+    with exclusive("purge_archived_failures") as mine:
+        return purge_archived() if mine else 0
+
+
+@shared_task(name="sluice.run_bulk_operation", acks_late=True)
+def run_bulk_operation(operation_id: int) -> dict:
+    """Retry / archive failed messages in batches; the operation row shows progress.
+    Re-running after a worker died carries on where the last committed batch ended."""
+    from core.failures import run_operation
+
+    op = run_operation(operation_id)
+    return {"id": op.pk, "status": op.status, "done": op.done, "failed": op.failed, "total": op.total}

@@ -125,6 +125,28 @@ class Command(BaseCommand):
         worker.add_argument("--no-mover", action="store_true",
                             help="do not run the delayed-message mover in this worker")
 
+        failed = sub.add_parser("failed", help="failed messages ingested from the error queue")
+        fsub = failed.add_subparsers(dest="failed_action", required=True, metavar="ACTION")
+        fsub.add_parser("ingest", help="ingest the error queue now")
+        flist = fsub.add_parser("list", help="failed messages, newest failure first")
+        flist.add_argument("--json", action="store_true")
+        flist.add_argument("--status", choices=["unresolved", "retry_pending", "resolved", "archived"])
+        flist.add_argument("--group")
+        flist.add_argument("--queue")
+        flist.add_argument("--search", help="text in the message id, type, exception or body")
+        flist.add_argument("--limit", type=int, default=100)
+        fgroups = fsub.add_parser("groups", help="unresolved failures grouped by exception type and first frame")
+        fgroups.add_argument("--json", action="store_true")
+        for name, what in (("retry", "send back to their queues"), ("archive", "archive")):
+            p = fsub.add_parser(name, help=f"{what}: ids, a group, or --all")
+            p.add_argument("ids", nargs="*")
+            p.add_argument("--group")
+            p.add_argument("--all", action="store_true", help="every unresolved failure (optionally --queue)")
+            p.add_argument("--queue")
+        for name in ("restore", "delete"):
+            p = fsub.add_parser(name, help=f"{name} failed messages by id")
+            p.add_argument("ids", nargs="+")
+
         status = sub.add_parser("status", help="workers, their loops and circuit breakers (from Redis)")
         status.add_argument("--json", action="store_true")
 
@@ -311,3 +333,87 @@ class Command(BaseCommand):
             for b in w["breakers"]:
                 self.stdout.write(f"  breaker {b['name']:37} {b['state']}"
                                   + (f"  {b['last_error']}" if b["state"] != "closed" else ""))
+
+    def do_failed(self, options) -> None:
+        from core import failures
+
+        act = options["failed_action"]
+        if act == "ingest":
+            self.stdout.write(f"ingested {failures.ingest_errors()} message(s)")
+        elif act == "list":
+            if options["limit"] < 1:
+                raise CommandError("--limit must be at least 1")
+            rows = failures.search(text=options["search"], status=options["status"], group=options["group"],
+                                   queue=options["queue"])[:options["limit"]]
+            data = [{"message_id": r.message_id, "queue": r.original_queue, "type": r.message_type,
+                     "exception_type": r.exception_type, "exception_message": r.exception_message,
+                     "group": r.group_key, "status": r.status, "attempts": r.attempts,
+                     "failure_count": r.failure_count,
+                     "time_of_failure": r.time_of_failure.isoformat() if r.time_of_failure else None}
+                    for r in rows]
+            if options["json"]:
+                self.stdout.write(json.dumps(data))
+                return
+            for r in data:
+                self.stdout.write(f"{r['time_of_failure']}  {r['status']:13} {r['queue']:20} {r['type'] or '-':14} "
+                                  f"{r['exception_type']}: {r['exception_message'][:60]}  {r['message_id']}")
+        elif act == "groups":
+            data = [{"group": g.group_key, "title": g.title, "count": g.count, "exception_type": g.exception_type,
+                     "last_failed": g.last_failed.isoformat() if g.last_failed else None}
+                    for g in failures.groups()]
+            if options["json"]:
+                self.stdout.write(json.dumps(data))
+                return
+            for g in data:
+                self.stdout.write(f"{g['count']:6}  {g['group']}  {g['title']}")
+        elif act in ("retry", "archive"):
+            chosen = [bool(options["ids"]), bool(options["group"]), options["all"]]
+            if sum(chosen) != 1:
+                raise CommandError("name ids, or --group G, or --all")
+            if options["ids"]:
+                selection = failures.by_ids(options["ids"])
+            elif options["group"]:
+                selection = failures.by_group(options["group"])
+            else:
+                selection = failures.all_unresolved(queue=options["queue"])
+            start = failures.retry if act == "retry" else failures.start_archive
+            op = start(selection, requested_by="cli")
+            op = self._run_with_progress(op)
+            self.stdout.write(f"{act}: {op.done} done, {op.failed} failed of {op.total}")
+            if op.error:
+                self.stderr.write(op.error)
+        elif act == "restore":
+            self.stdout.write(f"restored {failures.restore(options['ids'], requested_by='cli')}")
+        elif act == "delete":
+            self.stdout.write(f"deleted {failures.delete(options['ids'])}")
+
+    def _run_with_progress(self, op):
+        """Run a bulk operation here, drawing a progress bar on stderr from its row."""
+        from core import failures
+        from core.models import BulkOperation
+
+        result: dict = {}
+
+        def work() -> None:
+            try:
+                result["op"] = failures.run_operation(op.pk)
+            except Exception as exc:  # noqa: BLE001 — reported below
+                result["error"] = exc
+            finally:
+                from django.db import connections
+
+                connections.close_all()
+
+        thread = threading.Thread(target=work)
+        thread.start()
+        while thread.is_alive():
+            thread.join(0.2)
+            current = BulkOperation.objects.get(pk=op.pk)
+            total = max(current.total, 1)
+            filled = int(30 * min(current.done + current.failed, total) / total)
+            self.stderr.write(f"\r[{'#' * filled}{'.' * (30 - filled)}] {current.done + current.failed}/{current.total}",
+                              ending="")
+        self.stderr.write("")
+        if "error" in result:
+            raise CommandError(f"{op.kind} stopped: {result['error']}")
+        return result["op"]
