@@ -16,4 +16,5 @@ to stderr; stdout carries exactly one JSON line, the result.
 BENCHMARKS: dict[str, str] = {
     "transport": "benchmarks.transport",
     "delayed": "benchmarks.delayed",
+    "purge": "benchmarks.purge",
 }

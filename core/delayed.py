@@ -474,24 +474,45 @@ class DelayedMover:
             self._listener.stop()
         if self.lease is not None:
             try:
+                held = self.lease.held
                 self.lease.release()
+                if held:
+                    self._wake_standbys()
             except DatabaseError:
                 pass
+
+    def _wake_standbys(self) -> None:
+        """The lease is free: tell other movers now rather than at their next lease check."""
+        if isinstance(self.store, SqlDelayedStore) and self.store.dialect.supports_notify:
+            with connections[self.using].cursor() as cursor:
+                cursor.execute(self.store.dialect.notify(), [NOTIFY_CHANNEL, "*|0"])
 
     # -- moving -------------------------------------------------------------------------
     def move_due(self) -> int:
         """Move one batch of due messages.  First all in one go; if anything in it fails,
         the batch rolls back and is moved again one savepoint per message, so one bad
-        message neither blocks nor duplicates the others."""
+        message neither blocks nor duplicates the others.  A failure of the connection
+        itself (refused, lost) is the database's, not a message's: it goes to the breakers."""
         try:
             return self._move_batch(isolate=False)
         except _Phase as failure:
             if failure.phase == "fetch":
                 raise
             log.info("batch move failed (%s); moving message by message", failure.cause)
+        except DatabaseError as exc:
+            if not self._connection_usable():
+                raise _Phase("fetch", exc) from exc
+            log.info("batch move failed (%s); moving message by message", exc)
         except Exception as exc:  # noqa: BLE001 — a message-level failure: isolate it
             log.info("batch move failed (%s); moving message by message", exc)
-        return self._move_batch(isolate=True)
+        try:
+            return self._move_batch(isolate=True)
+        except DatabaseError as exc:  # per-message errors are handled inside
+            raise _Phase("dispatch" if self._connection_usable() else "fetch", exc) from exc
+
+    def _connection_usable(self) -> bool:
+        conn = connections[self.using]
+        return conn.connection is not None and conn.is_usable()
 
     def _move_batch(self, isolate: bool) -> int:
         with transaction.atomic(using=self.using):

@@ -53,6 +53,10 @@ class Lease:
         self._held_until = now + self.seconds if rows else 0.0
         return bool(rows)
 
+    @property
+    def held(self) -> bool:
+        return bool(self._held_until)
+
     def release(self) -> None:
         if self._held_until:
             LeaseRecord.objects.using(self.using).filter(name=self.name, holder=self.holder).update(

@@ -225,7 +225,7 @@ class Dialect:
         exp, rv = self._col("Expires"), self._col("RowVersion")
         return (
             f"DELETE FROM {t} WHERE {rv} IN (SELECT {rv} FROM {t} WHERE {exp} IS NOT NULL "
-            f"AND {exp} <= {self.now_sql()} LIMIT %s{self.skip_locked_suffix}) "
+            f"AND {exp} <= {self.now_sql()} ORDER BY {exp} LIMIT %s{self.skip_locked_suffix}) "
             f"RETURNING {self._message_columns()}, {self.expired_sql()}"
         )
 

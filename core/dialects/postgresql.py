@@ -101,7 +101,9 @@ class PostgreSQLDialect(DelayedSQL, Dialect):
         return (
             f'DELETE FROM {t} WHERE "RowVersion" IN (SELECT "RowVersion" FROM {t} '
             f'WHERE "Expires" IS NOT NULL AND "Expires" <= statement_timestamp() '
-            "LIMIT %s FOR UPDATE SKIP LOCKED)"
+            # ORDER BY keeps the planner on the partial Expires index even when most rows
+            # are expired; a seq scan would re-read the purged front of the table each batch.
+            'ORDER BY "Expires" LIMIT %s FOR UPDATE SKIP LOCKED)'
         )
 
     def lock_table(self, name: str) -> str:
