@@ -9,13 +9,16 @@ import os
 
 import django
 from celery import Celery
+from django.apps import apps
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "sluice.settings")
-django.setup()
+# Set up once: a running Django process that publishes outbox tasks has done it already.
+if not apps.ready:
+    django.setup()
 
 from django.conf import settings  # noqa: E402  (after django.setup)
 
-app = Celery("sluice")
+app = Celery("sluice", include=["workers.tasks"])
 app.conf.update(
     broker_url=settings.REDIS_URL,
     result_backend=settings.REDIS_URL,
