@@ -65,6 +65,7 @@ from core.outbox_ops import (
     outgoing_message,
     register_destination,
 )
+from core.queues import registry
 from core.transport import MAX_MESSAGE_ID_LENGTH, Transport
 
 __all__ = [
@@ -423,8 +424,10 @@ class Outbox:
                     destination(op["kind"]).dispatch(op)
 
     def _dispatch_queue(self, op: dict[str, Any]) -> None:
-        transport = Transport(op.get("using") or self.using)
+        alias = op.get("using") or self.using
+        transport = Transport(alias)
         message = outgoing_message(op)
+        registry.get(message.queue, alias)  # a queue deleted since the send: a clear UnknownQueue
         if op.get("deliver_at"):
             # Delayed: the transport puts it in the delayed store, due at the instant
             # computed at send time.
