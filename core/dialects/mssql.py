@@ -164,17 +164,18 @@ class MSSQLDialect(Dialect):
             (
                 # NONCLUSTERED primary key: message ids are random, and a clustered index
                 # on them would split pages on every insert (the queue tables are heaps
-                # for the same kind of reason).
+                # for the same kind of reason).  Constraint names are unique per schema.
                 "IF OBJECT_ID(%s, N'U') IS NULL "
                 f"CREATE TABLE {t} ("
-                "[MessageId] nvarchar(200) NOT NULL PRIMARY KEY NONCLUSTERED, "
+                "[MessageId] nvarchar(200) NOT NULL, "
                 "[Dispatched] bit NOT NULL DEFAULT 0, "
                 "[DispatchedAt] datetime2 NULL, "
                 "[PersistenceVersion] varchar(23) NOT NULL, "
                 "[Operations] nvarchar(max) NOT NULL, "
                 "[CreatedAt] datetime2 NOT NULL DEFAULT SYSUTCDATETIME(), "
                 "[Quarantined] bit NOT NULL DEFAULT 0, "
-                "[LastError] nvarchar(max) NULL)",
+                "[LastError] nvarchar(max) NULL, "
+                f"CONSTRAINT {self.quote('PK_' + name)} PRIMARY KEY NONCLUSTERED ([MessageId]))",
                 [t],
             ),
             (
