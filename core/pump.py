@@ -228,7 +228,7 @@ class MessagePump:
                     to_dispatch.append(message_id)
                 if result.duplicate:
                     stats.duplicates += 1
-                    log.info("message %s on %s is a duplicate: handler skipped", message_id, self.queue)
+                    log.debug("message %s on %s is a duplicate: handler skipped", message_id, self.queue)
                     return
             elif self.mode == "sends_atomic_with_receive":
                 with transaction.atomic(using=self.business_alias):  # a savepoint
