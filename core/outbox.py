@@ -148,10 +148,14 @@ class OutboxStore:
     def __init__(self, using: str | None = None, table: str | None = None) -> None:
         self.using = using or get_settings().DATABASE
         self.table = table or outbox_table()
+        self._dialect: Dialect | None = None
 
     @property
     def dialect(self) -> Dialect:
-        return dialect_for(connections[self.using], get_settings().SCHEMA)
+        # Fixed for an alias; looked up once (this is on the per-message path).
+        if self._dialect is None:
+            self._dialect = dialect_for(connections[self.using], get_settings().SCHEMA)
+        return self._dialect
 
     def _cursor(self):
         return connections[self.using].cursor()
@@ -176,12 +180,17 @@ class OutboxStore:
                         self.table, ", ".join(missing))
         return missing
 
+    def states(self, message_ids: list[str]) -> dict[str, tuple[bool, bool]]:
+        """{message_id: (dispatched, quarantined)} of the records that exist among the ids."""
+        if not message_ids:
+            return {}
+        with self._cursor() as cursor:
+            cursor.execute(self.dialect.outbox_states(self.table, len(message_ids)), list(message_ids))
+            return {str(mid): (bool(dispatched), bool(quarantined)) for mid, dispatched, quarantined in cursor.fetchall()}
+
     def state(self, message_id: str) -> tuple[bool, bool] | None:
         """(dispatched, quarantined) of a record, or None when there is none."""
-        with self._cursor() as cursor:
-            cursor.execute(self.dialect.outbox_state(self.table), [message_id])
-            row = cursor.fetchone()
-        return None if row is None else (bool(row[0]), bool(row[1]))
+        return self.states([message_id]).get(message_id)
 
     def insert(self, message_id: str, operations: str, dispatched: bool) -> None:
         """Insert a record; OutboxConflict when its MessageId is taken.
@@ -213,8 +222,8 @@ class OutboxStore:
 
     def mark_dispatched(self, message_ids: list[str]) -> None:
         with self._cursor() as cursor:
-            cursor.executemany(self.dialect.outbox_mark_dispatched(self.table),
-                               [[EMPTY_OPERATIONS, mid] for mid in message_ids])
+            cursor.execute(self.dialect.outbox_mark_dispatched(self.table, len(message_ids)),
+                           [EMPTY_OPERATIONS, *message_ids])
 
     def set_error(self, message_id: str, error: str, quarantine: bool = False) -> None:
         with self._cursor() as cursor:
@@ -331,14 +340,20 @@ class Outbox:
         self.faults = FaultInjection(s.TEST_KILL_AT)
 
     # -- phase 1: inside the caller's transaction --
-    def phase1(self, message_id: str, handler: Callable[[OutboxSender], Any]) -> Phase1Result:
+    def phase1(self, message_id: str, handler: Callable[[OutboxSender], Any],
+               known: dict[str, tuple[bool, bool]] | None = None) -> Phase1Result:
         """De-duplicate, run ``handler(sender)`` and store its operations — in a savepoint of
         the open transaction, so a failure rolls back only this message's work (and
-        propagates, for the pump's recoverability)."""
+        propagates, for the pump's recoverability).
+
+        ``known``: record states looked up for a whole receive batch at once (see
+        :meth:`OutboxStore.states`); updated here with the record this call stores, so a
+        second copy in the same batch is recognised too.  Copies committed by others
+        after the look-up are still caught by the primary key."""
         sender = OutboxSender(self.using)
         try:
             with transaction.atomic(using=self.using):
-                state = self.store.state(message_id)
+                state = known.get(message_id) if known is not None else self.store.state(message_id)
                 if state is not None:
                     return Phase1Result(duplicate=True, needs_dispatch=not state[0])
                 if self.pessimistic:
@@ -351,8 +366,12 @@ class Outbox:
                 else:
                     self.store.insert(message_id, sender.encode(), dispatched=done)
         except OutboxConflict:
+            if known is not None:
+                known[message_id] = (False, False)
             # A concurrent copy stored the record first (and committed: its lock made us wait).
             return Phase1Result(duplicate=True, needs_dispatch=True)
+        if known is not None:
+            known[message_id] = (not sender.operations, False)
         return Phase1Result(duplicate=False, needs_dispatch=bool(sender.operations))
 
     # -- phase 2: after the commit --
@@ -383,7 +402,8 @@ class Outbox:
 
     def _dispatch_chunk(self, ids: list[str], include_quarantined: bool, report: DispatchReport) -> None:
         with transaction.atomic(using=self.using):
-            done: list[str] = []
+            local: list[tuple[str, list[dict[str, Any]]]] = []
+            remote: list[tuple[str, list[dict[str, Any]]]] = []
             for message_id, text in self.store.claim(ids, include_quarantined):
                 try:
                     operations = decode_operations(text)
@@ -392,20 +412,45 @@ class Outbox:
                     report.quarantined.append(message_id)
                     log.error("outbox record %s quarantined: %s", message_id, exc)
                     continue
+                (local if self._transactional(operations) else remote).append((message_id, operations))
+            done: list[str] = []
+            # Records whose operations all land in this database: one savepoint for them all;
+            # only if that fails, one savepoint each to keep the others going.  Nothing has
+            # left the database, so trying again is free of side effects.
+            if len(local) > 1:
                 try:
                     with transaction.atomic(using=self.using):
-                        self._dispatch_operations(operations)
-                except Exception as exc:
-                    error = f"{type(exc).__name__}: {exc}"
-                    self.store.set_error(message_id, error)
-                    report.failed[message_id] = error
-                    log.warning("outbox record %s not dispatched (will retry): %s", message_id, error)
-                    continue
-                done.append(message_id)
+                        for _, operations in local:
+                            self._dispatch_operations(operations)
+                    done += [message_id for message_id, _ in local]
+                    local = []
+                except Exception:
+                    log.info("outbox: a record of %d failed to dispatch; dispatching one by one", len(local))
+            for message_id, operations in local + remote:
+                if self._dispatch_record(message_id, operations, report):
+                    done.append(message_id)
             if done:
                 self.faults.point("after_dispatch")
                 self.store.mark_dispatched(done)
                 report.dispatched.extend(done)
+
+    def _transactional(self, operations: list[dict[str, Any]]) -> bool:
+        """True when every operation is an immediate message to a queue in this database."""
+        return all(op["kind"] == QUEUE and op.get("using") in (None, self.using) and not op.get("deliver_at")
+                   for op in operations)
+
+    def _dispatch_record(self, message_id: str, operations: list[dict[str, Any]], report: DispatchReport) -> bool:
+        """Dispatch one record's operations in a savepoint; False (error recorded) on failure."""
+        try:
+            with transaction.atomic(using=self.using):
+                self._dispatch_operations(operations)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            self.store.set_error(message_id, error)
+            report.failed[message_id] = error
+            log.warning("outbox record %s not dispatched (will retry): %s", message_id, error)
+            return False
+        return True
 
     def _dispatch_operations(self, operations: list[dict[str, Any]]) -> None:
         # Each other database gets one transaction for this record's messages; it commits

@@ -193,8 +193,11 @@ class MessagePump:
         to_dispatch: list[str] = []
         with transaction.atomic(using=self.receive_alias):
             messages = self.receiver.receive_batch(self.queue, limit)
+            known = None
+            if self.outbox is not None and messages:  # de-duplication: one look-up per batch
+                known = self.outbox.store.states([self._message_id(m) for m in messages])
             for message in messages:
-                self._process(message, stats, to_dispatch)
+                self._process(message, stats, to_dispatch, known)
         stats.received = len(messages)
         with self._stats_lock:
             self.stats.add(stats)
@@ -202,7 +205,12 @@ class MessagePump:
             self.outbox.after_commit(to_dispatch)  # phase 2; a crash here leaves it to the dispatcher
         return len(messages)
 
-    def _process(self, message: Message, stats: PumpStats, to_dispatch: list[str]) -> None:
+    @staticmethod
+    def _message_id(message: Message) -> str:
+        return message.headers.get(Headers.MESSAGE_ID, message.id)
+
+    def _process(self, message: Message, stats: PumpStats, to_dispatch: list[str],
+                 known: dict[str, tuple[bool, bool]] | None = None) -> None:
         if message.poison:
             self.recoverability.move_poison(message)
             stats.poison += 1
@@ -221,9 +229,9 @@ class MessagePump:
         started = time.monotonic()
         try:
             if self.outbox is not None:
-                message_id = message.headers.get(Headers.MESSAGE_ID, message.id)
+                message_id = self._message_id(message)
                 result = self.outbox.phase1(
-                    message_id, lambda sender: fn(message, HandlerContext(message=message, transport=sender)))
+                    message_id, lambda sender: fn(message, HandlerContext(message=message, transport=sender)), known)
                 if result.needs_dispatch:
                     to_dispatch.append(message_id)
                 if result.duplicate:

@@ -27,13 +27,13 @@ def parse(sql: str, params: list | None = None) -> exp.Expression:
 
 def test_every_outbox_statement_is_valid_tsql(d):
     statements = [
-        (d.outbox_state(TABLE), ["id"]),
+        (d.outbox_states(TABLE, 2), ["a", "b"]),
         (d.outbox_insert(TABLE, dispatched=False), ["id", "v", "ops"]),
         (d.outbox_insert(TABLE, dispatched=True), ["id", "v", "ops"]),
         (d.outbox_store_operations(TABLE, dispatched=False), ["ops", "id"]),
         (d.outbox_claim(TABLE, 3), ["a", "b", "c"]),
         (d.outbox_claim(TABLE, 1, include_quarantined=True), ["a"]),
-        (d.outbox_mark_dispatched(TABLE), ["ops", "id"]),
+        (d.outbox_mark_dispatched(TABLE, 2), ["ops", "a", "b"]),
         (d.outbox_set_error(TABLE, quarantine=True), ["error", "id"]),
         (d.outbox_due(TABLE), [*d.before_now_params(5), 100]),
         (d.outbox_due(TABLE, include_failed=False), [*d.before_now_params(5), 100]),

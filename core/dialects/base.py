@@ -253,10 +253,11 @@ class Dialect:
     def _is(self, column: str, value: bool) -> str:
         return f"{self._col(column)} = {self.true_literal if value else self.false_literal}"
 
-    def outbox_state(self, name: str) -> str:
-        """(Dispatched, Quarantined) of the record with MessageId %s (no row when there is none)."""
-        return (f"SELECT {self._col('Dispatched')}, {self._col('Quarantined')} FROM {self.table(name)} "
-                f"WHERE {self._col('MessageId')} = %s")
+    def outbox_states(self, name: str, count: int) -> str:
+        """(MessageId, Dispatched, Quarantined) of the records among ``count`` ids (%s each)."""
+        c = self._col
+        return (f"SELECT {c('MessageId')}, {c('Dispatched')}, {c('Quarantined')} FROM {self.table(name)} "
+                f"WHERE {c('MessageId')} IN ({', '.join(['%s'] * count)})")
 
     def outbox_insert(self, name: str, dispatched: bool) -> str:
         """INSERT a record.  Params: message_id, persistence_version, operations.  A record
@@ -291,14 +292,14 @@ class Dialect:
             where += f" AND {self._is('Quarantined', False)}"
         return where
 
-    def outbox_mark_dispatched(self, name: str) -> str:
-        """Set a record dispatched; its operations are replaced by %s (an empty list: a
-        dispatched record is only de-duplication data).  Params: operations, message_id."""
+    def outbox_mark_dispatched(self, name: str, count: int) -> str:
+        """Set ``count`` records dispatched; their operations are replaced by %s (an empty
+        list: a dispatched record is only de-duplication data).  Params: operations, ids."""
         c = self._col
         return (
             f"UPDATE {self.table(name)} SET {self._is('Dispatched', True)}, {c('DispatchedAt')} = {self.now_sql()}, "
             f"{c('Operations')} = %s, {self._is('Quarantined', False)}, {c('LastError')} = NULL "
-            f"WHERE {c('MessageId')} = %s"
+            f"WHERE {c('MessageId')} IN ({', '.join(['%s'] * count)})"
         )
 
     def outbox_set_error(self, name: str, quarantine: bool) -> str:
