@@ -133,6 +133,8 @@ def resolve_deliver_at(delay: Any = None, deliver_at: Any = None,
         raise InvalidMessage("give either delay or deliver_at, not both")
     if delay is not None:
         seconds = validate_ttl(delay, "delay")
+        if not seconds:
+            return None  # no delay: an ordinary message
         return (now or dt.datetime.now(dt.timezone.utc)) + dt.timedelta(seconds=seconds)
     if deliver_at is not None:
         if not isinstance(deliver_at, dt.datetime) or deliver_at.tzinfo is None:
@@ -142,8 +144,8 @@ def resolve_deliver_at(delay: Any = None, deliver_at: Any = None,
 
 
 def transport_supports_delayed_delivery() -> bool:
-    """True once Transport.build takes ``deliver_at`` (the delayed store, SPEC C3)."""
-    return "deliver_at" in inspect.signature(Transport.build).parameters
+    """True once Transport.send takes ``deliver_at`` (the delayed store, SPEC C3)."""
+    return "deliver_at" in inspect.signature(Transport.send).parameters
 
 
 # -- the format ----------------------------------------------------------------------------
@@ -244,12 +246,9 @@ class OutboxSender:
         Returns the message id."""
         name, alias = parse_address(queue)
         deliver_at = resolve_deliver_at(options.pop("delay", None), options.pop("deliver_at", None))
-        target = Transport(alias or self.using)
-        if deliver_at is not None:
-            if not transport_supports_delayed_delivery():
-                raise ConfigurationError("delayed delivery is not available: this Sluice has no delayed store")
-            options["deliver_at"] = deliver_at
-        message = target.build(name, body, **options)  # unknown queue, bad headers, … raise here
+        if deliver_at is not None and not transport_supports_delayed_delivery():
+            raise ConfigurationError("delayed delivery is not available: this Sluice has no delayed store")
+        message = Transport(alias or self.using).build(name, body, **options)  # unknown queue, bad headers, …
         self._append(queue_operation(message, alias if alias != self.using else None, deliver_at))
         return message.message_id
 

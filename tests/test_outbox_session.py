@@ -223,7 +223,7 @@ def test_a_delay_is_stored_as_the_instant_it_ends():
     assert resolve_deliver_at(delay=dt.timedelta(minutes=1), now=now) == now + dt.timedelta(minutes=1)
     berlin = dt.timezone(dt.timedelta(hours=1))
     assert resolve_deliver_at(deliver_at=dt.datetime(2030, 1, 1, 13, 0, tzinfo=berlin)) == now
-    assert resolve_deliver_at() is None
+    assert resolve_deliver_at() is None and resolve_deliver_at(delay=0) is None
     with pytest.raises(ValueError, match="timezone-aware"):
         resolve_deliver_at(deliver_at=dt.datetime(2030, 1, 1))
 
@@ -237,19 +237,23 @@ def test_a_delayed_send_without_a_delayed_store_is_refused_at_send_time(outbox, 
     assert not PingRecord.objects.exists()
 
 
-# TODO(merge with delayed delivery): remove this guard once Transport.build takes deliver_at.
+# TODO(merge with delayed delivery): remove this guard once Transport.send takes deliver_at.
 @pytest.mark.skipif(not transport_supports_delayed_delivery(),
-                    reason="needs delayed delivery (Transport.build(deliver_at=…)), merged separately")
+                    reason="needs delayed delivery (Transport.send(deliver_at=…)), merged separately")
 def test_a_delayed_message_goes_to_the_delayed_store_at_the_instant_computed_at_send_time(
         outbox, queue, crash_after_commit):
+    from core.delayed import delayed_store
+    from core.outbox_ops import decode_operations
+
+    store = delayed_store()
+    store.setup_infrastructure()
     with OutboxSession() as session:
         session.send(queue, "later", delay=3600)
     due = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=3600)
     record = outbox.store.records(undispatched_only=True)[0]
-    from core.outbox_ops import decode_operations
-
     stored = dt.datetime.fromisoformat(decode_operations(record.operations)[0]["deliver_at"])
     assert abs((stored - due).total_seconds()) < 5
     time.sleep(0.2)  # a late dispatch does not move the due time
     assert outbox.dispatch([record.message_id]).dispatched == [record.message_id]
     assert Transport().counts(queue).total == 0  # waiting in the delayed store, not in the queue
+    assert abs((store.next() - stored).total_seconds()) < 1
