@@ -12,7 +12,7 @@ from django.db import transaction
 
 from core.conf import SluiceSettings
 from core.demo.models import PingRecord
-from core.errors import ConfigurationError
+from core.errors import ConfigurationError, InvalidMessage
 from core.outbox import (
     DuplicateMessage,
     Outbox,
@@ -160,6 +160,29 @@ def test_session_misuse_is_refused(outbox, queue):
         OutboxSession().send(queue, "x")
     with pytest.raises(ValueError, match="printable"):
         OutboxSession(message_id="")
+
+
+def test_a_celery_task_json_cannot_carry_fails_at_send_time_and_rolls_back(outbox):
+    from workers.outbox import send_task_via_outbox
+
+    with pytest.raises(InvalidMessage, match="cannot be serialized"):
+        with transaction.atomic(), OutboxSession() as session:
+            PingRecord.objects.create(message_id="rolled back")
+            send_task_via_outbox(session, "sluice.record_ping", args=[dt.datetime.now()])
+    assert not PingRecord.objects.exists() and outbox.store.stats().records == 0
+    with pytest.raises(InvalidMessage, match="countdown"):
+        with OutboxSession() as session:
+            send_task_via_outbox(session, "sluice.record_ping", eta=1)
+
+
+def test_tasks_through_the_outbox_need_a_session_or_an_outbox_mode_handler(outbox, queue):
+    from core.handlers import HandlerContext
+    from core.messages import Message
+    from workers.outbox import send_task_via_outbox
+
+    context = HandlerContext(message=Message(id="m", headers={}, body=b"", queue=queue), transport=Transport())
+    with pytest.raises(ConfigurationError, match="SLUICE_TRANSACTION_MODE=outbox"):
+        send_task_via_outbox(context, "sluice.record_ping")
 
 
 # -- retention ---------------------------------------------------------------------------
