@@ -679,20 +679,15 @@ class OutboxCleanup:
 
 
 def longest_retry_window(settings=None) -> float:
-    """Seconds a message can keep coming back: delayed-retry delays, plus one peek delay per
-    attempt (a retried message waits at the end of its queue).  Delayed retries are read
-    with getattr: they arrive with delayed delivery (SPEC C5: 3 retries, 10 s apart and
-    10 s more each time)."""
+    """Seconds a message can keep coming back: its delayed retries (the n-th waits
+    n × SLUICE_DELAYED_RETRY_INCREASE), plus one peek delay per attempt (a retried message
+    waits at the end of its queue).  Delayed-retry settings are read with getattr: they
+    come with delayed delivery (SPEC C5: 3 retries at 10, 20 and 30 s)."""
     s = settings or get_settings()
-    delays = getattr(s, "DELAYED_RETRY_DELAYS", None)
-    if delays:
-        delays = [float(d) for d in delays]
-    else:
-        count = int(getattr(s, "DELAYED_RETRIES", 0) or 0)
-        base = float(getattr(s, "DELAYED_RETRY_DELAY", 10.0) or 10.0)
-        increase = float(getattr(s, "DELAYED_RETRY_INCREASE", base) or base)
-        delays = [base + i * increase for i in range(count)]
-    attempts = (s.IMMEDIATE_RETRIES + 1) * (len(delays) + 1)
+    count = int(getattr(s, "DELAYED_RETRIES", 0) or 0)
+    increase = float(getattr(s, "DELAYED_RETRY_INCREASE", 10.0))
+    delays = [increase * n for n in range(1, count + 1)]
+    attempts = (s.IMMEDIATE_RETRIES + 1) * (count + 1)
     return sum(delays) + attempts * s.PEEK_DELAY
 
 
