@@ -71,7 +71,7 @@ from core.transport import MAX_MESSAGE_ID_LENGTH, Transport
 __all__ = [
     "Outbox", "OutboxSession", "OutboxDispatcher", "OutboxCleanup", "OutboxSender", "OutboxStore",
     "DuplicateMessage", "UnknownDestination", "UnreadableOperations", "register_destination",
-    "collector_for", "create_outbox_table", "outbox_table", "retention_warnings",
+    "collector_for", "create_outbox_table", "outbox_table", "retention_warnings", "worker_loops",
 ]
 
 log = logging.getLogger("sluice.outbox")
@@ -673,6 +673,20 @@ class OutboxCleanup:
 
     def close(self) -> None:
         pass
+
+
+def worker_loops(using: str | None = None) -> list[OutboxDispatcher | OutboxCleanup]:
+    """The outbox loops a worker process hosts: the background dispatcher and the
+    clean-up, each unless its interval disables it; none when there is no outbox table."""
+    s = get_settings()
+    if not OutboxStore(using).exists():
+        return []
+    loops: list[OutboxDispatcher | OutboxCleanup] = []
+    if s.OUTBOX_DISPATCHER_INTERVAL > 0:
+        loops.append(OutboxDispatcher(using))
+    if s.OUTBOX_CLEANUP_INTERVAL > 0:
+        loops.append(OutboxCleanup(using))
+    return loops
 
 
 # -- retention vs retries ------------------------------------------------------------------------

@@ -18,7 +18,7 @@ if not apps.ready:
 
 from django.conf import settings  # noqa: E402  (after django.setup)
 
-app = Celery("sluice", include=["workers.tasks"])
+app = Celery("sluice")
 app.conf.update(
     broker_url=settings.REDIS_URL,
     result_backend=settings.REDIS_URL,
@@ -28,3 +28,4 @@ app.conf.update(
     timezone="UTC",
     beat_schedule={},
 )
+app.autodiscover_tasks(["workers"], related_name="tasks", force=True)

@@ -1,10 +1,10 @@
 """Small Celery tasks of Sluice itself."""
 from __future__ import annotations
 
-from workers.celery import app
+from celery import shared_task
 
 
-@app.task(name="sluice.record_ping")
+@shared_task(name="sluice.record_ping")
 def record_ping(message_id: str) -> None:
     """Write one demo business row (sluice_demo_ping): proves a task really ran, once per row."""
     from core.demo.models import PingRecord

@@ -250,6 +250,7 @@ class Command(BaseCommand):
         from core.demo.traffic import DemoTraffic
         from core.handlers import handlers, load_handler_modules
         from core.loops import ThreadRunner
+        from core.outbox import OutboxDispatcher, worker_loops
         from core.pump import MessagePump
         from core.queues import registry
 
@@ -261,7 +262,9 @@ class Command(BaseCommand):
             registry.get(name)  # UnknownQueue → clear error before any thread starts
         pumps = [MessagePump(name, concurrency=options["concurrency"]) for name in names]
         loops: list = list(pumps)
-        dispatchers = self._outbox_loops(loops)
+        outbox_loops = worker_loops()
+        loops += outbox_loops
+        dispatchers = [loop for loop in outbox_loops if isinstance(loop, OutboxDispatcher)]
         if options["demo_traffic"]:
             loops.append(DemoTraffic(rate=get_settings().DEMO_RATE))
         stop = threading.Event()
@@ -292,22 +295,6 @@ class Command(BaseCommand):
             self.stdout.write(f"{pump.queue}: received {s.received}, handled {s.succeeded}, retried {s.retried}, "
                               f"to error {s.errored}, expired {s.expired}, poison {s.poison}, "
                               f"duplicates {s.duplicates}")
-
-    @staticmethod
-    def _outbox_loops(loops: list) -> list:
-        """The outbox's background dispatcher and clean-up, when there is an outbox table."""
-        from core.outbox import OutboxCleanup, OutboxDispatcher, OutboxStore
-
-        settings = get_settings()
-        if not OutboxStore().exists():
-            return []
-        dispatchers = []
-        if settings.OUTBOX_DISPATCHER_INTERVAL > 0:
-            dispatchers.append(OutboxDispatcher())
-        loops.extend(dispatchers)
-        if settings.OUTBOX_CLEANUP_INTERVAL > 0:
-            loops.append(OutboxCleanup())
-        return dispatchers
 
     def do_outbox(self, options) -> None:
         from core.outbox import Outbox
