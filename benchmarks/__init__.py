@@ -17,4 +17,5 @@ BENCHMARKS: dict[str, str] = {
     "transport": "benchmarks.transport",
     "delayed": "benchmarks.delayed",
     "purge": "benchmarks.purge",
+    "outbox": "benchmarks.outbox",
 }

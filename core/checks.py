@@ -32,3 +32,16 @@ def sluice_database(app_configs=None, **kwargs):
     if db is None:
         return [checks.Error(f"SLUICE_DATABASE={conf.DATABASE!r} is not in DATABASES", id="sluice.E003")]
     return sqlite_problems(db)
+
+
+@checks.register()
+def sluice_outbox_retention(app_configs=None, **kwargs):
+    """De-duplication data must outlive every retry of a message, or a late copy slips through."""
+    from core.outbox import retention_warnings
+
+    try:
+        conf = get_settings()
+    except ValueError:
+        return []  # reported by sluice_database
+    return [checks.Warning(text, hint="raise SLUICE_OUTBOX_KEEP_DEDUPLICATION_DATA_FOR", id="sluice.W001")
+            for text in retention_warnings(conf)]

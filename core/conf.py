@@ -12,7 +12,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-TRANSACTION_MODES = ("receive_only", "sends_atomic_with_receive")
+TRANSACTION_MODES = ("receive_only", "sends_atomic_with_receive", "outbox")
+OUTBOX_CONCURRENCY_CONTROLS = ("optimistic", "pessimistic")
+#: SQL Server escalates a statement's row locks to a table lock at about 5,000 locks: a
+#: clean-up batch stays below that so it never blocks the pumps.
+MAX_OUTBOX_CLEANUP_BATCH = 4000
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,7 @@ class SluiceSettings:
     MAX_RECORDS_TO_PEEK: int = 500
     #: Messages one receive statement takes; each is still processed in its own savepoint.
     RECEIVE_BATCH_SIZE: int = 8
-    #: ``sends_atomic_with_receive`` (default) or ``receive_only``.
+    #: ``sends_atomic_with_receive`` (default), ``receive_only`` or ``outbox``.
     TRANSACTION_MODE: str = "sends_atomic_with_receive"
     #: Immediate retries after the first failed attempt, before the error queue.
     IMMEDIATE_RETRIES: int = 5
@@ -89,6 +93,30 @@ class SluiceSettings:
     DEMO_TRAFFIC: bool = False
     #: Send demo traffic to the ``demo`` queue from ``sluice worker --demo-traffic``: messages per second.
     DEMO_RATE: float = 2.0
+    #: The outbox table; empty = ``sluice_outbox_<ENDPOINT>``.
+    OUTBOX_TABLE: str = ""
+    #: ``optimistic`` (insert the outbox record after the handler; the primary key stops a
+    #: concurrent duplicate) or ``pessimistic`` (insert it first; its row lock makes a
+    #: concurrent duplicate wait instead of running the handler too).
+    OUTBOX_CONCURRENCY_CONTROL: str = "optimistic"
+    #: Seconds a dispatched record is kept to recognise duplicates (7 days).
+    OUTBOX_KEEP_DEDUPLICATION_DATA_FOR: float = 7 * 24 * 3600.0
+    #: Seconds between clean-ups of old de-duplication data; 0 or less disables them.
+    OUTBOX_CLEANUP_INTERVAL: float = 60.0
+    #: Records one clean-up statement deletes at most (1–4000).
+    OUTBOX_CLEANUP_BATCH_SIZE: int = MAX_OUTBOX_CLEANUP_BATCH
+    #: Seconds between background dispatcher scans for records a crash left undispatched;
+    #: 0 or less disables the dispatcher.
+    OUTBOX_DISPATCHER_INTERVAL: float = 5.0
+    #: Age in seconds before the background dispatcher takes a record over (the process
+    #: that stored it normally dispatches it within milliseconds).
+    OUTBOX_DISPATCHER_GRACE: float = 5.0
+    #: Modules that register outbox destinations beyond queues (imported on first need).
+    OUTBOX_DESTINATION_MODULES: tuple[str, ...] = ("workers.outbox",)
+    #: TEST-ONLY fault injection: ``point:probability,…`` with points ``in_handler``,
+    #: ``after_commit``, ``after_dispatch``; the process SIGKILLs itself there.  Never set
+    #: it in production.
+    TEST_KILL_AT: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -113,6 +141,16 @@ class SluiceSettings:
                      "TIME_TO_TRIGGER_DISPATCH_BREAKER", "TIME_TO_TRIGGER_RECEIVE_BREAKER"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SLUICE_{name} must be positive")
+        if self.OUTBOX_CONCURRENCY_CONTROL not in OUTBOX_CONCURRENCY_CONTROLS:
+            raise ValueError(
+                f"SLUICE_OUTBOX_CONCURRENCY_CONTROL must be one of {', '.join(OUTBOX_CONCURRENCY_CONTROLS)}, "
+                f"not {self.OUTBOX_CONCURRENCY_CONTROL!r}"
+            )
+        if not 1 <= self.OUTBOX_CLEANUP_BATCH_SIZE <= MAX_OUTBOX_CLEANUP_BATCH:
+            raise ValueError(f"SLUICE_OUTBOX_CLEANUP_BATCH_SIZE must be 1–{MAX_OUTBOX_CLEANUP_BATCH}")
+        if self.OUTBOX_KEEP_DEDUPLICATION_DATA_FOR < 0 or self.OUTBOX_DISPATCHER_GRACE < 0:
+            raise ValueError("SLUICE_OUTBOX_KEEP_DEDUPLICATION_DATA_FOR and SLUICE_OUTBOX_DISPATCHER_GRACE "
+                             "must not be negative")
 
     @property
     def delayed_table(self) -> str:

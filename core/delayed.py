@@ -33,6 +33,7 @@ from django.db import DatabaseError, connections, transaction
 
 from core.breakers import FailureRateCircuitBreaker, RepeatedFailuresOverTimeCircuitBreaker
 from core.conf import get_settings
+from core.db import writer_turn
 from core.dialects import Dialect, dialect_for
 from core.errors import InvalidMessage
 from core.lease import Lease
@@ -176,6 +177,14 @@ class SqlDelayedStore:
         with self._cursor() as cursor:
             cursor.execute(self.dialect.delayed_remove(self.table), [message.id])
             return cursor.rowcount == 1
+
+    def remove_many(self, messages: list[DelayedMessage]) -> int:
+        """Forget forwarded messages in one statement; returns how many were there."""
+        if not messages:
+            return 0
+        with self._cursor() as cursor:
+            cursor.execute(self.dialect.delayed_remove_many(self.table, len(messages)), [m.id for m in messages])
+            return cursor.rowcount
 
     def increment_failure_count(self, message: DelayedMessage) -> bool:
         with self._cursor() as cursor:
@@ -515,13 +524,13 @@ class DelayedMover:
         return conn.connection is not None and conn.is_usable()
 
     def _move_batch(self, isolate: bool) -> int:
-        with transaction.atomic(using=self.using):
+        with writer_turn(self.using), transaction.atomic(using=self.using):
             batch = self._fetch_batch()
-            for message in batch:
-                if isolate:
+            if isolate:
+                for message in batch:
                     self._forward_one(message)
-                else:
-                    self._forward(message)
+            elif batch:
+                self._forward_all(batch)
         if batch:
             log.debug("moved %d delayed message(s) from %s", len(batch), self.table)
         return len(batch)
@@ -552,22 +561,44 @@ class DelayedMover:
         except Exception as exc:  # noqa: BLE001 — recorded per message below
             self._forward_failed(message, exc)
 
-    def _forward(self, message: DelayedMessage) -> None:
-        """Put the message in its queue (its TTL starts now) and take it out of the store."""
+    def _outgoing(self, message: DelayedMessage, delivered_at: str) -> OutgoingMessage:
+        """The queue row for a due message; its TTL starts now, when it lands."""
         if message.extra.get("poison"):
             raise InvalidMessage(f"stored headers cannot be read: {message.extra['poison']}")
         info = registry.get(message.destination, self.using)  # UnknownQueue: a clear reason
-        headers = {**message.headers, Headers.DELIVERED_AT: wire_time(dt.datetime.now(dt.timezone.utc))}
+        headers = {**message.headers, Headers.DELIVERED_AT: delivered_at}
         ttl = None
         if Headers.TIME_TO_BE_RECEIVED in headers:
             try:
                 ttl = parse_timespan(headers[Headers.TIME_TO_BE_RECEIVED])
             except ValueError:
                 ttl = None
-        outgoing = OutgoingMessage(
+        return OutgoingMessage(
             queue=info.name, row_id=row_id_for(message.id), headers=headers, body=message.body,
             correlation_id=headers.get(Headers.CORRELATION_ID), reply_to=headers.get(Headers.REPLY_TO_ADDRESS),
             ttl_seconds=info.effective_ttl(ttl))
+
+    def _forward_all(self, batch: list[DelayedMessage]) -> None:
+        """The fast path: the whole batch in a constant number of statements (one insert
+        per destination queue, one delete).  Any failure sends the caller to the
+        per-message path."""
+        delivered_at = wire_time(dt.datetime.now(dt.timezone.utc))
+        outgoing = [self._outgoing(m, delivered_at) for m in batch]
+        remove_many = getattr(self.store, "remove_many", None)
+        try:
+            self.transport.insert_many(outgoing)
+            if remove_many is not None:
+                remove_many(batch)
+            else:
+                for message in batch:
+                    self.store.remove(message)
+        except DatabaseError as exc:
+            raise _Phase("dispatch", exc) from exc
+        self.moved += len(batch)
+
+    def _forward(self, message: DelayedMessage) -> None:
+        """Put one message in its queue and take it out of the store."""
+        outgoing = self._outgoing(message, wire_time(dt.datetime.now(dt.timezone.utc)))
         try:
             self.transport.insert(outgoing)
             self.store.remove(message)

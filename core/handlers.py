@@ -17,7 +17,6 @@ from typing import Any, Callable, Protocol
 
 from core.conf import get_settings
 from core.messages import Headers, Message
-from core.transport import Transport
 
 log = logging.getLogger("sluice.handlers")
 
@@ -26,14 +25,23 @@ class Handler(Protocol):
     def __call__(self, message: Message, context: "HandlerContext") -> Any: ...
 
 
+class Sender(Protocol):
+    """Where a handler's outgoing messages go: a Transport, or in outbox mode the outbox's
+    collector (core.outbox_ops.OutboxSender), which stores them for phase 2."""
+
+    using: str
+
+    def send(self, queue: str, body: Any, **options: Any) -> str: ...
+
+
 @dataclass
 class HandlerContext:
     """What a handler can do besides its own business writes."""
 
     message: Message
     #: Transport for outgoing messages: in ``sends_atomic_with_receive`` mode it shares
-    #: the receive's connection and transaction.
-    transport: Transport
+    #: the receive's connection and transaction; in ``outbox`` mode it collects them.
+    transport: Sender
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

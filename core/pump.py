@@ -18,6 +18,10 @@ Transaction modes:
 - ``receive_only``: the receive runs on a connection of its own; the handler's writes
   and sends are its own business (autocommit): at-least-once.  SQLite allows one
   writer at a time, so this mode is refused there.
+- ``outbox``: as ``sends_atomic_with_receive``, but the handler's outgoing messages are
+  stored in the outbox record of the incoming message (phase 1, core.outbox) and
+  dispatched after the commit (phase 2) — to this database, another one
+  (``queue@alias``) or Celery; a copy of a message already processed skips its handler.
 """
 from __future__ import annotations
 
@@ -32,11 +36,12 @@ from django.db import DatabaseError, connections, transaction
 
 from core.breakers import RepeatedFailuresOverTimeCircuitBreaker
 from core.conf import get_settings
-from core.db import independent_alias
+from core.db import independent_alias, writer_turn
 from core.errors import ConfigurationError, NoHandler
 from core.expiry import on_expired_receive
 from core.handlers import HandlerContext, HandlerRegistry, handlers as default_handlers
-from core.messages import Message
+from core.messages import Headers, Message
+from core.outbox import Outbox
 from core.queues import dialect, missing_indexes
 from core.recoverability import Recoverability
 from core.transport import Transport
@@ -54,6 +59,8 @@ class PumpStats:
     errored: int = 0
     expired: int = 0
     poison: int = 0
+    #: Copies of already processed messages absorbed by the outbox (handler skipped).
+    duplicates: int = 0
 
     def add(self, other: "PumpStats") -> None:
         for name in self.__dataclass_fields__:
@@ -119,7 +126,7 @@ class MessagePump:
                     "SQLite allows one writer at a time — use sends_atomic_with_receive"
                 )
             self.receive_alias = independent_alias(self.business_alias)
-        elif self.mode == "sends_atomic_with_receive":
+        elif self.mode in ("sends_atomic_with_receive", "outbox"):
             self.receive_alias = self.business_alias
         else:
             raise ConfigurationError(f"unknown transaction mode {self.mode!r}")
@@ -130,6 +137,11 @@ class MessagePump:
             f"pump-receive:{queue}", s.TIME_TO_TRIGGER_RECEIVE_BREAKER)
         self.processing_breaker = RepeatedFailuresOverTimeCircuitBreaker(
             f"pump-processing:{queue}", s.TIME_TO_TRIGGER_RECEIVE_BREAKER)
+        # The outbox lives beside the business data: phase 1 commits with the receive.
+        self.outbox: Outbox | None = None
+        if self.mode == "outbox":
+            self.outbox = Outbox(self.business_alias)
+            self.outbox.store.require()
         self.stats = PumpStats()
         self._stats_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -206,16 +218,27 @@ class MessagePump:
     def receive_and_process(self, limit: int = 1) -> int:
         """Receive up to ``limit`` messages in one transaction and process each."""
         stats = PumpStats()
-        with transaction.atomic(using=self.receive_alias):
+        to_dispatch: list[str] = []
+        with writer_turn(self.receive_alias), transaction.atomic(using=self.receive_alias):
             messages = self.receiver.receive_batch(self.queue, limit)
+            known = None
+            if self.outbox is not None and messages:  # de-duplication: one look-up per batch
+                known = self.outbox.store.states([self._message_id(m) for m in messages])
             for message in messages:
-                self._process(message, stats)
+                self._process(message, stats, to_dispatch, known)
         stats.received = len(messages)
         with self._stats_lock:
             self.stats.add(stats)
+        if to_dispatch and self.outbox is not None:
+            self.outbox.after_commit(to_dispatch)  # phase 2; a crash here leaves it to the dispatcher
         return len(messages)
 
-    def _process(self, message: Message, stats: PumpStats) -> None:
+    @staticmethod
+    def _message_id(message: Message) -> str:
+        return message.headers.get(Headers.MESSAGE_ID, message.id)
+
+    def _process(self, message: Message, stats: PumpStats, to_dispatch: list[str],
+                 known: dict[str, tuple[bool, bool]] | None = None) -> None:
         if message.poison:
             self.recoverability.move_poison(message)
             stats.poison += 1
@@ -233,7 +256,17 @@ class MessagePump:
         context = HandlerContext(message=message, transport=self.sender)
         started = time.monotonic()
         try:
-            if self.mode == "sends_atomic_with_receive":
+            if self.outbox is not None:
+                message_id = self._message_id(message)
+                result = self.outbox.phase1(
+                    message_id, lambda sender: fn(message, HandlerContext(message=message, transport=sender)), known)
+                if result.needs_dispatch:
+                    to_dispatch.append(message_id)
+                if result.duplicate:
+                    stats.duplicates += 1
+                    log.debug("message %s on %s is a duplicate: handler skipped", message_id, self.queue)
+                    return
+            elif self.mode == "sends_atomic_with_receive":
                 with transaction.atomic(using=self.business_alias):  # a savepoint
                     fn(message, context)
             else:

@@ -8,6 +8,7 @@ from django.core.management import call_command
 from core.conf import get_settings
 from core.handlers import handlers, load_handler_modules
 from core.models import QueueKind
+from core.outbox import OutboxStore, create_outbox_table
 from core.queues import create_queue, missing_indexes
 
 log = logging.getLogger("sluice.setup")
@@ -15,7 +16,8 @@ log = logging.getLogger("sluice.setup")
 
 def setup_infrastructure(using: str | None = None) -> list[tuple[str, bool]]:
     """Migrate Sluice's own tables, create the delayed-message store, then the error queue,
-    every queue that has a handler and every queue in SLUICE_QUEUES.  Returns [(queue, created)]."""
+    every queue that has a handler and every queue in SLUICE_QUEUES, and the outbox table.
+    Returns [(queue or table, created)]."""
     settings = get_settings()
     alias = using or settings.DATABASE
     call_command("migrate", interactive=False, verbosity=0, database=alias)
@@ -34,4 +36,7 @@ def setup_infrastructure(using: str | None = None) -> list[tuple[str, bool]]:
         _, created = create_queue(name, kind=kind, using=alias)
         missing_indexes(name, alias)
         done.append((name, created))
+    table, created = create_outbox_table(alias)
+    OutboxStore(alias, table).missing_indexes()
+    done.append((table, created))
     return done

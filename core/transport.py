@@ -194,20 +194,26 @@ class Transport:
     def send_many(self, queue: str, bodies: list[Any], **options: Any) -> list[str]:
         """Send several messages with the same options in one executemany."""
         messages = [self.build(queue, body, **options) for body in bodies]
-        if not messages:
-            return []
+        self.insert_many(messages)
+        return [m.message_id for m in messages]
+
+    def insert_many(self, messages: list[OutgoingMessage]) -> None:
+        """Insert built messages, one executemany per queue and TTL (psycopg pipelines it
+        into a single round trip)."""
+        groups: dict[tuple[str, float | None], list[OutgoingMessage]] = {}
+        for m in messages:
+            groups.setdefault((m.queue, m.ttl_seconds), []).append(m)
         d = self.dialect
         with self._cursor() as cursor:
-            ttl = messages[0].ttl_seconds
-            if ttl is None:
-                cursor.executemany(d.insert_with_expires(queue), [
-                    [m.row_id, m.correlation_id, m.reply_to, None, encode_headers(m.headers), m.body]
-                    for m in messages])
-            else:
-                cursor.executemany(d.insert_with_ttl(queue), [
-                    [m.row_id, m.correlation_id, m.reply_to, *d.ttl_params(ttl), encode_headers(m.headers), m.body]
-                    for m in messages])
-        return [m.message_id for m in messages]
+            for (queue, ttl), group in groups.items():
+                if ttl is None:
+                    cursor.executemany(d.insert_with_expires(queue), [
+                        [m.row_id, m.correlation_id, m.reply_to, None, encode_headers(m.headers), m.body]
+                        for m in group])
+                else:
+                    cursor.executemany(d.insert_with_ttl(queue), [
+                        [m.row_id, m.correlation_id, m.reply_to, *d.ttl_params(ttl), encode_headers(m.headers),
+                         m.body] for m in group])
 
     def requeue(self, queue: str, message: Message, headers: Mapping[str, str] | None = None,
                 expires: dt.datetime | None | bool = True) -> None:

@@ -1,5 +1,5 @@
-"""One worker's loops: the pumps, the delayed mover, demo traffic and the health
-heartbeat, hosted in threads.  `sluice worker` and the Celery bootstep (workers/) both
+"""One worker's loops: the pumps, the delayed mover, the outbox dispatcher and clean-up,
+demo traffic and the health heartbeat, hosted in threads.  `sluice worker` and the Celery bootstep (workers/) both
 use it, so a worker is the same thing however it is started."""
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ class WorkerHost:
         demo_traffic: bool = False,
         redis_url: str | None = None,
         extra_loops: list[Any] | None = None,
+        outbox_cleanup: bool = True,
     ) -> None:
         load_handler_modules()
         self.queues = list(queues or handlers.queues())
@@ -39,6 +40,12 @@ class WorkerHost:
             from core.delayed import DelayedMover
 
             loops.append(DelayedMover())
+        from core.outbox import OutboxDispatcher, worker_loops
+
+        outbox_loops = [loop for loop in worker_loops()
+                        if outbox_cleanup or isinstance(loop, OutboxDispatcher)]
+        loops += outbox_loops
+        self.dispatchers = [loop for loop in outbox_loops if isinstance(loop, OutboxDispatcher)]
         if demo_traffic:
             from core.demo.traffic import DemoTraffic
 
@@ -60,8 +67,11 @@ class WorkerHost:
         return self.runner.stop(timeout)
 
     def is_empty(self) -> bool:
-        return all(p.receiver.peek_estimate(p.queue) == 0 for p in self.pumps)
+        """Every served queue is empty and the outbox has nothing left to dispatch."""
+        return all(p.receiver.peek_estimate(p.queue) == 0 for p in self.pumps) \
+            and not any(d.pending() for d in self.dispatchers)
 
     def summary(self) -> list[str]:
         return [f"{p.queue}: received {p.stats.received}, handled {p.stats.succeeded}, retried {p.stats.retried}, "
-                f"to error {p.stats.errored}, expired {p.stats.expired}, poison {p.stats.poison}" for p in self.pumps]
+                f"to error {p.stats.errored}, expired {p.stats.expired}, poison {p.stats.poison}, "
+                f"duplicates {p.stats.duplicates}" for p in self.pumps]

@@ -1,6 +1,8 @@
 """Django settings for Sluice.  The environment is read here and nowhere else.
 
 - ``DATABASE_URL``: ``sqlite:///var/sluice.sqlite3`` (default), ``postgresql://…``, ``mssql://…``
+- ``SLUICE_OTHER_DATABASE_URL``: when set, a second database alias ``other`` (an outbox
+  destination ``queue@other``; the tests use it for cross-database delivery)
 - ``REDIS_URL``: ``redis://127.0.0.1:6379/0`` (default)
 - ``SLUICE_*``: see core/conf.py for every option, its type and default.
 - ``DJANGO_SECRET_KEY``, ``DJANGO_DEBUG``, ``DJANGO_ALLOWED_HOSTS``.
@@ -61,6 +63,8 @@ TEMPLATES = [
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "sqlite:///var/sluice.sqlite3")
 DATABASES = {"default": parse_database_url(DATABASE_URL, BASE_DIR)}
+if os.environ.get("SLUICE_OTHER_DATABASE_URL"):
+    DATABASES["other"] = parse_database_url(os.environ["SLUICE_OTHER_DATABASE_URL"], BASE_DIR)
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

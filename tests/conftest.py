@@ -2,6 +2,7 @@
 PostgreSQL; `make test` runs the suite once on each)."""
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from django.db import connection
+from django.db import connections
 
 from core.handlers import handlers
 from core.queues import create_queue, delete_queue, registry
@@ -28,6 +29,35 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "postgresql" in item.keywords and not on_postgres:
             item.add_marker(skip)
+
+
+OTHER = "other"
+#: Mark a test that uses the second database (alias ``other``) as well as the default one.
+uses_other_database = pytest.mark.django_db(transaction=True, databases=["default", OTHER])
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
+    """A second database, alias ``other``, beside the default one: where ``queue@other``
+    outbox destinations go.  A sibling of the default database (``<name>-other`` file on
+    SQLite, ``<name>_other`` on the same PostgreSQL server); pytest-django creates and
+    migrates its test database only when a collected test is marked with
+    ``databases=[…, "other"]`` (:data:`uses_other_database`)."""
+    from django.conf import settings
+    from django.db import connections
+
+    if OTHER in connections.settings:  # SLUICE_OTHER_DATABASE_URL set for this run
+        return
+    other = copy.deepcopy(connections["default"].settings_dict)
+    if other["ENGINE"].endswith("sqlite3"):
+        path = Path(other["NAME"])
+        other["NAME"] = str(path.with_name(f"{path.stem}-other{path.suffix}"))
+        other["TEST"] = {**other["TEST"], "NAME": str(path.with_name(f"test_{path.stem}-other{path.suffix}"))}
+    else:
+        other["NAME"] = f"{other['NAME']}_other"
+        other["TEST"] = {**other["TEST"], "NAME": None}
+    settings.DATABASES[OTHER] = other
+    connections.settings[OTHER] = other
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -116,10 +146,61 @@ def temp_handlers():
         handlers.unregister(*key)
 
 
-def database_url() -> str:
+@pytest.fixture
+def outbox(transactional_db):
+    """The endpoint's outbox (table created, emptied before and after the test).
+
+    Outbox tables are not Django-managed: the test database flush leaves them alone."""
+    from core.outbox import Outbox, create_outbox_table
+
+    create_outbox_table()
+    box = Outbox()
+    clear_outbox(box)
+    yield box
+    clear_outbox(box)
+
+
+def clear_outbox(box) -> None:
+    with connections[box.using].cursor() as cursor:
+        cursor.execute(f"DELETE FROM {box.store.dialect.table(box.store.table)}")
+
+
+@pytest.fixture
+def other_outbox(outbox):
+    """The outbox of an endpoint on the ``other`` database (a receiving endpoint)."""
+    from core.outbox import Outbox, create_outbox_table
+
+    create_outbox_table(OTHER)
+    box = Outbox(OTHER)
+    clear_outbox(box)
+    yield box
+    clear_outbox(box)
+
+
+@pytest.fixture
+def make_other_queue(transactional_db):
+    """Like make_queue, on the ``other`` database."""
+    made: list[str] = []
+
+    def make(prefix: str = "q", **options) -> str:
+        name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+        create_queue(name, using=OTHER, **options)
+        made.append(name)
+        return name
+
+    yield make
+    for name in made:
+        try:
+            delete_queue(name, using=OTHER)
+        except Exception:
+            pass
+
+
+def database_url(alias: str = "default") -> str:
     """A DATABASE_URL for the database the tests are using (the test database)."""
-    s = connection.settings_dict
-    if connection.vendor == "sqlite":
+    conn = connections[alias]
+    s = conn.settings_dict
+    if conn.vendor == "sqlite":
         return f"sqlite:///{s['NAME']}"
     auth = quote(s["USER"] or "")
     if s.get("PASSWORD"):

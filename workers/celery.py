@@ -11,9 +11,12 @@ import os
 
 import django
 from celery import Celery, bootsteps
+from django.apps import apps
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "sluice.settings")
-django.setup()
+# Set up once: a running Django process that publishes outbox tasks has done it already.
+if not apps.ready:
+    django.setup()
 
 from django.conf import settings  # noqa: E402  (after django.setup)
 
@@ -21,6 +24,27 @@ from core.conf import get_settings  # noqa: E402
 
 log = logging.getLogger("sluice.celery")
 conf = get_settings()
+
+
+def beat_schedule() -> dict:
+    """The periodic tasks, every interval a SLUICE_* setting.  A run that waited past its
+    interval is dropped (``expires``): the next one does the same work."""
+    schedule = {
+        "purge-expired": {"task": "sluice.purge_expired", "schedule": conf.PURGE_INTERVAL,
+                          "options": {"expires": conf.PURGE_INTERVAL}},
+        "delete-idle-queues": {"task": "sluice.delete_idle_queues", "schedule": conf.IDLE_QUEUE_INTERVAL,
+                               "options": {"expires": conf.IDLE_QUEUE_INTERVAL}},
+        "ingest-errors": {"task": "sluice.ingest_errors", "schedule": conf.INGEST_INTERVAL,
+                          "options": {"expires": conf.INGEST_INTERVAL}},
+        "purge-archived-failures": {"task": "sluice.purge_archived_failures",
+                                    "schedule": conf.ARCHIVE_PURGE_INTERVAL,
+                                    "options": {"expires": conf.ARCHIVE_PURGE_INTERVAL}},
+    }
+    if conf.OUTBOX_CLEANUP_INTERVAL > 0:  # 0 or less disables the clean-up
+        schedule["outbox-cleanup"] = {"task": "sluice.outbox_cleanup", "schedule": conf.OUTBOX_CLEANUP_INTERVAL,
+                                      "options": {"expires": conf.OUTBOX_CLEANUP_INTERVAL}}
+    return schedule
+
 
 app = Celery("sluice")
 app.conf.update(
@@ -33,24 +57,14 @@ app.conf.update(
     worker_prefetch_multiplier=1,
     timezone="UTC",
     task_default_queue="sluice",
-    # Beat tasks are worth nothing late: one that waited past its interval is dropped.
-    beat_schedule={
-        "purge-expired": {"task": "sluice.purge_expired", "schedule": conf.PURGE_INTERVAL,
-                          "options": {"expires": conf.PURGE_INTERVAL}},
-        "delete-idle-queues": {"task": "sluice.delete_idle_queues", "schedule": conf.IDLE_QUEUE_INTERVAL,
-                               "options": {"expires": conf.IDLE_QUEUE_INTERVAL}},
-        "ingest-errors": {"task": "sluice.ingest_errors", "schedule": conf.INGEST_INTERVAL,
-                          "options": {"expires": conf.INGEST_INTERVAL}},
-        "purge-archived-failures": {"task": "sluice.purge_archived_failures",
-                                    "schedule": conf.ARCHIVE_PURGE_INTERVAL,
-                                    "options": {"expires": conf.ARCHIVE_PURGE_INTERVAL}},
-    },
+    beat_schedule=beat_schedule(),
 )
 
 
 class SluiceLoops(bootsteps.StartStopStep):
-    """Hosts core's long-running loops (pumps, delayed mover, health) in the worker
-    process: they start with the worker and stop with it, finishing in-flight batches."""
+    """Hosts core's long-running loops (pumps, delayed mover, outbox dispatcher, health) in
+    the worker process: they start with the worker and stop with it, finishing in-flight
+    batches."""
 
     requires = {"celery.worker.components:Pool"}
 
@@ -64,7 +78,9 @@ class SluiceLoops(bootsteps.StartStopStep):
             return
         from core.worker import WorkerHost
 
-        self.host = WorkerHost(demo_traffic=get_settings().DEMO_TRAFFIC, redis_url=settings.REDIS_URL).start()
+        # Outbox clean-up runs from beat here (one worker at a time), not in every worker.
+        self.host = WorkerHost(demo_traffic=get_settings().DEMO_TRAFFIC, redis_url=settings.REDIS_URL,
+                               outbox_cleanup=False).start()
         log.info("Sluice loops started: %s", ", ".join(loop.name for loop in self.host.runner.loops))
 
     def stop(self, worker) -> None:

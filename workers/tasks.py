@@ -43,6 +43,16 @@ def delete_idle_queues() -> list:
         return run() if mine else []
 
 
+@shared_task(name="sluice.outbox_cleanup")
+def outbox_cleanup() -> int:
+    from core.outbox import Outbox, OutboxStore
+
+    if get_settings().OUTBOX_CLEANUP_INTERVAL <= 0 or not OutboxStore().exists():
+        return 0
+    with exclusive("outbox_cleanup") as mine:
+        return Outbox().cleanup() if mine else 0
+
+
 @shared_task(name="sluice.ingest_errors")
 def ingest_errors() -> int:
     from core.failures import ingest_errors as run
@@ -67,3 +77,11 @@ def run_bulk_operation(operation_id: int) -> dict:
 
     op = run_operation(operation_id)
     return {"id": op.pk, "status": op.status, "done": op.done, "failed": op.failed, "total": op.total}
+
+
+@shared_task(name="sluice.record_ping")
+def record_ping(message_id: str) -> None:
+    """Write one demo business row (sluice_demo_ping): proves a task really ran, once per row."""
+    from core.demo.models import PingRecord
+
+    PingRecord.objects.create(message_id=message_id)

@@ -4,6 +4,8 @@
 - ``Fail``: always raises ValueError — watch it go through retries to the error queue.
 - ``FailOnce``: fails on its first attempt, then succeeds (the count is in the row).
 - ``Slow``: sleeps the seconds given in its JSON body (``{"seconds": 2}`` or ``2``).
+- ``Relay``: writes a Ping row and sends one ``Relayed`` message onward to the queue in
+  its body (``{"to": "queue"}`` or ``"queue@alias"``) — the outbox's showcase.
 """
 from __future__ import annotations
 
@@ -44,3 +46,13 @@ def slow(message: Message, context: HandlerContext) -> None:
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds <= MAX_SLOW_SECONDS:
         raise ValueError(f"Slow wants 0–{MAX_SLOW_SECONDS:g} seconds, not {seconds!r}")
     time.sleep(seconds)
+
+
+@handler(QUEUE, "Relay")
+def relay(message: Message, context: HandlerContext) -> None:
+    try:
+        to = message.json()["to"]
+    except (ValueError, TypeError, KeyError):
+        raise ValueError('Relay wants a JSON body {"to": "queue"}') from None
+    ping(message, context)
+    context.send(to, {"from": message.headers.get(Headers.MESSAGE_ID, message.id)}, message_type="Relayed")

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from core.dialects.base import Dialect, Row
+from core.dialects.base import Dialect, OutboxRow, Row
 from core.dialects.mssql import MSSQLDialect
 from core.dialects.postgresql import PostgreSQLDialect
 from core.dialects.sqlite import SQLiteDialect
 
-__all__ = ["Dialect", "Row", "dialect_for", "DIALECTS"]
+__all__ = ["Dialect", "OutboxRow", "Row", "dialect_for", "DIALECTS"]
 
 # Django's ``connection.vendor`` → dialect.  mssql-django calls itself "microsoft".
 DIALECTS: dict[str, type[Dialect]] = {

@@ -146,6 +146,7 @@ class MSSQLDialect(DelayedSQL, Dialect):
     def browse_params(self, after_row_version: int, limit: int) -> list[Any]:
         return [limit, after_row_version]
 
+
     def counts(self, name: str) -> str:
         t = self.table(name)
         return (
@@ -237,4 +238,106 @@ class MSSQLDialect(DelayedSQL, Dialect):
         return (
             f"SELECT TOP (%s) {self._delayed_columns()}, GETUTCDATE() FROM {self.table(name)} WITH (NOLOCK) "
             "ORDER BY [Time], [Id]"
+        )
+
+    # -- outbox -------------------------------------------------------------------
+    def outbox_index_names(self, name: str) -> dict[str, str]:
+        return {"dispatched_at": "Index_DispatchedAt", "undispatched": "Index_Undispatched"}
+
+    def create_outbox_table(self, name: str) -> list[tuple[str, list[Any]]]:
+        t = self.table(name)
+        idx = self.outbox_index_names(name)
+        statements: list[tuple[str, list[Any]]] = []
+        if self.schema:
+            statements.append((
+                "IF SCHEMA_ID(%s) IS NULL EXEC('CREATE SCHEMA ' + %s)",
+                [self.schema, self.quote(self.schema)],
+            ))
+        return statements + [
+            (
+                # NONCLUSTERED primary key: message ids are random, and a clustered index
+                # on them would split pages on every insert (the queue tables are heaps
+                # for the same kind of reason).  Constraint names are unique per schema.
+                "IF OBJECT_ID(%s, N'U') IS NULL "
+                f"CREATE TABLE {t} ("
+                "[MessageId] nvarchar(200) NOT NULL, "
+                "[Dispatched] bit NOT NULL DEFAULT 0, "
+                "[DispatchedAt] datetime2 NULL, "
+                "[PersistenceVersion] varchar(23) NOT NULL, "
+                "[Operations] nvarchar(max) NOT NULL, "
+                "[CreatedAt] datetime2 NOT NULL DEFAULT SYSUTCDATETIME(), "
+                "[Quarantined] bit NOT NULL DEFAULT 0, "
+                "[LastError] nvarchar(max) NULL, "
+                f"CONSTRAINT {self.quote('PK_' + name)} PRIMARY KEY NONCLUSTERED ([MessageId]))",
+                [t],
+            ),
+            (
+                "IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE name = %s AND object_id = OBJECT_ID(%s)) "
+                f"CREATE NONCLUSTERED INDEX {self.quote(idx['dispatched_at'])} ON {t} ([DispatchedAt] ASC) "
+                "WHERE [Dispatched] = 1",
+                [idx["dispatched_at"], t],
+            ),
+            (
+                "IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE name = %s AND object_id = OBJECT_ID(%s)) "
+                f"CREATE NONCLUSTERED INDEX {self.quote(idx['undispatched'])} ON {t} ([CreatedAt] ASC) "
+                "WHERE [Dispatched] = 0",
+                [idx["undispatched"], t],
+            ),
+        ]
+
+    def before_now_sql(self) -> str:
+        # Same split as ttl_params (milliseconds left over, whole minutes): no int overflow.
+        return "DATEADD(millisecond, -%s, DATEADD(minute, -%s, GETUTCDATE()))"
+
+    def before_now_params(self, seconds: float) -> list[Any]:
+        return self.ttl_params(seconds)
+
+    def outbox_claim(self, name: str, count: int, include_quarantined: bool = False) -> str:
+        # UPDLOCK + READPAST: hold the records being dispatched, pass over ones another
+        # dispatcher holds (the SKIP LOCKED of SQL Server).
+        return (f"SELECT [MessageId], [Operations] FROM {self.table(name)} WITH (UPDLOCK, READPAST, ROWLOCK) "
+                f"WHERE {self._claim_where(count, include_quarantined)}")
+
+    def outbox_due(self, name: str, include_failed: bool = True) -> str:
+        failed = "" if include_failed else " AND [LastError] IS NULL"
+        return (
+            f"SELECT [MessageId] FROM {self.table(name)} WITH (READPAST) WHERE [Dispatched] = 0 "
+            f"AND [Quarantined] = 0{failed} AND [CreatedAt] <= {self.before_now_sql()} "
+            "ORDER BY [CreatedAt] OFFSET 0 ROWS FETCH NEXT %s ROWS ONLY"
+        )
+
+    def outbox_cleanup(self, name: str) -> str:
+        return (
+            f"DELETE TOP (%s) FROM {self.table(name)} WITH (ROWLOCK, READPAST) "
+            f"WHERE [Dispatched] = 1 AND [DispatchedAt] <= {self.before_now_sql()}"
+        )
+
+    def outbox_cleanup_params(self, keep_seconds: float, batch_size: int) -> list[Any]:
+        return [batch_size, *self.before_now_params(keep_seconds)]
+
+    def outbox_records(self, name: str, undispatched_only: bool) -> str:
+        where = "WHERE [Dispatched] = 0 " if undispatched_only else ""
+        order = "ASC" if undispatched_only else "DESC"
+        return (f"SELECT {self._outbox_columns()} FROM {self.table(name)} WITH (READPAST) {where}"
+                f"ORDER BY [CreatedAt] {order} OFFSET 0 ROWS FETCH NEXT %s ROWS ONLY")
+
+    def outbox_stats(self, name: str) -> str:
+        t = self.table(name)
+        return (
+            f"SELECT (SELECT COUNT(*) FROM {t} WITH (NOLOCK)), "
+            f"(SELECT COUNT(*) FROM {t} WITH (NOLOCK) WHERE [Dispatched] = 0), "
+            f"(SELECT COUNT(*) FROM {t} WITH (NOLOCK) WHERE [Dispatched] = 0 AND [Quarantined] = 1), "
+            f"(SELECT MIN([CreatedAt]) FROM {t} WITH (NOLOCK) WHERE [Dispatched] = 0), GETUTCDATE()"
+        )
+
+    def outbox_size(self, name: str) -> tuple[str, list[Any]]:
+        return ("SELECT ISNULL(SUM(reserved_page_count), 0) * 8192 FROM sys.dm_db_partition_stats "
+                "WHERE object_id = OBJECT_ID(%s)", [self.table(name)])
+
+    def outbox_data_size(self, name: str) -> tuple[str, list[Any]]:
+        return (
+            "SELECT ISNULL(SUM(DATALENGTH([MessageId]) + DATALENGTH([Operations]) + "
+            "ISNULL(DATALENGTH([LastError]), 0) + DATALENGTH([PersistenceVersion]) + 24), 0) "
+            f"FROM {self.table(name)} WITH (NOLOCK)",
+            [],
         )

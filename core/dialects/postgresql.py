@@ -13,6 +13,7 @@ DDL_LOCK_KEY = 0x736C7569
 class PostgreSQLDialect(DelayedSQL, Dialect):
     vendor = "postgresql"
     true_literal = "TRUE"
+    false_literal = "FALSE"
     supports_notify = True
     skip_locked_suffix = " FOR UPDATE SKIP LOCKED"
 
@@ -132,3 +133,50 @@ class PostgreSQLDialect(DelayedSQL, Dialect):
 
     def notify(self) -> str:
         return "SELECT pg_notify(%s, %s)"
+
+    # -- outbox -------------------------------------------------------------------
+    def create_outbox_table(self, name: str) -> list[tuple[str, list[Any]]]:
+        t = self.table(name)
+        idx = self.outbox_index_names(name)
+        statements: list[tuple[str, list[Any]]] = []
+        if self.schema:
+            statements.append((f"CREATE SCHEMA IF NOT EXISTS {self.quote(self.schema)}", []))
+        return statements + [
+            (
+                f"CREATE TABLE IF NOT EXISTS {t} ("
+                '"MessageId" varchar(200) NOT NULL PRIMARY KEY, '
+                '"Dispatched" boolean NOT NULL DEFAULT FALSE, '
+                '"DispatchedAt" timestamptz NULL, '
+                '"PersistenceVersion" varchar(23) NOT NULL, '
+                '"Operations" text NOT NULL, '
+                '"CreatedAt" timestamptz NOT NULL DEFAULT statement_timestamp(), '
+                '"Quarantined" boolean NOT NULL DEFAULT FALSE, '
+                '"LastError" text NULL)',
+                [],
+            ),
+            # Partial indexes: the clean-up reads only dispatched rows by age, the
+            # dispatcher only the (few) undispatched ones.
+            (f'CREATE INDEX IF NOT EXISTS {self.quote(idx["dispatched_at"])} ON {t} ("DispatchedAt") '
+             'WHERE "Dispatched" = TRUE', []),
+            (f'CREATE INDEX IF NOT EXISTS {self.quote(idx["undispatched"])} ON {t} ("CreatedAt") '
+             'WHERE "Dispatched" = FALSE', []),
+        ]
+
+    def before_now_sql(self) -> str:
+        return "statement_timestamp() - make_interval(secs => %s)"
+
+    def outbox_claim(self, name: str, count: int, include_quarantined: bool = False) -> str:
+        # SKIP LOCKED: a record another process is dispatching right now is theirs to finish.
+        return (f'SELECT "MessageId", "Operations" FROM {self.table(name)} '
+                f"WHERE {self._claim_where(count, include_quarantined)} FOR UPDATE SKIP LOCKED")
+
+    def outbox_cleanup(self, name: str) -> str:
+        t = self.table(name)
+        return (
+            f'DELETE FROM {t} WHERE "MessageId" IN (SELECT "MessageId" FROM {t} '
+            f'WHERE "Dispatched" = TRUE AND "DispatchedAt" <= {self.before_now_sql()} '
+            "LIMIT %s FOR UPDATE SKIP LOCKED)"
+        )
+
+    def outbox_size(self, name: str) -> tuple[str, list[Any]]:
+        return ("SELECT COALESCE(pg_total_relation_size(to_regclass(%s)), 0)", [self.table(name)])

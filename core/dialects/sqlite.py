@@ -106,3 +106,50 @@ class SQLiteDialect(DelayedSQL, Dialect):
             (f'CREATE INDEX IF NOT EXISTS {self.quote(self.delayed_time_index(name))} ON {t} ("Time")', []),
         ]
 
+    # -- outbox -------------------------------------------------------------------
+    def create_outbox_table(self, name: str) -> list[tuple[str, list[Any]]]:
+        t = self.table(name)
+        idx = self.outbox_index_names(name)
+        return [
+            (
+                f"CREATE TABLE IF NOT EXISTS {t} ("
+                '"MessageId" TEXT NOT NULL PRIMARY KEY, '
+                '"Dispatched" INTEGER NOT NULL DEFAULT 0, '
+                '"DispatchedAt" TEXT NULL, '
+                '"PersistenceVersion" TEXT NOT NULL, '
+                '"Operations" TEXT NOT NULL, '
+                '"CreatedAt" TEXT NOT NULL, '
+                '"Quarantined" INTEGER NOT NULL DEFAULT 0, '
+                '"LastError" TEXT NULL)',
+                [],
+            ),
+            (f'CREATE INDEX IF NOT EXISTS {self.quote(idx["dispatched_at"])} ON {t} ("DispatchedAt") '
+             'WHERE "Dispatched" = 1', []),
+            (f'CREATE INDEX IF NOT EXISTS {self.quote(idx["undispatched"])} ON {t} ("CreatedAt") '
+             'WHERE "Dispatched" = 0', []),
+        ]
+
+    def before_now_sql(self) -> str:
+        return "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', %s)"
+
+    def before_now_params(self, seconds: float) -> list[Any]:
+        return [f"-{seconds:.3f} seconds"]
+
+    def outbox_claim(self, name: str, count: int, include_quarantined: bool = False) -> str:
+        # No row locks: the transaction began with BEGIN IMMEDIATE, so it is the only writer.
+        return (f'SELECT "MessageId", "Operations" FROM {self.table(name)} '
+                f"WHERE {self._claim_where(count, include_quarantined)}")
+
+    def outbox_cleanup(self, name: str) -> str:
+        t = self.table(name)
+        return (
+            f'DELETE FROM {t} WHERE rowid IN (SELECT rowid FROM {t} WHERE "Dispatched" = 1 '
+            f'AND "DispatchedAt" <= {self.before_now_sql()} LIMIT %s)'
+        )
+
+    def outbox_size(self, name: str) -> tuple[str, list[Any]]:
+        # dbstat (compiled into most SQLite builds) reports pages; without it the caller
+        # falls back to outbox_data_size().
+        idx = self.outbox_index_names(name)
+        return ("SELECT COALESCE(SUM(pgsize), 0) FROM dbstat WHERE name IN (%s, %s, %s, %s)",
+                [name, idx["dispatched_at"], idx["undispatched"], f"sqlite_autoindex_{name}_1"])

@@ -10,6 +10,8 @@ Sub-commands (see README "Command line" for the JSON formats, which are stable):
   peek QUEUE [--limit N] [--json]
   receive QUEUE [--json]
   worker [--queue Q]… [--concurrency N] [--demo-traffic] [--until-empty]
+  outbox list [--undispatched] [--limit N] [--json] | outbox dispatch [ID]
+  outbox cleanup | outbox stats [--json]
 """
 from __future__ import annotations
 
@@ -18,7 +20,6 @@ import json
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,29 @@ def message_json(message: Message) -> dict[str, Any]:
         "correlation_id": message.headers.get(Headers.CORRELATION_ID, message.correlation_id),
         "row_version": message.row_version,
         "poison": message.poison,
+    }
+
+
+def outbox_record_json(row) -> dict[str, Any]:
+    """An outbox record as `outbox list --json` prints it (a public, stable format)."""
+    from core.outbox_ops import UnreadableOperations, decode_operations, describe
+
+    try:
+        operations = decode_operations(row.operations)
+        destinations: list[str] | None = [describe(op) for op in operations]
+    except UnreadableOperations:
+        destinations = None
+    return {
+        "message_id": row.message_id,
+        "dispatched": row.dispatched,
+        "dispatched_at": row.dispatched_at.isoformat() if row.dispatched_at else None,
+        "created_at": row.created_at.isoformat() if row.created_at else None,
+        "persistence_version": row.persistence_version,
+        "operations": None if destinations is None else len(destinations),
+        "destinations": destinations,
+        "quarantined": row.quarantined,
+        "last_error": row.last_error,
+        "bytes": len(row.operations.encode("utf-8")),
     }
 
 
@@ -121,7 +145,7 @@ class Command(BaseCommand):
         worker.add_argument("--demo-traffic", action="store_true",
                             help="also send demo messages to the demo queue (SLUICE_DEMO_RATE per second)")
         worker.add_argument("--until-empty", action="store_true",
-                            help="exit once every served queue is empty")
+                            help="exit once every served queue is empty and the outbox has nothing to dispatch")
         worker.add_argument("--no-mover", action="store_true",
                             help="do not run the delayed-message mover in this worker")
 
@@ -149,6 +173,20 @@ class Command(BaseCommand):
 
         status = sub.add_parser("status", help="workers, their loops and circuit breakers (from Redis)")
         status.add_argument("--json", action="store_true")
+
+
+        outbox = sub.add_parser("outbox", help="look at and operate the outbox")
+        osub = outbox.add_subparsers(dest="outbox_action", required=True, metavar="ACTION")
+        olist = osub.add_parser("list", help="outbox records, newest first (undispatched: oldest first)")
+        olist.add_argument("--undispatched", action="store_true", help="only records not dispatched yet")
+        olist.add_argument("--limit", type=int, default=50)
+        olist.add_argument("--json", action="store_true")
+        odispatch = osub.add_parser("dispatch", help="dispatch one record now (a quarantined one too), "
+                                                     "or every undispatched one")
+        odispatch.add_argument("message_id", nargs="?")
+        osub.add_parser("cleanup", help="delete de-duplication data older than the retention now")
+        ostats = osub.add_parser("stats", help="records, undispatched, storage size, oldest undispatched age")
+        ostats.add_argument("--json", action="store_true")
 
     def handle(self, *args, **options) -> None:
         action = options["action"]
@@ -417,3 +455,67 @@ class Command(BaseCommand):
         if "error" in result:
             raise CommandError(f"{op.kind} stopped: {result['error']}")
         return result["op"]
+
+    def do_outbox(self, options) -> None:
+        from core.outbox import Outbox
+
+        outbox = Outbox()
+        outbox.store.require()
+        act = options["outbox_action"]
+        if act == "list":
+            if options["limit"] < 1:
+                raise CommandError("--limit must be at least 1")
+            rows = [outbox_record_json(r) for r in
+                    outbox.store.records(undispatched_only=options["undispatched"], limit=options["limit"])]
+            if options["json"]:
+                self.stdout.write(json.dumps(rows))
+                return
+            self.stdout.write(f"{'MESSAGE ID':38} {'STATE':12} {'CREATED':26} DESTINATIONS")
+            for r in rows:
+                state = "quarantined" if r["quarantined"] else ("dispatched" if r["dispatched"] else "undispatched")
+                where = "<unreadable>" if r["destinations"] is None else ", ".join(r["destinations"]) or "-"
+                self.stdout.write(f"{r['message_id']:38} {state:12} {r['created_at'] or '-':26} {where}")
+                if r["last_error"]:
+                    self.stdout.write(f"  last error: {r['last_error'][:300]}")
+        elif act == "dispatch":
+            self._outbox_dispatch(outbox, options["message_id"])
+        elif act == "cleanup":
+            n = outbox.cleanup()
+            self.stdout.write(f"deleted {n} outbox record(s) older than "
+                              f"{get_settings().OUTBOX_KEEP_DEDUPLICATION_DATA_FOR:g} s")
+        elif act == "stats":
+            st = outbox.store.stats()
+            data = {"records": st.records, "undispatched": st.undispatched, "bytes": st.bytes,
+                    "oldest_undispatched_age_s": st.oldest_undispatched_age_s,
+                    "quarantined": st.quarantined, "table": st.table}
+            if options["json"]:
+                self.stdout.write(json.dumps(data))
+            else:
+                for key, value in data.items():
+                    self.stdout.write(f"{key:26} {'-' if value is None else value}")
+
+    def _outbox_dispatch(self, outbox, message_id: str | None) -> None:
+        if message_id is not None:
+            row = outbox.store.record(message_id)
+            if row is None:
+                raise CommandError(f"no outbox record {message_id!r}")
+            if row.dispatched:
+                self.stdout.write(f"{message_id} was dispatched already")
+                return
+            report = outbox.dispatch([message_id], include_quarantined=True)
+        else:
+            report = outbox.dispatch([])
+            while ids := outbox.store.due(0, 500, include_failed=True):
+                step = outbox.dispatch(ids)
+                report.dispatched += step.dispatched
+                report.failed.update(step.failed)
+                for mid in step.dispatched:
+                    report.failed.pop(mid, None)
+                report.quarantined += step.quarantined
+                if not step.dispatched:
+                    break
+        self.stdout.write(f"dispatched {len(report.dispatched)} record(s)")
+        problems = [f"{mid}: {error}" for mid, error in report.failed.items()]
+        problems += [f"{mid}: quarantined (operations unreadable)" for mid in report.quarantined]
+        if problems:
+            raise CommandError("not dispatched:\n" + "\n".join(problems))

@@ -1,0 +1,524 @@
+"""Delayed delivery: how late the mover puts due messages into their queue.
+
+    python -m benchmarks delayed --db sqlite|postgresql [--messages N] [--rate R] [--lead S]
+
+One ``sluice worker --queue demo`` process (the real delayed-message mover plus the
+``demo`` pump) serves both phases:
+
+1. *paced*: N ``Ping`` messages are stored with ``deliver_at=`` exact instants (whole
+   milliseconds) R per second apart, the first one ``--lead`` seconds (default 3) after
+   storing is expected to end.  All of them are stored before any is due, in batches of
+   ``STORE_BATCH`` per transaction, so storing speed does not enter the measurement.
+   Per message, lateness = ``Sluice.DeliveredAt`` (the mover's wall clock when it
+   forwarded the message, just before its batch commits) − its due instant →
+   ``lateness_ms_p50`` / ``_p99`` / ``_max``.  ``early`` counts messages forwarded
+   before their due instant, ``duplicates`` message ids handled more than once.
+   ``paced_moved_per_s`` = N / (last − first DeliveredAt) only shows that the mover kept
+   up with R.
+2. *burst*: M (default N) more Pings, all due at one instant → ``moved_per_s`` =
+   M / (last − first DeliveredAt), the mover's top speed (with the pump handling what it
+   moves at the same time, in the same process).
+
+How the DeliveredAt headers are read: the pump takes messages off ``demo`` as soon as
+they land, so the benchmark puts an ``AFTER INSERT`` trigger on the ``demo`` table
+that copies each landed row's Id and Headers into ``bench_landed`` (same transaction
+as the mover's insert; one extra row insert per moved message).  A poller thread in
+this process reads new ``bench_landed`` rows every ``--poll-interval`` seconds
+(default 5 ms) and notes when it first saw each: ``visible_lateness_ms_*`` = that
+moment − due, i.e. when the mover's commit became visible to others (resolution: the
+poll interval plus one query).  ``handled_lateness_ms_*`` use ``handled_at`` of the
+``sluice_demo_ping`` rows (the pump's clock in the handler, before its commit).
+
+The run waits until ``sluice_demo_ping`` holds N (then N + M) rows, then checks that
+every scheduled message landed exactly once, nothing is left in the delayed store,
+``demo`` or ``error``.  Early or duplicated messages still print the JSON line (with
+their counts) but exit with status 1.
+
+``--delayed-batch-size`` and ``--peek-delay`` set ``SLUICE_DELAYED_BATCH_SIZE`` and
+``SLUICE_PEEK_DELAY`` for the worker (default: leave them alone; the pump shares the
+database, the CPU, the GIL and on SQLite the write lock with the mover, so its pace
+shows in the mover's lateness).  ``--samples PATH`` writes one JSON line per landed
+message for plotting.  ``load_avg_before`` / ``_after`` record the machine's load:
+other work on a small machine shows up directly as lateness.
+
+PostgreSQL runs use a database of their own, ``sluice_bench_delayed``, so the transport
+benchmark (``sluice_bench``) can run at the same time.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import json
+import math
+import os
+import threading
+import time
+from typing import Any, Iterator
+
+from benchmarks import common
+from benchmarks.common import (
+    BenchmarkError, Progress, Worker, database_version, emit_result, log,
+    positive_int, rate, run_main, setup_django, worker_env,
+)
+
+HELP = "lateness of delayed messages (paced at R/s) and the mover's burst speed"
+QUEUE = "demo"
+MESSAGE_TYPE = "Ping"
+DATABASE_NAME = "sluice_bench_delayed"
+#: Messages stored per transaction while scheduling.
+STORE_BATCH = 250
+#: Sends timed (and rolled back) to estimate how long storing N messages takes.
+CALIBRATION_SENDS = 200
+LANDED_TABLE = "bench_landed"
+WAIT_POLL = 0.05
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"must be a positive number, not {text}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # common.add_database_argument would name common's database; this one uses its own.
+    parser.add_argument("--db", choices=common.DATABASES, required=True,
+                        help=f"sqlite: a temporary file; postgresql: a fresh database {DATABASE_NAME!r} "
+                             f"on the server of ${common.POSTGRES_URL_ENV} (default {common.DEFAULT_POSTGRES_URL})")
+    parser.add_argument("--messages", type=positive_int, default=3000, metavar="N",
+                        help="messages in the paced phase (default 3000)")
+    parser.add_argument("--rate", type=positive_float, default=1000.0, metavar="R",
+                        help="due instants per second in the paced phase (default 1000)")
+    parser.add_argument("--burst", type=positive_int, default=None, metavar="M",
+                        help="messages due at one instant in the burst phase (default N)")
+    parser.add_argument("--lead", type=positive_float, default=3.0, metavar="S",
+                        help="seconds between the expected end of storing and the first due instant (default 3)")
+    parser.add_argument("--poll-interval", type=positive_float, default=0.005, metavar="S",
+                        help="how often the visibility poller looks for landed messages (default 0.005)")
+    parser.add_argument("--delayed-batch-size", type=positive_int, default=None, metavar="B",
+                        help="SLUICE_DELAYED_BATCH_SIZE for the worker (default: leave the setting alone)")
+    parser.add_argument("--peek-delay", type=float, default=None, metavar="S",
+                        help="SLUICE_PEEK_DELAY for the worker (default: leave the setting alone); it paces the "
+                             "pump, which shares the database (and on SQLite the write lock) with the mover")
+    parser.add_argument("--samples", metavar="PATH", default=None,
+                        help="also write one JSON line per landed message (phase, id, due, delivered_at, "
+                             "seen, handled_at as epoch seconds) to PATH, for plotting")
+    parser.add_argument("--timeout", type=float, default=None, metavar="S",
+                        help="give up waiting for a phase this many seconds after its last due instant "
+                             "(default: 60 + N/50)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    def body(argv):
+        parser = argparse.ArgumentParser(prog="python -m benchmarks delayed", description=HELP)
+        add_arguments(parser)
+        result = run(parser.parse_args(argv))
+        emit_result(result)
+        problems = [f"{result[key]} {key.replace('_', ' ')}" for key in ("early", "duplicates", "landed_duplicates")
+                    if result[key]]
+        if problems:
+            raise BenchmarkError("delayed delivery broke its promises: " + ", ".join(problems))
+
+    return run_main(body, argv)
+
+
+# -- the benchmark's own database ----------------------------------------------------------
+@contextlib.contextmanager
+def own_database(kind: str) -> Iterator[str]:
+    """common.bench_database under the name DATABASE_NAME (common.py names its database
+    with the module constant BENCH_DATABASE; it is swapped for the duration)."""
+    saved = common.BENCH_DATABASE
+    common.BENCH_DATABASE = DATABASE_NAME
+    try:
+        with common.bench_database(kind) as url:
+            yield url
+    finally:
+        common.BENCH_DATABASE = saved
+
+
+# -- statistics -------------------------------------------------------------------------
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100) of ``values``; None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def summary(prefix: str, values_ms: list[float]) -> dict[str, float | None]:
+    return {
+        f"{prefix}_p50": percentile(values_ms, 50),
+        f"{prefix}_p99": percentile(values_ms, 99),
+        f"{prefix}_max": max(values_ms) if values_ms else None,
+    }
+
+
+# -- the landing probe: a trigger on the demo queue and a poller thread -------------------------
+def install_landing_probe() -> None:
+    """``bench_landed`` gets (seq, row id, headers) of every row inserted into ``demo``."""
+    from django.db import connection
+
+    from core.transport import Transport
+
+    queue_table = Transport().dialect.table(QUEUE)
+    if connection.vendor == "postgresql":
+        statements = [
+            f'CREATE TABLE {LANDED_TABLE} (seq bigserial PRIMARY KEY, row_id text NOT NULL, headers text NOT NULL)',
+            f"CREATE FUNCTION {LANDED_TABLE}_copy() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            f'INSERT INTO {LANDED_TABLE} (row_id, headers) VALUES (NEW."Id"::text, NEW."Headers"); '
+            "RETURN NULL; END $$",
+            f"CREATE TRIGGER {LANDED_TABLE}_copy AFTER INSERT ON {queue_table} "
+            f"FOR EACH ROW EXECUTE FUNCTION {LANDED_TABLE}_copy()",
+        ]
+    elif connection.vendor == "sqlite":
+        statements = [
+            f"CREATE TABLE {LANDED_TABLE} (seq INTEGER PRIMARY KEY AUTOINCREMENT, row_id TEXT NOT NULL, "
+            "headers TEXT NOT NULL)",
+            f"CREATE TRIGGER {LANDED_TABLE}_copy AFTER INSERT ON {queue_table} BEGIN "
+            f'INSERT INTO {LANDED_TABLE} (row_id, headers) VALUES (NEW."Id", NEW."Headers"); END',
+        ]
+    else:
+        raise BenchmarkError(f"no landing probe for {connection.vendor}")
+    with connection.cursor() as cursor:
+        for statement in statements:
+            cursor.execute(statement)
+
+
+class LandingPoller(threading.Thread):
+    """Reads new ``bench_landed`` rows every ``interval`` seconds on a connection of its
+    own; keeps (message id, DeliveredAt epoch, DeliverAt epoch, first seen epoch)."""
+
+    def __init__(self, interval: float) -> None:
+        super().__init__(name="bench-landed-poller", daemon=True)
+        self.interval = interval
+        self.rows: list[tuple[str, float | None, float | None, float]] = []
+        self.polls = 0
+        self.poll_seconds = 0.0
+        self.error: BaseException | None = None
+        self._stop_event = threading.Event()
+        self._lock = threading.Lock()
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.rows)
+
+    def snapshot(self) -> list[tuple[str, float | None, float | None, float]]:
+        with self._lock:
+            return list(self.rows)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(10)
+
+    def run(self) -> None:
+        from django.db import connection
+
+        from core.messages import Headers, parse_wire_time
+
+        def epoch(text: str | None) -> float | None:
+            return parse_wire_time(text).timestamp() if text else None
+
+        last = 0
+        sql = f"SELECT seq, row_id, headers FROM {LANDED_TABLE} WHERE seq > %s ORDER BY seq"
+        try:
+            while not self._stop_event.is_set():
+                started = time.perf_counter()
+                with connection.cursor() as cursor:
+                    cursor.execute(sql, [last])
+                    fetched = cursor.fetchall()
+                seen = time.time()
+                self.polls += 1
+                self.poll_seconds += time.perf_counter() - started
+                if fetched:
+                    parsed = []
+                    for seq, row_id, headers in fetched:
+                        values = json.loads(headers)
+                        parsed.append((values.get(Headers.MESSAGE_ID, row_id), epoch(values.get(Headers.DELIVERED_AT)),
+                                       epoch(values.get(Headers.DELIVER_AT)), seen))
+                        last = seq
+                    with self._lock:
+                        self.rows.extend(parsed)
+                self._stop_event.wait(self.interval)
+        except BaseException as exc:  # noqa: BLE001 — reported by the main thread
+            self.error = exc
+        finally:
+            connection.close()
+
+
+# -- helpers on the bench database (this process) ---------------------------------------------
+def ping_counts() -> tuple[int, int]:
+    from django.db.models import Count
+
+    from core.demo.models import PingRecord
+
+    totals = PingRecord.objects.aggregate(rows=Count("id"), distinct=Count("message_id", distinct=True))
+    return totals["rows"], totals["distinct"]
+
+
+def handled_at(ids: set[str]) -> dict[str, float]:
+    from core.demo.models import PingRecord
+
+    return {mid: when.timestamp() for mid, when in PingRecord.objects.values_list("message_id", "handled_at")
+            if mid in ids}
+
+
+def delayed_left() -> int:
+    from core.delayed import delayed_store
+
+    messages, _ = delayed_store().list(10)
+    return len(messages)
+
+
+def queue_total(name: str) -> int:
+    from core.transport import Transport
+
+    return Transport().counts(name).total
+
+
+def estimate_store_rate() -> float:
+    """Messages per second Transport.send(deliver_at=…) stores in batches: timed on
+    CALIBRATION_SENDS sends in one transaction that is then rolled back (no notification,
+    nothing stored)."""
+    from django.db import transaction
+
+    from core.transport import Transport
+
+    class Rollback(Exception):
+        pass
+
+    transport = Transport()
+    when = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)
+    started = time.perf_counter()
+    try:
+        with transaction.atomic():
+            for i in range(CALIBRATION_SENDS):
+                transport.send(QUEUE, {"calibration": i}, message_type=MESSAGE_TYPE, deliver_at=when)
+            raise Rollback
+    except Rollback:
+        pass
+    return CALIBRATION_SENDS / (time.perf_counter() - started)
+
+
+def schedule(label: str, count: int, per_second: float | None, store_rate: float, lead: float,
+             offset: int) -> tuple[dict[str, float], float, float]:
+    """Store ``count`` Pings due at whole-millisecond instants ``per_second`` apart (None: all
+    at one instant).  Returns ({message id: due epoch}, first due epoch, slack seconds
+    between the end of storing and the first due instant)."""
+    from django.db import transaction
+
+    from core.transport import Transport
+
+    transport = Transport()
+    expected = count / store_rate * 1.5 + 0.2
+    first_ms = math.ceil((time.time() + expected + lead) * 1000)
+    due_ms = [first_ms + (0 if per_second is None else math.floor(i * 1000 / per_second)) for i in range(count)]
+    dues: dict[str, float] = {}
+    progress = Progress(f"{label}: store", count)
+    started = time.perf_counter()
+    for start in range(0, count, STORE_BATCH):
+        with transaction.atomic():
+            for i in range(start, min(start + STORE_BATCH, count)):
+                when = dt.datetime.fromtimestamp(due_ms[i] / 1000, dt.timezone.utc)
+                mid = transport.send(QUEUE, {"n": offset + i, "phase": label}, message_type=MESSAGE_TYPE,
+                                     deliver_at=when)
+                dues[mid] = due_ms[i] / 1000
+        progress.update(min(start + STORE_BATCH, count))
+    elapsed = time.perf_counter() - started
+    slack = first_ms / 1000 - time.time()
+    progress.done(f"{rate(count, elapsed) or 0:.0f} msg/s; first due in {slack:.2f} s, "
+                  f"last in {due_ms[-1] / 1000 - time.time():.2f} s")
+    if slack < 0.5:
+        log(f"warning: {label}: storing ended only {slack:.3f} s before the first due instant; "
+            f"use a longer --lead")
+    return dues, first_ms / 1000, slack
+
+
+def wait_for_phase(label: str, worker: Worker, poller: LandingPoller, landed_before: int, rows_before: int,
+                   count: int, last_due: float, timeout: float) -> None:
+    """Until ``count`` more messages landed and ``count`` more Pings were handled."""
+    landed_progress = Progress(f"{label}: landed", count)
+    handled_progress = Progress(f"{label}: handled", count)
+    deadline = last_due + timeout
+    landed_done = handled_done = False
+    while True:
+        if poller.error is not None:
+            raise BenchmarkError(f"landing poller failed: {poller.error!r}")
+        landed = poller.count() - landed_before
+        rows, _ = ping_counts()
+        rows -= rows_before
+        if not landed_done:
+            landed_progress.update(min(landed, count))
+            if landed >= count:
+                landed_done = True
+                landed_progress.done()
+        if not handled_done:
+            handled_progress.update(min(rows, count))
+            if rows >= count:
+                handled_done = True
+                handled_progress.done()
+        if landed_done and handled_done:
+            return
+        if not worker.alive():
+            raise BenchmarkError(f"worker died during {label} ({landed}/{count} landed, {rows}/{count} handled):\n"
+                                 f"{worker.tail()}")
+        if time.time() > deadline:
+            raise BenchmarkError(f"{label}: only {landed}/{count} landed and {rows}/{count} handled "
+                                 f"{timeout:g} s after the last due instant:\n{worker.tail()}")
+        time.sleep(WAIT_POLL)
+
+
+def phase_stats(label: str, dues: dict[str, float],
+                landed: list[tuple[str, float | None, float | None, float]]) -> dict[str, Any]:
+    """Lateness and counts of one phase from the landed rows of its messages."""
+    mine = [row for row in landed if row[0] in dues]
+    seen_ids = {row[0] for row in mine}
+    missing = len(dues) - len(seen_ids)
+    if missing:
+        raise BenchmarkError(f"{label}: {missing} scheduled message(s) never landed")
+    no_stamp = [row for row in mine if row[1] is None]
+    if no_stamp:
+        raise BenchmarkError(f"{label}: {len(no_stamp)} landed message(s) without a Sluice.DeliveredAt header")
+    wrong_due = [row for row in mine if row[2] is None or abs(row[2] - dues[row[0]]) > 1e-6]
+    if wrong_due:
+        raise BenchmarkError(f"{label}: {len(wrong_due)} message(s) whose NServiceBus.DeliverAt is not the "
+                             f"instant they were scheduled for")
+    # The first landing of each message counts for lateness; later ones are duplicates.
+    first: dict[str, tuple[str, float, float | None, float]] = {}
+    for row in mine:
+        first.setdefault(row[0], row)
+    lateness = [(row[1] - dues[mid]) * 1000 for mid, row in first.items()]
+    visible = [(row[3] - dues[mid]) * 1000 for mid, row in first.items()]
+    delivered = sorted(row[1] for row in mine)
+    return {
+        "lateness_ms": lateness,
+        "visible_ms": visible,
+        "early": sum(1 for row in mine if row[1] < dues[row[0]]),
+        "visible_early": sum(1 for row in mine if row[3] < dues[row[0]]),
+        "landed_duplicates": len(mine) - len(seen_ids),
+        "span_s": delivered[-1] - delivered[0],
+        "first_delivered": delivered[0],
+        "last_delivered": delivered[-1],
+    }
+
+
+def write_samples(path: str, landed: list[tuple[str, float | None, float | None, float]],
+                  dues: dict[str, dict[str, float]], handled: dict[str, float]) -> None:
+    with open(path, "w", encoding="utf-8") as out:
+        for mid, delivered, _, seen in landed:
+            phase = next(name for name, table in dues.items() if mid in table)
+            out.write(json.dumps({"phase": phase, "id": mid, "due": dues[phase][mid], "delivered_at": delivered,
+                                  "seen": seen, "handled_at": handled.get(mid)}) + "\n")
+    log(f"samples: {len(landed)} line(s) in {path}")
+
+
+# -- the benchmark --------------------------------------------------------------------------------
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    n, r = args.messages, args.rate
+    m = args.burst or n
+    timeout = args.timeout or 60 + n / 50
+    load_before = os.getloadavg()[0]
+    with own_database(args.db) as url:
+        setup_django(url)
+        version = database_version()
+        install_landing_probe()
+        extra_env = {}
+        if args.delayed_batch_size:
+            extra_env["SLUICE_DELAYED_BATCH_SIZE"] = str(args.delayed_batch_size)
+        if args.peek_delay is not None:
+            extra_env["SLUICE_PEEK_DELAY"] = repr(args.peek_delay)
+        env = worker_env(url, extra_env)
+        poller = LandingPoller(args.poll_interval)
+        poller.start()
+        try:
+            log("starting the worker (mover + demo pump)")
+            with Worker(["--queue", QUEUE], env, "worker") as worker:
+                ready_s = worker.wait_ready(60)
+                log(f"worker serving after {ready_s:.2f} s")
+                store_rate = estimate_store_rate()
+                log(f"storing runs at about {store_rate:.0f} msg/s (calibration, rolled back)")
+
+                # 1. paced: N messages R per second
+                paced_dues, paced_first, paced_slack = schedule("paced", n, r, store_rate, args.lead, 0)
+                paced_last = max(paced_dues.values())
+                log(f"paced: {n} messages due from {paced_first - time.time():.2f} s to "
+                    f"{paced_last - time.time():.2f} s from now")
+                wait_for_phase("paced", worker, poller, 0, 0, n, paced_last, timeout)
+                landed_after_paced = poller.count()
+
+                # 2. burst: M messages due at one instant
+                burst_dues, burst_at, burst_slack = schedule("burst", m, None, store_rate, args.lead, n)
+                wait_for_phase("burst", worker, poller, landed_after_paced, n, m, burst_at, timeout)
+                time.sleep(max(args.poll_interval * 3, 0.05))  # let late duplicates show up
+                landed = poller.snapshot()
+                strangers = [row for row in landed if row[0] not in paced_dues and row[0] not in burst_dues]
+                if strangers:
+                    raise BenchmarkError(f"{len(strangers)} landed message(s) that were never scheduled")
+                paced = phase_stats("paced", paced_dues, landed)
+                burst = phase_stats("burst", burst_dues, landed)
+
+                stop_s = worker.terminate()
+                trouble = worker.trouble()
+                stats_line = worker.stats_line()
+            log(f"worker stopped {stop_s:.2f} s after SIGTERM; worker says: {stats_line}")
+        finally:
+            poller.stop()
+
+        rows, distinct = ping_counts()
+        duplicates = rows - distinct
+        if distinct != n + m:
+            raise BenchmarkError(f"sluice_demo_ping has {distinct} distinct message ids, expected {n + m}")
+        left, on_queue, on_error = delayed_left(), queue_total(QUEUE), queue_total("error")
+        if left or on_queue or on_error:
+            raise BenchmarkError(f"left over: {left} in the delayed store, {on_queue} on {QUEUE!r}, "
+                                 f"{on_error} on 'error'")
+        handled = handled_at(set(paced_dues) | set(burst_dues))
+        if args.samples:
+            write_samples(args.samples, landed, {"paced": paced_dues, "burst": burst_dues}, handled)
+        handled_ms = [(handled[mid] - due) * 1000 for mid, due in paced_dues.items() if mid in handled]
+        poll_ms = 1000 * poller.poll_seconds / poller.polls if poller.polls else None
+        if trouble:
+            log(f"{len(trouble)} worker stderr line(s) looked like trouble (shown above)")
+
+        lateness = paced["lateness_ms"]
+        burst_rate = rate(m, burst["span_s"])
+        log(f"paced: lateness p50 {percentile(lateness, 50):.1f} ms, p99 {percentile(lateness, 99):.1f} ms, "
+            f"max {max(lateness):.1f} ms; burst: {m} moved in {burst['span_s'] * 1000:.0f} ms "
+            f"({burst_rate or 0:.0f} msg/s)")
+        return {
+            "benchmark": "delayed",
+            "db": args.db,
+            "db_version": version,
+            "messages": n,
+            "rate": r,
+            **summary("lateness_ms", lateness),
+            "early": paced["early"] + burst["early"],
+            "duplicates": duplicates,
+            "moved_per_s": burst_rate,
+            "paced_moved_per_s": rate(n, paced["span_s"]),
+            **summary("visible_lateness_ms", paced["visible_ms"]),
+            **summary("handled_lateness_ms", handled_ms),
+            "landed_duplicates": paced["landed_duplicates"] + burst["landed_duplicates"],
+            "visible_early": paced["visible_early"] + burst["visible_early"],
+            "burst_messages": m,
+            "burst_moved_ms": burst["span_s"] * 1000,
+            "burst_first_lateness_ms": (burst["first_delivered"] - burst_at) * 1000,
+            "burst_last_lateness_ms": (burst["last_delivered"] - burst_at) * 1000,
+            **summary("burst_visible_lateness_ms", burst["visible_ms"]),
+            "lead_s": args.lead,
+            "slack_s": min(paced_slack, burst_slack),
+            "store_per_s_estimate": store_rate,
+            "poll_interval_ms": args.poll_interval * 1000,
+            "poll_query_ms": poll_ms,
+            "delayed_batch_size": args.delayed_batch_size,
+            "peek_delay": args.peek_delay,
+            "worker_ready_ms": ready_s * 1000,
+            "worker_trouble_lines": len(trouble),
+            # The machine's 1-minute load average before and after: other work on it shows up as lateness.
+            "load_avg_before": load_before,
+            "load_avg_after": os.getloadavg()[0],
+        }

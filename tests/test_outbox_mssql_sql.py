@@ -1,0 +1,95 @@
+"""The outbox SQL the SQL Server dialect emits.  No SQL Server runs here: every statement
+is parsed as T-SQL (sqlglot) and checked for the locking and batching it must have."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import sqlglot
+from sqlglot import exp
+
+from core.dialects.mssql import MSSQLDialect
+
+TABLE = "sluice_outbox_sales.orders"
+
+
+@pytest.fixture
+def d() -> MSSQLDialect:
+    return MSSQLDialect()
+
+
+def parse(sql: str, params: list | None = None) -> exp.Expression:
+    """Parse one statement; the placeholder count must match the parameters given."""
+    if params is not None:
+        assert sql.count("%s") == len(params), sql
+    return sqlglot.parse_one(sql.replace("%s", "@p"), read="tsql")
+
+
+def test_every_outbox_statement_is_valid_tsql(d):
+    statements = [
+        (d.outbox_states(TABLE, 2), ["a", "b"]),
+        (d.outbox_insert(TABLE, dispatched=False), ["id", "v", "ops"]),
+        (d.outbox_insert(TABLE, dispatched=True), ["id", "v", "ops"]),
+        (d.outbox_store_operations(TABLE, dispatched=False), ["ops", "id"]),
+        (d.outbox_claim(TABLE, 3), ["a", "b", "c"]),
+        (d.outbox_claim(TABLE, 1, include_quarantined=True), ["a"]),
+        (d.outbox_mark_dispatched(TABLE, 2), ["ops", "a", "b"]),
+        (d.outbox_set_error(TABLE, quarantine=True), ["error", "id"]),
+        (d.outbox_due(TABLE), [*d.before_now_params(5), 100]),
+        (d.outbox_due(TABLE, include_failed=False), [*d.before_now_params(5), 100]),
+        (d.outbox_cleanup(TABLE), d.outbox_cleanup_params(7 * 86400, 4000)),
+        (d.outbox_records(TABLE, undispatched_only=True), [50]),
+        (d.outbox_records(TABLE, undispatched_only=False), [50]),
+        (d.outbox_record(TABLE), ["id"]),
+        (d.outbox_stats(TABLE), []),
+        d.outbox_size(TABLE),
+        d.outbox_data_size(TABLE),
+    ]
+    for sql, params in statements:
+        assert parse(sql, params) is not None
+        assert TABLE not in sql.replace(f"[{TABLE}]", "")  # the table name is only ever quoted
+
+
+def test_the_table_is_a_heap_with_a_nonclustered_key_and_filtered_indexes(d):
+    create, dispatched_at, undispatched = d.create_outbox_table(TABLE)
+    sql, params = create
+    assert params == [f"[dbo].[{TABLE}]"] and sql.startswith("IF OBJECT_ID(%s, N'U') IS NULL CREATE TABLE")
+    table = parse(sql, params).find(exp.Create)
+    columns = {c.name: c.args["kind"].sql(dialect="tsql") for c in table.find_all(exp.ColumnDef)}
+    assert columns == {"MessageId": "NVARCHAR(200)", "Dispatched": "BIT", "DispatchedAt": "DATETIME2",
+                       "PersistenceVersion": "VARCHAR(23)", "Operations": "NVARCHAR(MAX)",
+                       "CreatedAt": "DATETIME2", "Quarantined": "BIT", "LastError": "NVARCHAR(MAX)"}
+    assert f"CONSTRAINT [PK_{TABLE}] PRIMARY KEY NONCLUSTERED ([MessageId])" in sql
+    for (sql, params), name, where in ((dispatched_at, "Index_DispatchedAt", "[Dispatched] = 1"),
+                                       (undispatched, "Index_Undispatched", "[Dispatched] = 0")):
+        assert params == [name, f"[dbo].[{TABLE}]"]
+        assert f"CREATE NONCLUSTERED INDEX [{name}]" in sql and sql.endswith(f"WHERE {where}")
+        parse(sql, params)
+
+
+def test_schema_creation_comes_first(d):
+    statements = MSSQLDialect(schema="messaging").create_outbox_table(TABLE)
+    assert statements[0] == ("IF SCHEMA_ID(%s) IS NULL EXEC('CREATE SCHEMA ' + %s)", ["messaging", "[messaging]"])
+    assert "[messaging].[sluice_outbox_sales.orders]" in statements[1][0]
+
+
+def test_phase_two_claims_with_updlock_readpast(d):
+    sql = d.outbox_claim(TABLE, 2)
+    assert "WITH (UPDLOCK, READPAST, ROWLOCK)" in sql
+    assert "[MessageId] IN (%s, %s) AND [Dispatched] = 0 AND [Quarantined] = 0" in sql
+    assert "[Quarantined]" not in d.outbox_claim(TABLE, 1, include_quarantined=True)
+
+
+def test_cleanup_deletes_a_bounded_batch_and_skips_locked_rows(d):
+    sql = d.outbox_cleanup(TABLE)
+    assert sql.startswith("DELETE TOP (%s) FROM") and "WITH (ROWLOCK, READPAST)" in sql
+    assert "[Dispatched] = 1 AND [DispatchedAt] <= DATEADD(millisecond, -%s, DATEADD(minute, -%s, GETUTCDATE()))" in sql
+    # 7 days and a bit: whole minutes and milliseconds apart, so DATEADD's int never overflows.
+    assert d.outbox_cleanup_params(7 * 86400 + 0.25, 4000) == [4000, 250, 10080]
+
+
+def test_lists_page_with_offset_fetch_and_read_past_locked_rows(d):
+    for sql in (d.outbox_due(TABLE), d.outbox_records(TABLE, True)):
+        assert re.search(r"ORDER BY \[CreatedAt\]( ASC)? OFFSET 0 ROWS FETCH NEXT %s ROWS ONLY$", sql)
+        assert "WITH (READPAST)" in sql
+    assert "[LastError] IS NULL" in d.outbox_due(TABLE, include_failed=False)
