@@ -132,9 +132,10 @@ def _with_database(url: str, name: str) -> str:
 
 
 @contextlib.contextmanager
-def bench_database(kind: str) -> Iterator[str]:
+def bench_database(kind: str, name: str = BENCH_DATABASE) -> Iterator[str]:
     """A fresh, empty database for one benchmark run; yields its DATABASE_URL and removes
-    it afterwards (also when the run fails)."""
+    it afterwards (also when the run fails).  ``name``: the PostgreSQL database — each
+    benchmark has its own, so two can run at once."""
     if kind == "sqlite":
         directory = tempfile.mkdtemp(prefix="sluice-bench-")
         try:
@@ -150,7 +151,7 @@ def bench_database(kind: str) -> Iterator[str]:
     from psycopg import sql
 
     server_url = os.environ.get(POSTGRES_URL_ENV, DEFAULT_POSTGRES_URL)
-    ident = sql.Identifier(BENCH_DATABASE)
+    ident = sql.Identifier(name)
 
     def admin(statement) -> None:
         with psycopg.connect(server_url, autocommit=True, connect_timeout=10) as conn:
@@ -160,8 +161,8 @@ def bench_database(kind: str) -> Iterator[str]:
         admin(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(ident))
         admin(sql.SQL("CREATE DATABASE {}").format(ident))
     except psycopg.Error as exc:
-        raise BenchmarkError(f"cannot (re)create database {BENCH_DATABASE} via {_redact(server_url)}: {exc}") from exc
-    url = _with_database(server_url, BENCH_DATABASE)
+        raise BenchmarkError(f"cannot (re)create database {name} via {_redact(server_url)}: {exc}") from exc
+    url = _with_database(server_url, name)
     log(f"database: postgresql {_redact(url)}")
     try:
         yield url
@@ -175,7 +176,7 @@ def bench_database(kind: str) -> Iterator[str]:
         try:
             admin(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(ident))
         except psycopg.Error as exc:
-            log(f"warning: could not drop database {BENCH_DATABASE}: {exc}")
+            log(f"warning: could not drop database {name}: {exc}")
 
 
 def _redact(url: str) -> str:

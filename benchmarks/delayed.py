@@ -47,7 +47,6 @@ benchmark (``sluice_bench``) can run at the same time.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import json
 import math
@@ -124,20 +123,6 @@ def main(argv: list[str] | None = None) -> int:
             raise BenchmarkError("delayed delivery broke its promises: " + ", ".join(problems))
 
     return run_main(body, argv)
-
-
-# -- the benchmark's own database ----------------------------------------------------------
-@contextlib.contextmanager
-def own_database(kind: str) -> Iterator[str]:
-    """common.bench_database under the name DATABASE_NAME (common.py names its database
-    with the module constant BENCH_DATABASE; it is swapped for the duration)."""
-    saved = common.BENCH_DATABASE
-    common.BENCH_DATABASE = DATABASE_NAME
-    try:
-        with common.bench_database(kind) as url:
-            yield url
-    finally:
-        common.BENCH_DATABASE = saved
 
 
 # -- statistics -------------------------------------------------------------------------
@@ -422,7 +407,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     m = args.burst or n
     timeout = args.timeout or 60 + n / 50
     load_before = os.getloadavg()[0]
-    with own_database(args.db) as url:
+    with common.bench_database(args.db, DATABASE_NAME) as url:
         setup_django(url)
         version = database_version()
         install_landing_probe()

@@ -21,7 +21,6 @@ queues and (outbox) no undispatched record.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import time
 from typing import Any, Iterator
 
@@ -59,17 +58,6 @@ def main(argv: list[str] | None = None) -> int:
         emit_result(run(parser.parse_args(argv)))
 
     return run_main(body, argv)
-
-
-@contextlib.contextmanager
-def own_database(kind: str) -> Iterator[str]:
-    previous = common.BENCH_DATABASE
-    common.BENCH_DATABASE = DATABASE_NAME
-    try:
-        with common.bench_database(kind) as url:
-            yield url
-    finally:
-        common.BENCH_DATABASE = previous
 
 
 def reset() -> None:
@@ -140,7 +128,7 @@ def e2e(url: str, mode: str, args: argparse.Namespace, timeout: float) -> tuple[
 def run(args: argparse.Namespace) -> dict[str, Any]:
     n = args.messages
     timeout = args.timeout or 60 + n / 20
-    with own_database(args.db) as url:
+    with common.bench_database(args.db, DATABASE_NAME) as url:
         setup_django(url)
         from core.queues import create_queue
 

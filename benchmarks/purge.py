@@ -53,7 +53,6 @@ benchmark reads.  PostgreSQL runs use a database of their own, ``sluice_bench_pu
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import math
@@ -112,20 +111,6 @@ def main(argv: list[str] | None = None) -> int:
         emit_result(run(parser.parse_args(argv)))
 
     return run_main(body, argv)
-
-
-# -- the benchmark's own database ----------------------------------------------------------
-@contextlib.contextmanager
-def own_database(kind: str) -> Iterator[str]:
-    """common.bench_database under the name DATABASE_NAME (common.py names its database
-    with the module constant BENCH_DATABASE; it is swapped for the duration)."""
-    saved = common.BENCH_DATABASE
-    common.BENCH_DATABASE = DATABASE_NAME
-    try:
-        with common.bench_database(kind) as url:
-            yield url
-    finally:
-        common.BENCH_DATABASE = saved
 
 
 def server_url() -> str:
@@ -544,7 +529,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     r = args.receivers
     timeout = args.timeout or 120 + (n + live) / 2000
     run_started = time.perf_counter()
-    with own_database(kind) as url:
+    with common.bench_database(kind, DATABASE_NAME) as url:
         setup_django(url)
         from django.db import connection, connections
 

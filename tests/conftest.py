@@ -196,6 +196,35 @@ def make_other_queue(transactional_db):
             pass
 
 
+def drain(pump, max_steps: int = 200) -> None:
+    """Run pump steps until a peek finds the queue empty."""
+    for _ in range(max_steps):
+        if pump.step() > 0:
+            return
+    raise AssertionError("queue did not drain")
+
+
+@pytest.fixture
+def pump_for(transactional_db):
+    """Make message pumps for a test; closed afterwards.  Defaults suit tests: a 0.1 s peek
+    delay and no delayed retries (failures reach the error queue after the immediate
+    retries; tests/test_delayed.py covers delayed retries)."""
+    from core.pump import MessagePump
+
+    pumps = []
+
+    def make(queue, **options):
+        options.setdefault("peek_delay", 0.1)
+        options.setdefault("delayed_retries", 0)
+        pump = MessagePump(queue, **options)
+        pumps.append(pump)
+        return pump
+
+    yield make
+    for pump in pumps:
+        pump.close()
+
+
 def database_url(alias: str = "default") -> str:
     """A DATABASE_URL for the database the tests are using (the test database)."""
     conn = connections[alias]

@@ -17,33 +17,15 @@ from core.failures import (ErrorIngestor, RetryRefused, archive, delete, edit_an
                            start_archive)
 from core.messages import Headers, parse_wire_time
 from core.models import BulkOperation, FailedMessage, FailureStatus
-from core.pump import MessagePump
 from core.queues import delete_queue, dialect
+from tests.conftest import drain
 
-
-def drain(pump: MessagePump, max_steps: int = 200) -> None:
-    for _ in range(max_steps):
-        if pump.step() > 0:
-            return
-    raise AssertionError("queue did not drain")
 
 
 @pytest.fixture
-def pump_for(transactional_db):
-    pumps = []
-
-    def make(queue, **options):
-        options.setdefault("peek_delay", 0.1)
-        options.setdefault("delayed_retries", 0)
-        options.setdefault("immediate_retries", 0)
-        options.setdefault("concurrency", 1)
-        pump = MessagePump(queue, **options)
-        pumps.append(pump)
-        return pump
-
-    yield make
-    for pump in pumps:
-        pump.close()
+def pump_for(pump_for):
+    """Pumps that fail fast: no retries, one thread."""
+    return lambda queue, **options: pump_for(queue, **{"immediate_retries": 0, "concurrency": 1, **options})
 
 
 def raise_in_a(text):

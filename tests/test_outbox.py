@@ -15,31 +15,14 @@ from core.outbox_ops import OutboxSender
 from core.pump import MessagePump
 from core.queues import dialect
 from core.transport import Transport
-from tests.conftest import OTHER, uses_other_database
+from tests.conftest import OTHER, drain, uses_other_database
 
-
-def drain(pump: MessagePump, max_steps: int = 200) -> None:
-    for _ in range(max_steps):
-        if pump.step() > 0:
-            return
-    raise AssertionError("queue did not drain")
 
 
 @pytest.fixture
-def pump_for(transactional_db):
-    pumps = []
-
-    def make(queue, **options):
-        options.setdefault("peek_delay", 0.1)
-        options.setdefault("transaction_mode", "outbox")
-        options.setdefault("delayed_retries", 0)  # failures straight to the error queue
-        pump = MessagePump(queue, **options)
-        pumps.append(pump)
-        return pump
-
-    yield make
-    for pump in pumps:
-        pump.close()
+def pump_for(pump_for):
+    """Pumps in outbox mode unless a test says otherwise."""
+    return lambda queue, **options: pump_for(queue, **{"transaction_mode": "outbox", **options})
 
 
 def forward_to(target: str, calls: list | None = None, using: str | None = None):

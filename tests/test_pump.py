@@ -13,30 +13,7 @@ from core.messages import Headers
 from core.pump import MessagePump
 from core.queues import dialect
 from core.transport import Transport
-
-
-def drain(pump: MessagePump, max_steps: int = 200) -> None:
-    """Run pump steps until a peek finds the queue empty."""
-    for _ in range(max_steps):
-        if pump.step() > 0:
-            return
-    raise AssertionError("queue did not drain")
-
-
-@pytest.fixture
-def pump_for(transactional_db):
-    pumps = []
-
-    def make(queue, **options):
-        options.setdefault("peek_delay", 0.1)
-        options.setdefault("delayed_retries", 0)  # delayed retries: see test_delayed.py
-        pump = MessagePump(queue, **options)
-        pumps.append(pump)
-        return pump
-
-    yield make
-    for pump in pumps:
-        pump.close()
+from tests.conftest import drain
 
 
 def test_handler_gets_each_message(transport, queue, pump_for, temp_handlers):
