@@ -25,7 +25,6 @@ import base64
 import binascii
 import datetime as dt
 import importlib
-import inspect
 import json
 import logging
 import threading
@@ -35,8 +34,7 @@ from typing import Any, Callable
 from django.db import connections
 
 from core.conf import get_settings
-from core.errors import ConfigurationError, InvalidMessage, SluiceError
-from core.queues import validate_ttl
+from core.errors import InvalidMessage, SluiceError
 from core.transport import OutgoingMessage, Transport, row_id_for
 
 log = logging.getLogger("sluice.outbox")
@@ -125,27 +123,17 @@ def parse_address(address: str) -> tuple[str, str | None]:
 
 def resolve_deliver_at(delay: Any = None, deliver_at: Any = None,
                        now: dt.datetime | None = None) -> dt.datetime | None:
-    """The absolute UTC due time of a delayed message, computed at send time.
+    """The absolute UTC due time of a delayed message, computed at send time (None: send
+    at once).  Validation is core.delayed's.
 
     Stored as an instant (not a delay) so a late dispatch — after a crash, say — does
     not push the message further back."""
-    if delay is not None and deliver_at is not None:
-        raise InvalidMessage("give either delay or deliver_at, not both")
-    if delay is not None:
-        seconds = validate_ttl(delay, "delay")
-        if not seconds:
-            return None  # no delay: an ordinary message
-        return (now or dt.datetime.now(dt.timezone.utc)) + dt.timedelta(seconds=seconds)
-    if deliver_at is not None:
-        if not isinstance(deliver_at, dt.datetime) or deliver_at.tzinfo is None:
-            raise InvalidMessage(f"deliver_at must be a timezone-aware datetime, not {deliver_at!r}")
-        return deliver_at.astimezone(dt.timezone.utc)
-    return None
+    from core.delayed import resolve_due  # delayed builds on transport, as this module does
 
-
-def transport_supports_delayed_delivery() -> bool:
-    """True once Transport.send takes ``deliver_at`` (the delayed store, SPEC C3)."""
-    return "deliver_at" in inspect.signature(Transport.send).parameters
+    wait, when = resolve_due(delay, deliver_at)
+    if wait is not None:
+        return (now or dt.datetime.now(dt.timezone.utc)) + dt.timedelta(seconds=wait)
+    return when
 
 
 # -- the format ----------------------------------------------------------------------------
@@ -246,8 +234,6 @@ class OutboxSender:
         Returns the message id."""
         name, alias = parse_address(queue)
         deliver_at = resolve_deliver_at(options.pop("delay", None), options.pop("deliver_at", None))
-        if deliver_at is not None and not transport_supports_delayed_delivery():
-            raise ConfigurationError("delayed delivery is not available: this Sluice has no delayed store")
         message = Transport(alias or self.using).build(name, body, **options)  # unknown queue, bad headers, …
         self._append(queue_operation(message, alias if alias != self.using else None, deliver_at))
         return message.message_id

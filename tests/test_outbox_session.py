@@ -23,7 +23,7 @@ from core.outbox import (
     outbox_table,
     retention_warnings,
 )
-from core.outbox_ops import resolve_deliver_at, transport_supports_delayed_delivery
+from core.outbox_ops import resolve_deliver_at
 from core.queues import dialect
 from core.transport import Transport
 
@@ -251,18 +251,6 @@ def test_a_delay_is_stored_as_the_instant_it_ends():
         resolve_deliver_at(deliver_at=dt.datetime(2030, 1, 1))
 
 
-@pytest.mark.skipif(transport_supports_delayed_delivery(), reason="this Sluice has a delayed store")
-def test_a_delayed_send_without_a_delayed_store_is_refused_at_send_time(outbox, queue):
-    with pytest.raises(ConfigurationError, match="delayed delivery"):
-        with OutboxSession() as session:
-            PingRecord.objects.create(message_id="rolled back")
-            session.send(queue, "x", delay=30)
-    assert not PingRecord.objects.exists()
-
-
-# TODO(merge with delayed delivery): remove this guard once Transport.send takes deliver_at.
-@pytest.mark.skipif(not transport_supports_delayed_delivery(),
-                    reason="needs delayed delivery (Transport.send(deliver_at=…)), merged separately")
 def test_a_delayed_message_goes_to_the_delayed_store_at_the_instant_computed_at_send_time(
         outbox, queue, crash_after_commit):
     from core.delayed import delayed_store
