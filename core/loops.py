@@ -13,10 +13,10 @@ from typing import Protocol
 
 from django.db import connections
 
-log = logging.getLogger("sluice.loops")
+from core.breakers import RepeatedFailuresOverTimeCircuitBreaker
+from core.conf import get_settings
 
-#: Wait after a step raised, so a failing database is not hammered.
-ERROR_BACKOFF_SECONDS = 1.0
+log = logging.getLogger("sluice.loops")
 
 
 class Loop(Protocol):
@@ -27,6 +27,23 @@ class Loop(Protocol):
 
     def close(self) -> None:
         """Release resources (threads, connections); called once when the loop stops."""
+
+
+def drop_broken_connections() -> None:
+    """Close this thread's connections that saw an error and no longer work.
+
+    Django reconnects only when it has no connection at all, and checks health only
+    around web requests: a loop that handled a database error itself (a breaker took
+    it) would otherwise keep a dead connection, and fail every step after the database
+    is back.  Only connections that saw errors are checked, so a healthy loop pays
+    nothing."""
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is None or conn.in_atomic_block or not conn.errors_occurred:
+            continue
+        if conn.is_usable():
+            conn.errors_occurred = False
+        else:
+            conn.close()
 
 
 class ThreadRunner:
@@ -59,6 +76,9 @@ class ThreadRunner:
 
     def _run(self, loop: Loop) -> None:
         wake = self._wake[loop.name]
+        # Every loop is guarded: a step that raises arms this breaker (1 s pauses), 30 s of
+        # failures trigger it (10 s pauses, CRITICAL log); a good step closes it.
+        breaker = RepeatedFailuresOverTimeCircuitBreaker(f"loop:{loop.name}", get_settings().TIME_TO_TRIGGER_RECEIVE_BREAKER)
         log.info("loop %s started", loop.name)
         try:
             while not self._stop.is_set():
@@ -66,14 +86,16 @@ class ThreadRunner:
                     wait = loop.step()
                     self.steps[loop.name] += 1
                     self.last_step[loop.name] = time.time()
-                except Exception:
+                    breaker.success()
+                except Exception as exc:
                     self.errors[loop.name] += 1
-                    log.exception("loop %s: step failed; retrying in %.1f s", loop.name, ERROR_BACKOFF_SECONDS)
-                    # A broken connection must not be reused by the next step.
-                    for conn in connections.all(initialized_only=True):
-                        if not conn.in_atomic_block:
-                            conn.close()
-                    wait = ERROR_BACKOFF_SECONDS
+                    wait = breaker.failure(exc)
+                    if breaker.failures == 1:
+                        log.exception("loop %s: step failed; retrying in %.1f s", loop.name, wait)
+                    else:
+                        log.warning("loop %s: step failed again (%s: %s); retrying in %.1f s",
+                                    loop.name, type(exc).__name__, exc, wait)
+                drop_broken_connections()
                 if wait > 0:
                     wake.wait(wait)
                 wake.clear()
