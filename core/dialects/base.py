@@ -5,6 +5,8 @@ followed by an ``expired`` flag computed by the database's own clock.
 """
 from __future__ import annotations
 
+import abc
+
 import datetime as dt
 import hashlib
 import uuid
@@ -51,7 +53,7 @@ class OutboxRow(NamedTuple):
     last_error: str | None
 
 
-class Dialect:
+class Dialect(abc.ABC):
     """Base class: shared helpers; subclasses fill in flags and SQL (DelayedSQL is mixed in
     by each dialect)."""
 
@@ -137,32 +139,33 @@ class Dialect:
         return [ttl_seconds]
 
     # -- named SQL: subclasses provide these -----------------------------------
+    @abc.abstractmethod
     def create_queue_table(self, name: str) -> list[tuple[str, list[Any]]]:
         """Idempotent statements that create the table and its indexes."""
-        raise NotImplementedError
 
     def ddl_lock(self) -> tuple[str, list[Any]] | None:
         """A statement that serialises DDL across processes for this transaction."""
         return None
 
+    @abc.abstractmethod
     def drop_queue_table(self, name: str) -> list[tuple[str, list[Any]]]:
-        raise NotImplementedError
+        """Idempotent statements that drop the table."""
 
+    @abc.abstractmethod
     def existing_indexes(self, name: str) -> tuple[str, list[Any]]:
         """SELECT returning one row per index name on the queue table."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def table_exists(self, name: str) -> tuple[str, list[Any]]:
         """SELECT returning a row when the queue table exists."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def now_sql(self) -> str:
         """SQL expression for the database's current UTC time."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def expires_after_ttl_sql(self) -> str:
         """SQL expression: now + a TTL given by :meth:`ttl_params`."""
-        raise NotImplementedError
 
     def expired_sql(self, column: str = '"Expires"') -> str:
         """SQL expression that is 1/true when the row's expiry has passed."""
@@ -196,9 +199,9 @@ class Dialect:
     true_literal = "1"
     false_literal = "0"
 
+    @abc.abstractmethod
     def receive(self, name: str) -> str:
         """Delete and return up to %s oldest messages not locked by other receivers."""
-        raise NotImplementedError
 
     def peek_estimate(self, name: str) -> str:
         """An estimate of the queue length without counting rows (max − min RowVersion)."""
@@ -208,10 +211,10 @@ class Dialect:
             f"SELECT COALESCE((SELECT MAX({rv}) FROM {t}) - (SELECT MIN({rv}) FROM {t}) + 1, 0)"
         )
 
+    @abc.abstractmethod
     def browse(self, name: str) -> str:
         """Up to %s messages after RowVersion %s, oldest first, without taking them.
         Params: after_row_version, limit."""
-        raise NotImplementedError
 
     def browse_params(self, after_row_version: int, limit: int) -> list[Any]:
         return [after_row_version, limit]
@@ -225,17 +228,17 @@ class Dialect:
             f"(SELECT COUNT(*) FROM {t} WHERE {exp} IS NOT NULL AND {exp} <= {self.now_sql()})"
         )
 
+    @abc.abstractmethod
     def delete_by_id(self, name: str) -> str:
         """Delete the message with Id %s unless a receiver holds it."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def purge_expired(self, name: str) -> str:
         """Delete up to %s expired rows, skipping locked ones; rowcount = rows deleted."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def purge_all(self, name: str) -> str:
         """Delete up to %s rows, skipping locked ones; rowcount = rows deleted."""
-        raise NotImplementedError
 
     def receive_expired(self, name: str) -> str:
         """Delete and return up to %s expired rows no receiver holds (for dead-lettering);
@@ -266,13 +269,13 @@ class Dialect:
         digest = hashlib.sha1(name.encode()).hexdigest()[:12]
         return {"dispatched_at": f"sluice_obd_{digest}", "undispatched": f"sluice_obu_{digest}"}
 
+    @abc.abstractmethod
     def create_outbox_table(self, name: str) -> list[tuple[str, list[Any]]]:
         """Idempotent statements that create an outbox table and its two indexes."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def before_now_sql(self) -> str:
         """SQL expression: the database's now minus the seconds given by :meth:`before_now_params`."""
-        raise NotImplementedError
 
     def before_now_params(self, seconds: float) -> list[Any]:
         return [seconds]
@@ -316,10 +319,10 @@ class Dialect:
             f"{c('DispatchedAt')} = {self.now_sql() if dispatched else 'NULL'} WHERE {c('MessageId')} = %s"
         )
 
+    @abc.abstractmethod
     def outbox_claim(self, name: str, count: int, include_quarantined: bool = False) -> str:
         """(MessageId, Operations) of the undispatched records among ``count`` ids (%s each),
         locked for this transaction; records another dispatcher holds are skipped."""
-        raise NotImplementedError
 
     def _claim_where(self, count: int, include_quarantined: bool) -> str:
         where = (f"{self._col('MessageId')} IN ({', '.join(['%s'] * count)}) "
@@ -355,10 +358,10 @@ class Dialect:
             f"ORDER BY {c('CreatedAt')} LIMIT %s"
         )
 
+    @abc.abstractmethod
     def outbox_cleanup(self, name: str) -> str:
         """Delete up to a batch of dispatched records older than the retention, skipping
         locked rows; rowcount = records deleted.  Params: :meth:`outbox_cleanup_params`."""
-        raise NotImplementedError
 
     def outbox_cleanup_params(self, keep_seconds: float, batch_size: int) -> list[Any]:
         return [*self.before_now_params(keep_seconds), batch_size]
@@ -384,9 +387,9 @@ class Dialect:
             f"(SELECT MIN({self._col('CreatedAt')}) FROM {t} WHERE {undispatched}), {self.now_sql()}"
         )
 
+    @abc.abstractmethod
     def outbox_size(self, name: str) -> tuple[str, list[Any]]:
         """One value: the bytes the table and its indexes take."""
-        raise NotImplementedError
 
     def outbox_data_size(self, name: str) -> tuple[str, list[Any]]:
         """One value: the bytes of the records' data (a fallback when the storage size is unknown)."""
@@ -423,8 +426,9 @@ class DelayedSQL:
     def _delayed_columns(self) -> str:
         return ", ".join(self.quote(c) for c in DELAYED_COLUMNS)
 
+    @abc.abstractmethod
     def create_delayed_table(self, name: str) -> list[tuple[str, list[Any]]]:
-        raise NotImplementedError
+        ...
 
     def delayed_insert_at(self, name: str) -> str:
         """Store a message due at an explicit time, unless its Id is already stored.
