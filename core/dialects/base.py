@@ -428,7 +428,7 @@ class DelayedSQL:
 
     @abc.abstractmethod
     def create_delayed_table(self, name: str) -> list[tuple[str, list[Any]]]:
-        ...
+        """Idempotent statements that create the store table and its index on Time."""
 
     def delayed_insert_at(self, name: str) -> str:
         """Store a message due at an explicit time, unless its Id is already stored.
