@@ -209,7 +209,7 @@ def test_every_named_statement_is_covered():
     # Every public statement-making method of the dialect is in the list (a new one must be added).
     from core.dialects.base import DelayedSQL, Dialect
 
-    helpers = {"quote", "table", "index_names", "delayed_time_index", "to_row", "to_datetime", "datetime_param",
+    helpers = {"quote", "table", "index_names", "delayed_time_index", "create_schema", "to_row", "to_datetime", "datetime_param",
                "ttl_params", "browse_params", "now_sql", "expires_after_ttl_sql", "expired_sql",
                "delayed_insert_params", "delayed_fetch_params", "notify"}
     public = {n for cls in (Dialect, DelayedSQL) for n, v in vars(cls).items()

@@ -139,6 +139,11 @@ class Dialect(abc.ABC):
         return [ttl_seconds]
 
     # -- named SQL: subclasses provide these -----------------------------------
+    def create_schema(self) -> list[tuple[str, list[Any]]]:
+        """Statements that create the configured schema if it is missing (none without one);
+        every create_*_table starts with them."""
+        return []
+
     @abc.abstractmethod
     def create_queue_table(self, name: str) -> list[tuple[str, list[Any]]]:
         """Idempotent statements that create the table and its indexes."""

@@ -52,16 +52,15 @@ class MSSQLDialect(DelayedSQL, Dialect):
             [],
         )
 
+    def create_schema(self) -> list[tuple[str, list[Any]]]:
+        if not self.schema:
+            return []
+        return [("IF SCHEMA_ID(%s) IS NULL EXEC('CREATE SCHEMA ' + %s)", [self.schema, self.quote(self.schema)])]
+
     def create_queue_table(self, name: str) -> list[tuple[str, list[Any]]]:
         t = self.table(name)
         idx = self.index_names(name)
-        statements: list[tuple[str, list[Any]]] = []
-        if self.schema:
-            statements.append((
-                "IF SCHEMA_ID(%s) IS NULL EXEC('CREATE SCHEMA ' + %s)",
-                [self.schema, self.quote(self.schema)],
-            ))
-        return statements + [
+        return self.create_schema() + [
             (
                 "IF OBJECT_ID(%s, N'U') IS NULL "
                 f"CREATE TABLE {t} ("
@@ -185,13 +184,7 @@ class MSSQLDialect(DelayedSQL, Dialect):
     # -- delayed-message store (the layout of the transport's SQL Server store) ---------
     def create_delayed_table(self, name: str) -> list[tuple[str, list[Any]]]:
         t = self.table(name)
-        statements: list[tuple[str, list[Any]]] = []
-        if self.schema:
-            statements.append((
-                "IF SCHEMA_ID(%s) IS NULL EXEC('CREATE SCHEMA ' + %s)",
-                [self.schema, self.quote(self.schema)],
-            ))
-        return statements + [
+        return self.create_schema() + [
             ("IF OBJECT_ID(%s, N'U') IS NULL "
              f"CREATE TABLE {t} ([Id] nvarchar(250) NOT NULL PRIMARY KEY, [Destination] nvarchar(200) NOT NULL, "
              "[State] varbinary(max) NULL, [Time] datetime NOT NULL, [Headers] nvarchar(max) NOT NULL, "
@@ -247,13 +240,7 @@ class MSSQLDialect(DelayedSQL, Dialect):
     def create_outbox_table(self, name: str) -> list[tuple[str, list[Any]]]:
         t = self.table(name)
         idx = self.outbox_index_names(name)
-        statements: list[tuple[str, list[Any]]] = []
-        if self.schema:
-            statements.append((
-                "IF SCHEMA_ID(%s) IS NULL EXEC('CREATE SCHEMA ' + %s)",
-                [self.schema, self.quote(self.schema)],
-            ))
-        return statements + [
+        return self.create_schema() + [
             (
                 # NONCLUSTERED primary key: message ids are random, and a clustered index
                 # on them would split pages on every insert (the queue tables are heaps

@@ -20,13 +20,15 @@ class PostgreSQLDialect(DelayedSQL, Dialect):
     def ddl_lock(self) -> tuple[str, list[Any]]:
         return ("SELECT pg_advisory_xact_lock(%s)", [DDL_LOCK_KEY])
 
+    def create_schema(self) -> list[tuple[str, list[Any]]]:
+        if not self.schema:
+            return []
+        return [(f"CREATE SCHEMA IF NOT EXISTS {self.quote(self.schema)}", [])]
+
     def create_queue_table(self, name: str) -> list[tuple[str, list[Any]]]:
         t = self.table(name)
         idx = self.index_names(name)
-        statements: list[tuple[str, list[Any]]] = []
-        if self.schema:
-            statements.append((f"CREATE SCHEMA IF NOT EXISTS {self.quote(self.schema)}", []))
-        return statements + [
+        return self.create_schema() + [
             (
                 f"CREATE TABLE IF NOT EXISTS {t} ("
                 '"Id" uuid NOT NULL, '
@@ -120,10 +122,7 @@ class PostgreSQLDialect(DelayedSQL, Dialect):
     # -- delayed-message store -------------------------------------------------
     def create_delayed_table(self, name: str) -> list[tuple[str, list[Any]]]:
         t = self.table(name)
-        statements: list[tuple[str, list[Any]]] = []
-        if self.schema:
-            statements.append((f"CREATE SCHEMA IF NOT EXISTS {self.quote(self.schema)}", []))
-        return statements + [
+        return self.create_schema() + [
             (f"CREATE TABLE IF NOT EXISTS {t} ("
              '"Id" varchar(250) NOT NULL PRIMARY KEY, "Destination" varchar(200) NOT NULL, "State" bytea NULL, '
              '"Time" timestamptz NOT NULL, "Headers" text NOT NULL, "RetryCount" integer NOT NULL DEFAULT 0)', []),
@@ -138,10 +137,7 @@ class PostgreSQLDialect(DelayedSQL, Dialect):
     def create_outbox_table(self, name: str) -> list[tuple[str, list[Any]]]:
         t = self.table(name)
         idx = self.outbox_index_names(name)
-        statements: list[tuple[str, list[Any]]] = []
-        if self.schema:
-            statements.append((f"CREATE SCHEMA IF NOT EXISTS {self.quote(self.schema)}", []))
-        return statements + [
+        return self.create_schema() + [
             (
                 f"CREATE TABLE IF NOT EXISTS {t} ("
                 '"MessageId" varchar(200) NOT NULL PRIMARY KEY, '
