@@ -1,0 +1,1 @@
+"""The `sluice` command line: one module per group of sub-commands (see core.cli.base)."""

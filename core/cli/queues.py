@@ -1,0 +1,76 @@
+"""`sluice setup` and `sluice queue create|list|delete|purge`."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from core import queues
+from core.cli.base import Group, command_group
+from core.setup import setup_infrastructure
+from core.transport import Transport
+
+
+@command_group
+class QueueCommands(Group):
+    def add_to(self, sub) -> None:
+        self.handles(sub.add_parser(
+            "setup", help="migrate and create the error queue and every handled queue (idempotent)"), self.setup)
+
+        queue = sub.add_parser("queue", help="create, list, delete or purge queues")
+        qsub = queue.add_subparsers(dest="queue_action", required=True, metavar="ACTION")
+        create = self.handles(qsub.add_parser(
+            "create", help="create a queue (idempotent; given settings are applied)"), self.create)
+        create.add_argument("name")
+        create.add_argument("--ttl", help="default TTL in seconds, also the ceiling for messages' own TTL")
+        create.add_argument("--dead-letter-on-expiry", action="store_true",
+                            help="move expired messages to NAME.deadletter instead of dropping them")
+        create.add_argument("--auto-delete-on-idle", metavar="S",
+                            help="temporary queue: delete it after S idle seconds (at least 300)")
+        listing = self.handles(qsub.add_parser("list", help="every queue with its pending and expired counts"),
+                               self.list)
+        listing.add_argument("--json", action="store_true")
+        delete = self.handles(qsub.add_parser("delete", help="drop a queue and its messages"), self.delete)
+        delete.add_argument("name")
+        purge = self.handles(qsub.add_parser(
+            "purge", help="delete a queue's messages (in batches, skipping ones being received)"), self.purge)
+        purge.add_argument("name")
+        purge.add_argument("--expired-only", action="store_true")
+
+    def setup(self, options: dict[str, Any]) -> None:
+        for name, created in setup_infrastructure():
+            self.stdout.write(f"{'created' if created else 'exists '} {name}")
+        self.stdout.write("setup complete")
+
+    def create(self, options: dict[str, Any]) -> None:
+        record, created = queues.create_queue(
+            options["name"], ttl=options["ttl"], dead_letter_on_expiry=options["dead_letter_on_expiry"],
+            auto_delete_on_idle=options["auto_delete_on_idle"])
+        self.stdout.write(f"{'created' if created else 'updated'} queue {record.name}")
+
+    def list(self, options: dict[str, Any]) -> None:
+        transport = Transport()
+        rows = []
+        for record in queues.list_queues():
+            counts = transport.counts(record.name)
+            rows.append({
+                "name": record.name, "kind": record.kind,
+                "pending": counts.pending, "expired": counts.expired, "total": counts.total,
+                "ttl_seconds": record.default_ttl_seconds,
+                "dead_letter_on_expiry": record.dead_letter_on_expiry,
+                "auto_delete_on_idle_seconds": record.auto_delete_on_idle_seconds,
+            })
+        if options["json"]:
+            self.stdout.write(json.dumps(rows))
+            return
+        self.stdout.write(f"{'QUEUE':30} {'KIND':12} {'PENDING':>9} {'EXPIRED':>9} {'TTL s':>9}")
+        for r in rows:
+            ttl = "-" if r["ttl_seconds"] is None else f"{r['ttl_seconds']:g}"
+            self.stdout.write(f"{r['name']:30} {r['kind']:12} {r['pending']:>9} {r['expired']:>9} {ttl:>9}")
+
+    def delete(self, options: dict[str, Any]) -> None:
+        queues.delete_queue(options["name"])
+        self.stdout.write(f"deleted queue {options['name']}")
+
+    def purge(self, options: dict[str, Any]) -> None:
+        n = Transport().purge(options["name"], expired_only=options["expired_only"])
+        self.stdout.write(f"purged {n} {'expired ' if options['expired_only'] else ''}message(s) from {options['name']}")

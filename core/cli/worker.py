@@ -1,0 +1,76 @@
+"""`sluice worker` (the loops in this process) and `sluice status` (every worker's health)."""
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from typing import Any
+
+from django.conf import settings
+
+from core.cli.base import Group, command_group
+from core.health import read_health
+from core.worker import WorkerHost
+
+
+@command_group
+class WorkerCommands(Group):
+    def add_to(self, sub) -> None:
+        worker = self.handles(sub.add_parser("worker", help="run the message pumps in this process (Ctrl-C stops)"),
+                              self.worker)
+        worker.add_argument("--queue", action="append", default=[], dest="queues",
+                            help="queue to serve (repeatable); default: every queue with a handler")
+        worker.add_argument("--concurrency", type=int)
+        worker.add_argument("--demo-traffic", action="store_true",
+                            help="also send demo messages to the demo queue (SLUICE_DEMO_RATE per second)")
+        worker.add_argument("--until-empty", action="store_true",
+                            help="exit once every served queue is empty and the outbox has nothing to dispatch")
+        worker.add_argument("--no-mover", action="store_true",
+                            help="do not run the delayed-message mover in this worker")
+
+        status = self.handles(sub.add_parser("status", help="workers, their loops and circuit breakers (from Redis)"),
+                              self.status)
+        status.add_argument("--json", action="store_true")
+
+    def worker(self, options: dict[str, Any]) -> None:
+        host = WorkerHost(options["queues"], concurrency=options["concurrency"], mover=not options["no_mover"],
+                          demo_traffic=options["demo_traffic"], redis_url=settings.REDIS_URL)
+        stop = threading.Event()
+
+        def request_stop(signum, frame) -> None:
+            if stop.is_set():  # a second signal: leave now; open transactions roll back
+                raise SystemExit(1)
+            self.stderr.write("stopping: finishing in-flight messages (signal again to abort)")
+            stop.set()
+
+        signal.signal(signal.SIGTERM, request_stop)
+        signal.signal(signal.SIGINT, request_stop)
+        host.start()
+        self.stdout.write(f"worker serving {', '.join(host.queues)}; Ctrl-C stops")
+        self.stdout.flush()
+        try:
+            while not stop.is_set():
+                stop.wait(0.2)
+                if options["until_empty"] and host.is_empty():
+                    break
+        finally:
+            host.stop()
+        for line in host.summary():
+            self.stdout.write(line)
+
+    def status(self, options: dict[str, Any]) -> None:
+        health = read_health(settings.REDIS_URL)
+        if options["json"]:
+            self.stdout.write(json.dumps(health))
+            return
+        self.stdout.write(f"redis: {health['redis']}" + (f" ({health['error']})" if health.get("error") else ""))
+        if not health["workers"]:
+            self.stdout.write("no workers seen in the last 15 s")
+        for w in health["workers"]:
+            self.stdout.write(f"worker {w['name']} (last seen {w['last_seen']})")
+            for loop in w["loops"]:
+                self.stdout.write(f"  loop {loop['name']:40} {'alive' if loop['alive'] else 'DEAD':5} "
+                                  f"steps {loop['steps']} errors {loop['errors']}")
+            for b in w["breakers"]:
+                self.stdout.write(f"  breaker {b['name']:37} {b['state']}"
+                                  + (f"  {b['last_error']}" if b["state"] != "closed" else ""))
