@@ -14,6 +14,8 @@ from typing import Any, Mapping
 
 TRANSACTION_MODES = ("receive_only", "sends_atomic_with_receive", "outbox")
 OUTBOX_CONCURRENCY_CONTROLS = ("optimistic", "pessimistic")
+ENVIRONMENTS = ("development", "production")
+LOG_FORMATS = ("text", "json")
 #: SQL Server escalates a statement's row locks to a table lock at about 5,000 locks: a
 #: clean-up batch stays below that so it never blocks the pumps.
 MAX_OUTBOX_CLEANUP_BATCH = 4000
@@ -113,13 +115,30 @@ class SluiceSettings:
     OUTBOX_DISPATCHER_GRACE: float = 5.0
     #: Modules that register outbox destinations beyond queues (imported on first need).
     OUTBOX_DESTINATION_MODULES: tuple[str, ...] = ("workers.outbox",)
+    #: ``development`` (default) or ``production``.  Production makes the secure web settings
+    #: the defaults (HTTPS redirect, secure cookies, HSTS, the proxy's X-Forwarded-Proto;
+    #: sluice/settings.py), each still overridable by its own DJANGO_* variable.
+    ENV: str = "development"
+    #: ``text`` (default) or ``json``: log records as one JSON object per line (Django, Celery,
+    #: gunicorn), for a log shipper.
+    LOG_FORMAT: str = "text"
     #: TEST-ONLY fault injection: ``point:probability,…`` with points ``in_handler``,
     #: ``after_commit``, ``after_dispatch``; the process SIGKILLs itself there.  Never set
     #: it in production.
     TEST_KILL_AT: str = ""
+    #: Seconds the dashboard's statistics snapshot (overview, /api/queues/, /metrics) is
+    #: shared by every request before it is computed again (0: every request).
+    DASHBOARD_CACHE_SECONDS: float = 3.0
+    #: Queues with more rows than this show max − min RowVersion (an estimate) instead of a
+    #: count; expired rows are counted up to it ("at least" beyond).
+    DASHBOARD_EXACT_COUNT_LIMIT: int = 1000
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.ENV not in ENVIRONMENTS:
+            raise ValueError(f"SLUICE_ENV must be one of {', '.join(ENVIRONMENTS)}, not {self.ENV!r}")
+        if self.LOG_FORMAT not in LOG_FORMATS:
+            raise ValueError(f"SLUICE_LOG_FORMAT must be one of {', '.join(LOG_FORMATS)}, not {self.LOG_FORMAT!r}")
         if self.TRANSACTION_MODE not in TRANSACTION_MODES:
             raise ValueError(
                 f"SLUICE_TRANSACTION_MODE must be one of {', '.join(TRANSACTION_MODES)}, "
@@ -148,6 +167,9 @@ class SluiceSettings:
             )
         if not 1 <= self.OUTBOX_CLEANUP_BATCH_SIZE <= MAX_OUTBOX_CLEANUP_BATCH:
             raise ValueError(f"SLUICE_OUTBOX_CLEANUP_BATCH_SIZE must be 1–{MAX_OUTBOX_CLEANUP_BATCH}")
+        if self.DASHBOARD_CACHE_SECONDS < 0 or self.DASHBOARD_EXACT_COUNT_LIMIT < 1:
+            raise ValueError("SLUICE_DASHBOARD_CACHE_SECONDS must not be negative and "
+                             "SLUICE_DASHBOARD_EXACT_COUNT_LIMIT must be at least 1")
         if self.OUTBOX_KEEP_DEDUPLICATION_DATA_FOR < 0 or self.OUTBOX_DISPATCHER_GRACE < 0:
             raise ValueError("SLUICE_OUTBOX_KEEP_DEDUPLICATION_DATA_FOR and SLUICE_OUTBOX_DISPATCHER_GRACE "
                              "must not be negative")

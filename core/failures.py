@@ -333,9 +333,14 @@ def _normalise(selection: Any) -> dict[str, Any]:
         if "ids" in selection:
             return by_ids(selection["ids"])
         if selection.get("group"):
-            return {"group": str(selection["group"])}
-        if selection.get("all"):
-            return all_unresolved(selection.get("queue"), selection.get("message_type"))
+            sel = {"group": str(selection["group"])}
+        elif selection.get("all"):
+            sel = all_unresolved(selection.get("queue"), selection.get("message_type"))
+        else:
+            raise ValueError(f"not a selection of failed messages: {selection!r}")
+        if selection.get("failed_before"):  # ISO time: only records whose latest failure is older
+            sel["failed_before"] = str(selection["failed_before"])
+        return sel
     raise ValueError(f"not a selection of failed messages: {selection!r}")
 
 
@@ -353,15 +358,21 @@ def _base(using: str) -> QuerySet:
     return FailedMessage.objects.using(using)
 
 
-def _bulk_filter(sel: Mapping[str, Any], kind: str, using: str) -> QuerySet:
-    qs = _base(using).filter(status__in=ELIGIBLE[(kind, "bulk")])
+def _filter_selection(qs: QuerySet, sel: Mapping[str, Any]) -> QuerySet:
+    """A group / "all" selection's filters (queue, message type, failed before) on ``qs``."""
     if "group" in sel:
         qs = qs.filter(group_key=sel["group"])
     if sel.get("queue"):
         qs = qs.filter(original_queue=sel["queue"])
     if sel.get("message_type"):
         qs = qs.filter(message_type=sel["message_type"])
+    if sel.get("failed_before"):
+        qs = qs.filter(time_of_failure__lt=dt.datetime.fromisoformat(sel["failed_before"]))
     return qs
+
+
+def _bulk_filter(sel: Mapping[str, Any], kind: str, using: str) -> QuerySet:
+    return _filter_selection(_base(using).filter(status__in=ELIGIBLE[(kind, "bulk")]), sel)
 
 
 def _chunks(items: list[str], size: int) -> Iterator[list[str]]:
@@ -667,14 +678,7 @@ def _selection_qs(selection: Any, statuses: tuple[str, ...], using: str) -> list
     if "ids" in sel:
         return [_base(using).filter(message_id__in=chunk, status__in=statuses)
                 for chunk in _chunks(sel["ids"], MAX_IN)]
-    qs = _base(using).filter(status__in=statuses)
-    if "group" in sel:
-        qs = qs.filter(group_key=sel["group"])
-    if sel.get("queue"):
-        qs = qs.filter(original_queue=sel["queue"])
-    if sel.get("message_type"):
-        qs = qs.filter(message_type=sel["message_type"])
-    return [qs]
+    return [_filter_selection(_base(using).filter(status__in=statuses), sel)]
 
 
 def archive(selection: Any, requested_by: str = "", using: str | None = None, batch: int = 1000) -> int:

@@ -39,9 +39,12 @@ class HealthPublisher:
 
     name = "health"
 
-    def __init__(self, redis_url: str, loops: Callable[[], list[dict[str, Any]]], name: str | None = None) -> None:
+    def __init__(self, redis_url: str, loops: Callable[[], list[dict[str, Any]]], name: str | None = None,
+                 processed: Callable[[], int] | None = None) -> None:
         self.redis_url = redis_url
         self.loops = loops
+        #: Messages this worker's handlers processed since it started (a counter for /metrics).
+        self.processed = processed
         self.worker = name or worker_name()
         self._client = None
         self._down_since: float | None = None
@@ -52,6 +55,7 @@ class HealthPublisher:
             "last_seen": dt.datetime.now(dt.timezone.utc).isoformat(),
             "loops": self.loops(),
             "breakers": [dataclasses.asdict(b) for b in breakers.snapshot()],
+            "processed": self.processed() if self.processed is not None else 0,
         }
 
     def step(self) -> float:

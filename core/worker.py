@@ -52,7 +52,8 @@ class WorkerHost:
             loops.append(DemoTraffic(rate=get_settings().DEMO_RATE))
         loops += list(extra_loops or [])
         if redis_url:
-            loops.append(HealthPublisher(redis_url, lambda: self.runner.snapshot()))
+            loops.append(HealthPublisher(redis_url, lambda: self.runner.snapshot(),
+                                         processed=lambda: sum(p.stats.succeeded for p in self.pumps)))
         self.runner = ThreadRunner(loops)
 
     def start(self) -> "WorkerHost":

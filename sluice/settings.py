@@ -27,6 +27,9 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_htmx",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
     "core",
     "core.demo",
     "dashboard",
@@ -66,6 +69,34 @@ DATABASES = {"default": parse_database_url(DATABASE_URL, BASE_DIR)}
 if os.environ.get("SLUICE_OTHER_DATABASE_URL"):
     DATABASES["other"] = parse_database_url(os.environ["SLUICE_OTHER_DATABASE_URL"], BASE_DIR)
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+# The JSON API (dashboard/api): session auth (with CSRF) for the browser, token auth for
+# scripts; roles from dashboard/permissions.py; errors as {"error": "..."}.
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.SessionAuthentication",
+        "rest_framework.authentication.TokenAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["dashboard.permissions.SluiceRolePermission"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "dashboard.api.errors.exception_handler",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {"TITLE": "Sluice API", "VERSION": "1", "SERVE_INCLUDE_SCHEMA": False}
+
+# "sluice": the dashboard's statistics snapshot, shared by every process (Redis); the
+# dashboard falls back to a per-process cache while Redis is down.
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "sluice": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "sluice",
+        "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5},
+    },
+}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LANGUAGE_CODE = "en-us"

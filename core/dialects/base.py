@@ -406,6 +406,32 @@ class Dialect(abc.ABC):
             [],
         )
 
+    # -- dashboard statistics (bounded: never a full count of a big table) ---------------
+    def queue_stats(self, names: list[str]) -> str:
+        """One row per queue of ``names`` (UNION ALL): (position, min RowVersion, max RowVersion,
+        rows counted up to a cap, expired rows counted up to a cap, Headers of the oldest row,
+        now).  Params: :meth:`queue_stats_params`."""
+        rv, exp = self._col("RowVersion"), self._col("Expires")
+        parts = []
+        for name in names:
+            t = self.table(name)
+            parts.append(
+                f"SELECT %s, (SELECT MIN({rv}) FROM {t}), (SELECT MAX({rv}) FROM {t}), "
+                f"(SELECT COUNT(*) FROM (SELECT 1 AS x FROM {t} LIMIT %s) c), "
+                f"(SELECT COUNT(*) FROM (SELECT 1 AS x FROM {t} WHERE {exp} IS NOT NULL AND {exp} <= {self.now_sql()} "
+                f"LIMIT %s) e), (SELECT {self._col('Headers')} FROM {t} ORDER BY {rv} LIMIT 1), {self.now_sql()}")
+        return " UNION ALL ".join(parts)
+
+    def queue_stats_params(self, count: int, cap: int) -> list[Any]:
+        return [v for i in range(count) for v in (i, cap, cap)]
+
+    def delayed_stats(self, name: str) -> str:
+        """Per destination among the %s earliest delayed messages: (destination, due now, all)."""
+        c = self._col
+        return (f"SELECT {c('Destination')}, SUM(CASE WHEN {c('Time')} <= {self.now_sql()} THEN 1 ELSE 0 END), "
+                f"COUNT(*) FROM (SELECT {c('Destination')}, {c('Time')} FROM {self.table(name)} "
+                f"ORDER BY {c('Time')} LIMIT %s) d GROUP BY {c('Destination')}")
+
 
 def _is_uuid(value: Any) -> bool:
     if isinstance(value, uuid.UUID):

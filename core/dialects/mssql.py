@@ -328,3 +328,22 @@ class MSSQLDialect(DelayedSQL, Dialect):
             f"FROM {self.table(name)} WITH (NOLOCK)",
             [],
         )
+
+    # -- dashboard statistics (TOP instead of LIMIT; NOLOCK: estimates never wait) -----------
+    def queue_stats(self, names: list[str]) -> str:
+        parts = []
+        for name in names:
+            t = self.table(name)
+            parts.append(
+                f"SELECT %s, (SELECT MIN([RowVersion]) FROM {t} WITH (NOLOCK)), "
+                f"(SELECT MAX([RowVersion]) FROM {t} WITH (NOLOCK)), "
+                f"(SELECT COUNT(*) FROM (SELECT TOP (%s) 1 AS x FROM {t} WITH (NOLOCK)) c), "
+                f"(SELECT COUNT(*) FROM (SELECT TOP (%s) 1 AS x FROM {t} WITH (NOLOCK) "
+                f"WHERE [Expires] IS NOT NULL AND [Expires] <= GETUTCDATE()) e), "
+                f"(SELECT TOP 1 [Headers] FROM {t} WITH (NOLOCK) ORDER BY [RowVersion]), GETUTCDATE()")
+        return " UNION ALL ".join(parts)
+
+    def delayed_stats(self, name: str) -> str:
+        return ("SELECT [Destination], SUM(CASE WHEN [Time] <= GETUTCDATE() THEN 1 ELSE 0 END), COUNT(*) "
+                f"FROM (SELECT TOP (%s) [Destination], [Time] FROM {self.table(name)} WITH (NOLOCK) "
+                "ORDER BY [Time]) d GROUP BY [Destination]")

@@ -1,0 +1,254 @@
+"""Actions on failed messages: retry, archive, restore, edit-and-retry, delete."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from django.db import transaction
+from django.utils import timezone
+
+from core import failures
+from core.conf import get_settings
+from core.errors import InvalidHeaders, SluiceError
+from core.messages import Headers, encode_headers
+from core.models import BulkOperation, BulkOperationStatus, FailedMessage, FailureStatus
+from core.transport import OutgoingMessage, Transport, row_id_for
+
+from dashboard.actions import validate
+from dashboard.actions.audit import acting, describe_ids
+from dashboard.actions.errors import ActionError
+from dashboard.actions.operations import BrokerUnavailable, enqueue
+from dashboard.actions.result import ActionResult
+
+#: Headers an edit cannot change: the message's identity and the conversation it belongs
+#: to (the copy gets its own id; the failure description is dropped anyway).
+PROTECTED_HEADERS = frozenset({
+    Headers.MESSAGE_ID, Headers.CORRELATION_ID, Headers.CONVERSATION_ID, Headers.ORIGINATING_ENDPOINT,
+    Headers.TIME_SENT, failures.RETRY_OF, failures.RETRIED_AT, "NServiceBus.RelatedTo",
+})
+#: Header on an edited copy: the failed message it replaces.
+EDIT_OF = "Sluice.EditOf"
+SELECTION_KEYS = ("ids", "message_ids", "group", "all")
+
+
+def _chunks(items: list) -> list[list]:
+    """Pieces small enough for one ``IN (...)`` on every database (SQL Server: 2,100 parameters)."""
+    return [items[i:i + failures.MAX_IN] for i in range(0, len(items), failures.MAX_IN)]
+
+
+@dataclass(frozen=True)
+class FailedSelection:
+    """A validated selection: the core.failures form, and words for the audit."""
+
+    core: dict[str, Any]
+    description: str
+    ids: list[str]
+
+
+def parse_selection(data: Any, *, allow_older_than: bool = False) -> FailedSelection:
+    """A selection of failed messages from request data; exactly one of:
+
+    - ``{"ids": [1, 2]}``: record ids (the ``id`` of /api/failed/);
+    - ``{"message_ids": ["..."]}``: message ids;
+    - ``{"group": "<group_key>"}``;
+    - ``{"all": true}`` with optional ``"queue"`` / ``"message_type"`` filters.
+
+    With ``allow_older_than`` (archive) a group or "all" may add ``"older_than_days": N``:
+    only records whose latest failure is older than N days.  ActionError for anything else,
+    404 when ids match no record."""
+    if not isinstance(data, Mapping):
+        raise ActionError('a selection is an object: {"ids": [...]}, {"message_ids": [...]}, '
+                          '{"group": key} or {"all": true}')
+    given = [k for k in SELECTION_KEYS if data.get(k) not in (None, False, "", [])]
+    if len(given) != 1:
+        raise ActionError('give exactly one of "ids", "message_ids", "group" or "all"')
+    key = given[0]
+    older = data.get("older_than_days")
+    if older is not None and not allow_older_than:
+        raise ActionError('"older_than_days" applies to archive only')
+    if key == "ids":
+        pks = validate.int_ids(data["ids"])
+        found = [mid for chunk in _chunks(pks) for mid in
+                 FailedMessage.objects.filter(pk__in=chunk).values_list("message_id", flat=True)]
+        if not found:
+            raise ActionError("none of the selected failed messages exists", 404)
+        sel = failures.by_ids(found)
+        return FailedSelection(sel, describe_ids("failed messages", pks), [str(p) for p in pks])
+    if key == "message_ids":
+        ids = validate.string_ids(data["message_ids"])
+        if not any(FailedMessage.objects.filter(message_id__in=chunk).exists() for chunk in _chunks(ids)):
+            raise ActionError("none of the selected failed messages exists", 404)
+        return FailedSelection(failures.by_ids(ids), describe_ids("failed messages", ids), ids)
+    if key == "group":
+        group = data["group"]
+        if not isinstance(group, str) or len(group) > 40:
+            raise ActionError("group must be a group key (as in /api/failed/groups/)")
+        sel = failures.by_group(group)
+        record = FailedMessage.objects.filter(group_key=group).only("group_title").first()
+        if record is None:
+            raise ActionError(f"no failed messages in group {group!r}", 404)
+        description = f"group {record.group_title}"
+    else:
+        if data["all"] is not True:
+            raise ActionError('"all" must be true')
+        for name in ("queue", "message_type"):
+            if data.get(name) is not None and not isinstance(data[name], str):
+                raise ActionError(f'"{name}" must be text')
+        sel = failures.all_unresolved(data.get("queue"), data.get("message_type"))
+        description = "all unresolved" + (f" of queue {data['queue']}" if data.get("queue") else "") \
+            + (f" of type {data['message_type']}" if data.get("message_type") else "")
+    if older is not None:
+        days = validate.number(older, "older_than_days")
+        cutoff = timezone.now() - dt.timedelta(days=days)
+        sel["failed_before"] = cutoff.isoformat()
+        description += f", failed more than {days:g} day(s) ago"
+    return FailedSelection(sel, description, [])
+
+
+def _start(user: Any, action: str, kind: str, data: Any, via: str, allow_older_than: bool = False) -> ActionResult:
+    with acting(user, action, via, target="failed messages") as audit:
+        selection = parse_selection(data, allow_older_than=allow_older_than)
+        audit.target, audit.ids = selection.description, selection.ids
+        start = failures.retry if kind == "retry" else failures.start_archive
+        op = start(selection.core, requested_by=getattr(user, "username", ""))
+        audit.operation_id = op.pk
+        if op.total == 0:
+            op.delete()
+            audit.operation_id = None
+            raise ActionError(f"nothing to {kind}: no message of the selection is "
+                              f"{'unresolved' if kind == 'archive' else 'unresolved or archived'}", 409)
+        try:
+            enqueue(op)
+        except BrokerUnavailable as exc:
+            raise ActionError(str(exc), 503) from None
+        audit.detail = f"operation {op.pk} queued: {op.total} message(s)"
+    return ActionResult(action, op.total, f"{kind} of {op.total} message(s) started (operation {op.pk})",
+                        audit_id=audit.entry_id, operation_id=op.pk)
+
+
+def retry_failed(user: Any, selection: Any, *, via: str = "") -> ActionResult:
+    """Send failed messages back to their queues: a BulkOperation run by a Celery worker.
+    ``result.operation_id`` is the operation a page / ``GET /api/operations/<id>/`` polls."""
+    return _start(user, "retry_failed", "retry", selection, via)
+
+
+def archive_failed(user: Any, selection: Any, *, via: str = "") -> ActionResult:
+    """Archive unresolved failed messages (restorable), as a BulkOperation; a group or "all"
+    selection may carry ``older_than_days``."""
+    return _start(user, "archive_failed", "archive", selection, via, allow_older_than=True)
+
+
+def restore_failed(user: Any, selection: Any, *, via: str = "") -> ActionResult:
+    """Archived → unresolved, at once (one UPDATE batch per 1,000); recorded as a finished
+    BulkOperation of kind "restore" so pages and scripts follow it like the others."""
+    with acting(user, "restore_failed", via, target="failed messages") as audit:
+        selection = parse_selection(selection)
+        audit.target, audit.ids = selection.description, selection.ids
+        core_sel = dict(selection.core)
+        username = getattr(user, "username", "")
+        restored = failures.restore(core_sel, requested_by=username)
+        if not restored:
+            raise ActionError("nothing to restore: no message of the selection is archived", 409)
+        now = timezone.now()
+        op = BulkOperation.objects.create(
+            kind="restore", description=selection.description[:500], selection=core_sel, total=restored,
+            done=restored, status=BulkOperationStatus.FINISHED, requested_by=username[:150], finished_at=now)
+        audit.operation_id = op.pk
+        audit.detail = f"{restored} restored (operation {op.pk})"
+    return ActionResult("restore_failed", restored, f"{restored} message(s) restored",
+                        audit_id=audit.entry_id, operation_id=op.pk)
+
+
+def delete_failed(user: Any, selection: Any, *, via: str = "") -> ActionResult:
+    """Remove failed-message records for good (ids or message ids only)."""
+    with acting(user, "delete_failed", via, target="failed messages") as audit:
+        if isinstance(selection, Mapping) and (selection.get("group") or selection.get("all")):
+            raise ActionError("delete takes ids or message_ids; archive a group instead (restorable)")
+        parsed = parse_selection(selection)
+        audit.target, audit.ids = parsed.description, parsed.ids
+        deleted = failures.delete(parsed.core["ids"])
+        if not deleted:
+            raise ActionError("none of the selected failed messages exists", 404)
+        audit.detail = f"{deleted} deleted"
+    return ActionResult("delete_failed", deleted, f"{deleted} failed message(s) deleted", audit_id=audit.entry_id)
+
+
+def _edited_headers(stored: dict[str, str], new_headers: Any) -> dict[str, str]:
+    """The copy's headers: the stored message headers with the operator's edits, protected
+    ones unchanged (ActionError when an edit touches one)."""
+    base = dict(stored)  # failures.retry_headers drops the failure description afterwards
+    if new_headers is None:
+        return base
+    if not isinstance(new_headers, Mapping):
+        raise ActionError("headers must be an object of text values")
+    try:
+        encode_headers(new_headers)
+    except (InvalidHeaders, SluiceError, TypeError, ValueError) as exc:
+        raise ActionError(f"headers: {exc}") from None
+    for name in PROTECTED_HEADERS:
+        if name in new_headers and new_headers[name] != base.get(name):
+            raise ActionError(f"header {name} is protected and cannot be edited")
+        if name in base and name not in new_headers:
+            raise ActionError(f"header {name} is protected and cannot be removed")
+    edited = {k: v for k, v in new_headers.items() if k not in PROTECTED_HEADERS}
+    return {**{k: v for k, v in base.items() if k in PROTECTED_HEADERS}, **edited}
+
+
+def edit_and_retry(user: Any, record_id: Any, body: Any, headers: Any = None, *, via: str = "") -> ActionResult:
+    """Send an edited copy of a failed message to its queue, in one transaction with marking
+    the original resolved.  The copy gets a new message id and carries the original's id as
+    its correlation id (and in ``Sluice.EditOf``); ``headers`` (optional) replace the
+    non-protected headers.  ActionError 404 / 409 / 400 for a missing record, a record that
+    is not unresolved or archived, bad body or headers."""
+    with acting(user, "edit_and_retry", via, target=f"failed message {record_id}") as audit:
+        (pk,) = validate.int_ids([record_id], "failed message id")
+        if not isinstance(body, str):
+            raise ActionError("body must be text")
+        data = body.encode("utf-8")
+        if len(data) > get_settings().MAX_BODY_BYTES:
+            raise ActionError(f"body is {len(data)} bytes; SLUICE_MAX_BODY_BYTES allows "
+                              f"{get_settings().MAX_BODY_BYTES}")
+        using = get_settings().DATABASE
+        with transaction.atomic(using=using):
+            record = FailedMessage.objects.using(using).select_for_update().filter(pk=pk).first()
+            if record is None:
+                raise ActionError(f"failed message {pk} does not exist", 404)
+            audit.target, audit.ids = f"failed message {record.message_id}", [str(pk)]
+            if record.status not in (FailureStatus.UNRESOLVED, FailureStatus.ARCHIVED):
+                raise ActionError(f"failed message {record.message_id} is {record.get_status_display()}; only "
+                                  "unresolved or archived messages can be edited and retried", 409)
+            queue = validate.queue((record.original_queue or "").split("@")[0] or "", using).name \
+                if record.original_queue else None
+            if queue is None:
+                raise ActionError("the original queue is unknown (no NServiceBus.FailedQ header)", 409)
+            try:
+                stored = json.loads(record.headers or "{}")
+            except ValueError:
+                stored = {}
+            if not isinstance(stored, dict):
+                stored = {}
+            now = timezone.now()
+            new_id = str(uuid.uuid4())
+            out = failures.retry_headers(_edited_headers(stored, headers), record.message_id, now)
+            out.update({Headers.MESSAGE_ID: new_id, Headers.CORRELATION_ID: record.message_id,
+                        EDIT_OF: record.message_id})
+            out.pop(Headers.RAW_HEADERS, None)
+            info = validate.queue(queue, using)
+            ttl = info.effective_ttl(None)
+            Transport(using).insert(OutgoingMessage(
+                queue=info.name, row_id=row_id_for(new_id), headers=out, body=data,
+                correlation_id=record.message_id, reply_to=out.get(Headers.REPLY_TO_ADDRESS), ttl_seconds=ttl))
+            record.status = FailureStatus.RESOLVED
+            record.resolved_at = now
+            record.archived_at = None
+            event = {"at": now.isoformat(), "event": "resolved", "by": getattr(user, "username", ""),
+                     "message": f"edited and retried as a copy, message id {new_id}", "edited": True,
+                     "new_message_id": new_id, "queue": info.name, "exception_type": record.exception_type}
+            record.history = [*(record.history or []), event][-failures.HISTORY_LIMIT:]
+            record.save(using=using, update_fields=["status", "resolved_at", "archived_at", "history"])
+        audit.detail = f"copy {new_id} sent to {info.name}; original resolved"
+    return ActionResult("edit_and_retry", 1, f"edited copy sent to {info.name} as message {new_id}",
+                        audit_id=audit.entry_id, message_id=new_id)

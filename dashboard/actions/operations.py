@@ -1,0 +1,64 @@
+"""Starting bulk operations on the workers.
+
+The dashboard must not import ``workers`` (import-linter), so it sends the task by name
+through a small Celery producer of its own, on the broker the workers use (REDIS_URL)
+and to their queue.  When the broker cannot be reached the operation is marked failed
+and the action says so (503): an operation is never left pending with nobody to run it.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+from celery import Celery
+from django.conf import settings
+from django.utils import timezone
+
+from core.models import BulkOperation, BulkOperationStatus
+
+log = logging.getLogger("sluice.dashboard")
+
+#: The task (workers/tasks.py) and the queue the workers consume (workers/celery.py
+#: ``task_default_queue``; tests/test_dashboard_actions.py checks they agree).
+BULK_TASK = "sluice.run_bulk_operation"
+TASK_QUEUE = "sluice"
+#: Seconds to reach the broker before the operation is given up as failed.
+BROKER_TIMEOUT = 2.0
+
+_lock = threading.Lock()
+_producers: dict[str, Celery] = {}
+
+
+class BrokerUnavailable(Exception):
+    """The task could not be handed to the broker."""
+
+
+def producer(broker_url: str | None = None) -> Celery:
+    """A Celery app that only sends tasks (one per broker URL, per process)."""
+    url = broker_url or settings.REDIS_URL
+    with _lock:
+        app = _producers.get(url)
+        if app is None:
+            app = Celery("sluice-dashboard", set_as_current=False)
+            app.conf.update(
+                broker_url=url, task_default_queue=TASK_QUEUE, broker_connection_retry=False,
+                broker_connection_retry_on_startup=False, broker_connection_max_retries=0,
+                broker_connection_timeout=BROKER_TIMEOUT,
+                broker_transport_options={"socket_connect_timeout": BROKER_TIMEOUT,
+                                          "socket_timeout": BROKER_TIMEOUT, "max_retries": 0},
+            )
+            _producers[url] = app
+        return app
+
+
+def enqueue(operation: BulkOperation) -> None:
+    """Hand ``operation`` to the workers.  On failure it is marked failed (with the reason)
+    and BrokerUnavailable is raised."""
+    try:
+        producer().send_task(BULK_TASK, args=[operation.pk], queue=TASK_QUEUE, retry=False)
+    except Exception as exc:  # noqa: BLE001 — kombu/redis raise many kinds; all mean "not queued"
+        reason = f"could not queue the operation: the task broker (Redis) is unreachable ({exc})"
+        BulkOperation.objects.filter(pk=operation.pk).update(
+            status=BulkOperationStatus.FAILED, error=reason, finished_at=timezone.now())
+        log.error("bulk operation %s not queued: %s", operation.pk, exc)
+        raise BrokerUnavailable(reason) from exc

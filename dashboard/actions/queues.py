@@ -1,0 +1,74 @@
+"""Actions on queue tables: delete messages, purge a queue, move a message."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from django.db import transaction
+
+from core.conf import get_settings
+from core.messages import Message
+from core.queues import queue_model
+from core.transport import Transport, row_id_for
+
+from dashboard.actions import validate
+from dashboard.actions.audit import acting, describe_ids
+from dashboard.actions.errors import ActionError
+from dashboard.actions.result import ActionResult
+
+
+def delete_messages(user: Any, queue: str, ids: Sequence[str], *, via: str = "") -> ActionResult:
+    """Delete messages from a queue by id (the row Id, or the message id it was made from).
+    Messages a receiver holds right now are skipped.  ActionError 404 when none was there."""
+    with acting(user, "delete_messages", via, target=f"queue {queue}") as audit:
+        info = validate.queue(queue)
+        ids = validate.string_ids(ids)
+        audit.target, audit.ids = describe_ids(f"messages of queue {info.name}", ids), ids
+        transport = Transport()
+        deleted = sum(1 for message_id in ids if transport.delete(info.name, message_id))
+        if not deleted:
+            raise ActionError(f"none of the {len(ids)} message(s) is in queue {info.name} "
+                              "(already received, deleted, or being processed)", 404)
+        audit.detail = f"{deleted} of {len(ids)} deleted"
+    return ActionResult("delete_messages", deleted, f"{deleted} message(s) deleted from {info.name}",
+                        audit_id=audit.entry_id)
+
+
+def purge_queue(user: Any, queue: str, confirm: Any, *, via: str = "") -> ActionResult:
+    """Delete every message of a queue (rows receivers hold are skipped).  ``confirm`` must be
+    the queue's name, typed by the operator: ActionError 400 otherwise."""
+    with acting(user, "purge_queue", via, target=f"queue {queue}") as audit:
+        info = validate.queue(queue)
+        if not isinstance(confirm, str) or confirm != info.name:
+            raise ActionError(f"type the queue name ({info.name}) to confirm the purge")
+        purged = Transport().purge(info.name)
+        audit.detail = f"{purged} purged"
+    return ActionResult("purge_queue", purged, f"{purged} message(s) purged from {info.name}",
+                        audit_id=audit.entry_id)
+
+
+def move_message(user: Any, queue: str, message_id: str, to_queue: str, *, via: str = "") -> ActionResult:
+    """Move one message to another queue as it is (same Id, headers, body and expiry), in one
+    transaction.  ActionError 404 when it is not there, 409 when a receiver holds it."""
+    with acting(user, "move_message", via, target=f"queue {queue} → {to_queue}") as audit:
+        source = validate.queue(queue)
+        (message_id,) = validate.string_ids([message_id], "message id")
+        target = validate.queue(to_queue)
+        if target.name == source.name:
+            raise ActionError("the message is already in that queue")
+        audit.target, audit.ids = f"message {message_id} of queue {source.name} → {target.name}", [message_id]
+        using = get_settings().DATABASE
+        transport = Transport(using)
+        with transaction.atomic(using=using):
+            row = queue_model(source.name).objects.using(using).filter(message_id=row_id_for(message_id)).first()
+            if row is None:
+                raise ActionError(f"message {message_id} is not in queue {source.name}", 404)
+            # Rows never change after the INSERT: the DELETE confirms this transaction owns it.
+            if not transport.delete(source.name, message_id):
+                raise ActionError(f"message {message_id} is being processed; try again", 409)
+            message = Message(id=str(row.message_id), headers={}, body=bytes(row.body or b""), queue=target.name,
+                              row_version=0, expires=row.expires, correlation_id=row.correlation_id,
+                              reply_to=row.reply_to_address, raw_headers=row.headers)
+            transport.requeue(target.name, message)
+        audit.detail = f"moved to {target.name}"
+    return ActionResult("move_message", 1, f"message moved from {source.name} to {target.name}",
+                        audit_id=audit.entry_id, message_id=message_id)

@@ -1,0 +1,54 @@
+"""The dashboard's own table: the audit log of operator actions (dashboard/actions.py
+writes it; nothing else does)."""
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+
+class AuditOutcome(models.TextChoices):
+    #: Done (for a bulk operation: queued; its progress is on the operation).
+    OK = "ok", "ok"
+    #: The user lacks the operator role; nothing changed.
+    DENIED = "denied", "denied"
+    #: Bad input (unknown queue, empty selection, wrong confirmation…); nothing changed.
+    REJECTED = "rejected", "rejected"
+    #: It was allowed and valid but failed (database error, Redis down…).
+    ERROR = "error", "error"
+
+
+class AuditEntry(models.Model):
+    """Who did what to which messages, when, and how it went."""
+
+    at = models.DateTimeField(default=timezone.now)
+    #: Null once the account is deleted; ``username`` keeps the name.
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                             related_name="sluice_audit_entries")
+    username = models.CharField(max_length=150, default="", blank=True)
+    #: One of dashboard.actions.ACTIONS ("delete_messages", "purge_queue", "retry_failed", …).
+    action = models.CharField(max_length=40)
+    #: Which messages: their ids, or the selection in words ("group ValueError @ x.py:f").
+    target = models.TextField(default="", blank=True)
+    #: The ids acted on (capped), for tools; ``target`` is the readable form.
+    target_ids = models.JSONField(default=list, blank=True)
+    outcome = models.CharField(max_length=16, choices=AuditOutcome.choices)
+    #: The result ("3 deleted") or why it failed.
+    detail = models.TextField(default="", blank=True)
+    #: "web", "api" or "cli": where the action came from.
+    via = models.CharField(max_length=8, default="", blank=True)
+    #: The BulkOperation (core.models) a bulk action started.
+    operation_id = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        db_table = "sluice_audit_entry"
+        ordering = ["-at", "-id"]
+        indexes = [
+            models.Index(fields=["-at"], name="sluice_audit_at"),
+            models.Index(fields=["username", "-at"], name="sluice_audit_user"),
+            models.Index(fields=["action", "-at"], name="sluice_audit_action"),
+        ]
+        verbose_name_plural = "audit entries"
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.username or '?'} {self.action} {self.outcome}"
