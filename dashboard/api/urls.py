@@ -1,0 +1,42 @@
+"""Routes of the JSON API (``/api/…``, its OpenAPI schema at ``/api/schema/``) and of
+``/metrics``; dashboard/urls.py includes them at the root."""
+from django.contrib.auth.decorators import login_not_required
+from django.urls import path as django_path
+from drf_spectacular.views import SpectacularAPIView
+
+from dashboard import metrics
+from dashboard.api import views as v
+
+
+def path(route, view, name):
+    """The API authenticates itself (session or token; DRF answers 401/403 in JSON), and
+    /metrics is open: a login-required middleware must leave both alone."""
+    return django_path(route, login_not_required(view), name=name)
+
+
+urlpatterns = [
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/queues/", v.QueueList.as_view(), name="api-queues"),
+    path("api/queues/<str:name>/messages/", v.QueueMessages.as_view(), name="api-queue-messages"),
+    path("api/queues/<str:name>/messages/<str:message_id>/", v.QueueMessage.as_view(), name="api-queue-message"),
+    path("api/queues/<str:name>/messages/<str:message_id>/move/", v.QueueMessageMove.as_view(),
+         name="api-queue-message-move"),
+    path("api/queues/<str:name>/purge/", v.QueuePurge.as_view(), name="api-queue-purge"),
+    path("api/delayed/", v.DelayedList.as_view(), name="api-delayed"),
+    path("api/delayed/<str:message_id>/", v.DelayedItem.as_view(), name="api-delayed-item"),
+    path("api/delayed/<str:message_id>/deliver-now/", v.DelayedDeliverNow.as_view(), name="api-delayed-deliver"),
+    path("api/failed/", v.FailedList.as_view(), name="api-failed"),
+    path("api/failed/groups/", v.FailedGroups.as_view(), name="api-failed-groups"),
+    path("api/failed/retry/", v.FailedRetry.as_view(), name="api-failed-retry"),
+    path("api/failed/archive/", v.FailedArchive.as_view(), name="api-failed-archive"),
+    path("api/failed/restore/", v.FailedRestore.as_view(), name="api-failed-restore"),
+    path("api/failed/delete/", v.FailedDelete.as_view(), name="api-failed-delete"),
+    path("api/failed/<int:pk>/", v.FailedItem.as_view(), name="api-failed-item"),
+    path("api/failed/<int:pk>/edit-retry/", v.FailedEditRetry.as_view(), name="api-failed-edit-retry"),
+    path("api/operations/", v.OperationList.as_view(), name="api-operations"),
+    path("api/operations/<int:pk>/", v.OperationItem.as_view(), name="api-operation"),
+    path("api/outbox/", v.OutboxList.as_view(), name="api-outbox"),
+    path("api/outbox/<str:message_id>/dispatch/", v.OutboxDispatch.as_view(), name="api-outbox-dispatch"),
+    path("api/audit/", v.AuditList.as_view(), name="api-audit"),
+    path("metrics", metrics.metrics, name="metrics"),
+]

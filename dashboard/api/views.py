@@ -1,0 +1,308 @@
+"""The JSON API: reads for viewers, actions for operators (through dashboard.actions, which
+checks the role again and writes the audit).  Shapes: dashboard/api/serializers.py."""
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Callable
+
+from django.db.models import Count, Max, Min
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from core import failures
+from core.delayed import delayed_store
+from core.models import BulkOperation, FailedMessage, FailureStatus
+from core.outbox import OutboxStore
+from core.transport import Transport
+
+from dashboard import actions, stats
+from dashboard.actions import ActionError
+from dashboard.actions import validate
+from dashboard.api import serializers as s
+from dashboard.models import AuditEntry
+
+#: Rows a list returns at most (``limit`` is clamped to this).
+MAX_LIMIT = 500
+#: Failed-message searches count matches up to this many ("count_capped": true beyond).
+COUNT_CAP = 10_000
+
+
+def doc(**options: Any):
+    """extend_schema with a JSON object response unless told otherwise (shapes: README)."""
+    options.setdefault("responses", OpenApiTypes.OBJECT)
+    return extend_schema(**options)
+
+
+def int_param(request: Request, name: str, default: int, low: int = 1, high: int = MAX_LIMIT) -> int:
+    raw = request.query_params.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ActionError(f"{name} must be a whole number, not {raw[:40]!r}") from None
+    if not low <= value <= high:
+        raise ActionError(f"{name} must be between {low} and {high}")
+    return value
+
+
+def time_param(request: Request, name: str) -> dt.datetime | None:
+    raw = request.query_params.get(name)
+    if raw in (None, ""):
+        return None
+    try:
+        value = dt.datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise ActionError(f"{name} must be an ISO 8601 time, not {raw[:40]!r}") from None
+    return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+
+
+def _body(request: Request) -> dict[str, Any]:
+    data = request.data
+    if not isinstance(data, dict):
+        raise ActionError("the request body must be a JSON object")
+    return data
+
+
+def _act(fn: Callable[[], actions.ActionResult], make: Callable[[actions.ActionResult], dict],
+         code: int = status.HTTP_200_OK) -> Response:
+    result = fn()
+    stats.clear_cache()  # the next overview shows the change
+    return Response(make(result), status=code)
+
+
+# -- queues -------------------------------------------------------------------------------------------
+
+class QueueList(APIView):
+    @doc(summary="Every queue with its counts (cached a few seconds)")
+    def get(self, request: Request) -> Response:
+        snap = stats.snapshot()
+        return Response({"queues": [s.queue_json(q) for q in snap.queues], "at": snap.at.isoformat(),
+                         "problem": snap.problem or None})
+
+
+class QueueMessages(APIView):
+    @doc(summary="Messages of a queue in FIFO order (keyset on row_version)",
+                   parameters=[OpenApiParameter("limit", int), OpenApiParameter("after", int)])
+    def get(self, request: Request, name: str) -> Response:
+        info = validate.queue(name)
+        limit = int_param(request, "limit", 50)
+        after = int_param(request, "after", 0, 0, 2**63 - 1)
+        messages = Transport().browse(info.name, limit=limit, after=after)
+        return Response({"messages": [s.message_json(m) for m in messages],
+                         "next_after": messages[-1].row_version if len(messages) == limit else None})
+
+
+class QueueMessage(APIView):
+    @doc(summary="Delete one message", request=None)
+    def delete(self, request: Request, name: str, message_id: str) -> Response:
+        return _act(lambda: actions.delete_messages(request.user, name, [message_id], via="api"),
+                    lambda r: {"deleted": r.count})
+
+
+class QueueMessageMove(APIView):
+    @doc(summary="Move one message to another queue", request=s.MoveRequest)
+    def post(self, request: Request, name: str, message_id: str) -> Response:
+        to = _body(request).get("to")
+        return _act(lambda: actions.move_message(request.user, name, message_id, to, via="api"),
+                    lambda r: {"moved": r.count, "to": to})
+
+
+class QueuePurge(APIView):
+    @doc(summary="Delete every message of a queue", request=s.PurgeRequest)
+    def post(self, request: Request, name: str) -> Response:
+        confirm = _body(request).get("confirm")
+        return _act(lambda: actions.purge_queue(request.user, name, confirm, via="api"),
+                    lambda r: {"purged": r.count})
+
+
+# -- delayed ----------------------------------------------------------------------------------------
+
+class DelayedList(APIView):
+    @doc(summary="Delayed messages by due time",
+                   parameters=[OpenApiParameter("destination", str), OpenApiParameter("limit", int)])
+    def get(self, request: Request) -> Response:
+        limit = int_param(request, "limit", 100, high=1000)
+        destination = request.query_params.get("destination") or None
+        store = delayed_store()
+        if not hasattr(store, "list"):
+            raise ActionError(f"the delayed store {type(store).__name__} cannot list its messages", 501)
+        # The store lists by due time; a destination filter looks at up to 1,000 of them.
+        rows, now = store.list(1000 if destination else limit)
+        if destination:
+            rows = [m for m in rows if m.destination == destination][:limit]
+        return Response({"delayed": [s.delayed_json(m) for m in rows], "now": now.isoformat() if now else None})
+
+
+class DelayedDeliverNow(APIView):
+    @doc(summary="Make a delayed message due now", request=None)
+    def post(self, request: Request, message_id: str) -> Response:
+        return _act(lambda: actions.deliver_delayed_now(request.user, [message_id], via="api"),
+                    lambda r: {"delivered": r.count})
+
+
+class DelayedItem(APIView):
+    @doc(summary="Delete a delayed message", request=None)
+    def delete(self, request: Request, message_id: str) -> Response:
+        return _act(lambda: actions.delete_delayed(request.user, [message_id], via="api"),
+                    lambda r: {"deleted": r.count})
+
+
+# -- failed messages ----------------------------------------------------------------------------------
+
+class FailedList(APIView):
+    @doc(summary="Search failed messages, newest failure first", operation_id="failed_search", parameters=[
+        OpenApiParameter(n, str) for n in ("q", "queue", "group", "status", "exception", "message_id",
+                                           "message_type", "since", "until")] + [OpenApiParameter("limit", int)])
+    def get(self, request: Request) -> Response:
+        p = request.query_params
+        status_ = p.get("status") or None
+        if status_ and status_ not in FailureStatus.values:
+            raise ActionError(f"status must be one of {', '.join(FailureStatus.values)}")
+        limit = int_param(request, "limit", 50)
+        qs = failures.search(text=p.get("q") or None, exception=p.get("exception") or None,
+                             message_id=p.get("message_id") or None, queue=p.get("queue") or None,
+                             message_type=p.get("message_type") or None, status=status_,
+                             group=p.get("group") or None, since=time_param(request, "since"),
+                             until=time_param(request, "until"))
+        count = qs.order_by()[:COUNT_CAP + 1].count()
+        rows = qs.defer("headers", "body", "stack_trace", "history")[:limit]
+        return Response({"count": min(count, COUNT_CAP), "count_capped": count > COUNT_CAP,
+                         "results": [s.failed_json(r) for r in rows]})
+
+
+class FailedGroups(APIView):
+    @doc(summary="Failed messages grouped (exception type + first frame, or by type / queue)",
+                   parameters=[OpenApiParameter("by", str), OpenApiParameter("status", str)])
+    def get(self, request: Request) -> Response:
+        by = request.query_params.get("by") or "exception"
+        status_ = request.query_params.get("status") or FailureStatus.UNRESOLVED
+        if status_ not in FailureStatus.values:
+            raise ActionError(f"status must be one of {', '.join(FailureStatus.values)}")
+        field = {"exception": "group_key", "message_type": "message_type", "queue": "original_queue"}.get(by)
+        if field is None:
+            raise ActionError('by must be "exception", "message_type" or "queue"')
+        rows = list(FailedMessage.objects.filter(status=status_).order_by().values(field).annotate(
+            n=Count("pk"), first=Min("time_of_failure"), last=Max("time_of_failure")).order_by("-n", "-last")[:1000])
+        titles: dict[str, str] = {}
+        if field == "group_key":
+            keys = [r[field] for r in rows]
+            for i in range(0, len(keys), failures.MAX_IN):
+                for key, title in (FailedMessage.objects.filter(group_key__in=keys[i:i + failures.MAX_IN])
+                                   .order_by().values_list("group_key", "group_title").distinct()):
+                    titles.setdefault(key, title)
+        return Response({"groups": [
+            {"key": r[field], "title": titles.get(r[field]) or r[field] or "(none)", "count": r["n"],
+             "first_failed_at": r["first"].isoformat(), "last_failed_at": r["last"].isoformat()}
+            for r in rows]})
+
+
+class FailedItem(APIView):
+    @doc(summary="One failed message with stack trace, headers, body and history")
+    def get(self, request: Request, pk: int) -> Response:
+        record = FailedMessage.objects.filter(pk=pk).first()
+        if record is None:
+            raise ActionError(f"failed message {pk} does not exist", 404)
+        return Response(s.failed_detail_json(record))
+
+
+def _bulk(action: Callable, code: int = status.HTTP_202_ACCEPTED) -> type[APIView]:
+    class Bulk(APIView):
+        @doc(request=s.SelectionRequest, summary=action.__doc__.splitlines()[0] if action.__doc__ else "")
+        def post(self, request: Request) -> Response:
+            selection = _body(request)
+            return _act(lambda: action(request.user, selection, via="api"),
+                        lambda r: {"operation": r.operation_id, "count": r.count}, code)
+
+    Bulk.__name__ = Bulk.__qualname__ = f"Failed{action.__name__.title().replace('_', '')}"
+    return Bulk
+
+
+FailedRetry = _bulk(actions.retry_failed)
+FailedArchive = _bulk(actions.archive_failed)
+FailedRestore = _bulk(actions.restore_failed)
+
+
+class FailedDelete(APIView):
+    @doc(summary="Delete failed-message records for good", request=s.SelectionRequest)
+    def post(self, request: Request) -> Response:
+        selection = _body(request)
+        return _act(lambda: actions.delete_failed(request.user, selection, via="api"),
+                    lambda r: {"deleted": r.count})
+
+
+class FailedEditRetry(APIView):
+    @doc(summary="Send an edited copy (new message id) and resolve the original",
+                   request=s.EditRetryRequest)
+    def post(self, request: Request, pk: int) -> Response:
+        data = _body(request)
+        if "body" not in data:
+            raise ActionError('"body" is required (the edited message body as text)')
+        return _act(lambda: actions.edit_and_retry(request.user, pk, data["body"], data.get("headers"), via="api"),
+                    lambda r: {"message_id": r.message_id})
+
+
+class OperationItem(APIView):
+    @doc(summary="A bulk operation's progress")
+    def get(self, request: Request, pk: int) -> Response:
+        op = BulkOperation.objects.filter(pk=pk).first()
+        if op is None:
+            raise ActionError(f"operation {pk} does not exist", 404)
+        return Response(s.operation_json(op))
+
+
+class OperationList(APIView):
+    @doc(summary="Recent bulk operations, newest first", operation_id="operations_recent", parameters=[OpenApiParameter("limit", int)])
+    def get(self, request: Request) -> Response:
+        limit = int_param(request, "limit", 20, high=200)
+        return Response({"operations": [s.operation_json(op) for op in BulkOperation.objects.all()[:limit]]})
+
+
+# -- outbox, audit ------------------------------------------------------------------------------------
+
+class OutboxList(APIView):
+    @doc(summary="Undispatched outbox records, oldest first", parameters=[OpenApiParameter("limit", int)])
+    def get(self, request: Request) -> Response:
+        limit = int_param(request, "limit", 50)
+        store = OutboxStore()
+        if not store.exists():
+            return Response({"records": [], "table": store.table, "exists": False})
+        return Response({"table": store.table, "exists": True, "records": [
+            {"message_id": r.message_id, "created_at": r.created_at.isoformat() if r.created_at else None,
+             "quarantined": r.quarantined, "last_error": r.last_error, "size": len(r.operations or "")}
+            for r in store.records(undispatched_only=True, limit=limit)]})
+
+
+class OutboxDispatch(APIView):
+    @doc(summary="Dispatch an outbox record now", request=None)
+    def post(self, request: Request, message_id: str) -> Response:
+        return _act(lambda: actions.dispatch_outbox(request.user, [message_id], via="api"),
+                    lambda r: {"dispatched": r.count})
+
+
+class AuditList(APIView):
+    @doc(summary="Operator actions, newest first", parameters=[
+        OpenApiParameter("user", str), OpenApiParameter("action", str), OpenApiParameter("outcome", str),
+        OpenApiParameter("since", str), OpenApiParameter("until", str), OpenApiParameter("limit", int)])
+    def get(self, request: Request) -> Response:
+        p = request.query_params
+        qs = AuditEntry.objects.all()
+        if p.get("user"):
+            qs = qs.filter(username=p["user"])
+        if p.get("action"):
+            if p["action"] not in actions.ACTIONS:
+                raise ActionError(f"action must be one of {', '.join(actions.ACTIONS)}")
+            qs = qs.filter(action=p["action"])
+        if p.get("outcome"):
+            qs = qs.filter(outcome=p["outcome"])
+        since, until = time_param(request, "since"), time_param(request, "until")
+        if since:
+            qs = qs.filter(at__gte=since)
+        if until:
+            qs = qs.filter(at__lt=until)
+        limit = int_param(request, "limit", 100)
+        return Response({"entries": [s.audit_json(e) for e in qs[:limit]]})
