@@ -6,18 +6,68 @@
 - ``REDIS_URL``: ``redis://127.0.0.1:6379/0`` (default)
 - ``SLUICE_*``: see core/conf.py for every option, its type and default.
 - ``DJANGO_SECRET_KEY``, ``DJANGO_DEBUG``, ``DJANGO_ALLOWED_HOSTS``.
+- HTTPS: ``DJANGO_SECURE_PROXY_SSL_HEADER``, ``DJANGO_SECURE_SSL_REDIRECT``,
+  ``DJANGO_SECURE_COOKIES``, ``DJANGO_SECURE_HSTS_SECONDS``,
+  ``DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS``, ``DJANGO_SECURE_HSTS_PRELOAD``,
+  ``DJANGO_CSRF_TRUSTED_ORIGINS``; their defaults follow ``SLUICE_ENV``.
+- ``DJANGO_STATIC_ROOT``: where ``collectstatic`` puts static files (``var/static``).
 """
 import os
 from pathlib import Path
 
-from core.conf import from_environ
+from core.conf import SluiceSettings, from_environ
+from core.startup import DEVELOPMENT_SECRET_KEY
 from sluice.dburl import parse_database_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+sluice_options = from_environ()
 
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "sluice-dev-only-change-me")
-DEBUG = os.environ.get("DJANGO_DEBUG", "0").lower() in ("1", "true", "yes")
+
+def env_flag(name: str, default: bool) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
+    return default if raw == "" else raw in ("1", "true", "yes", "on")
+
+
+def env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    try:
+        return default if raw == "" else int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a whole number") from None
+
+
+# Unset: the development key, which core/startup.py refuses to serve with outside DEBUG.
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or DEVELOPMENT_SECRET_KEY
+DEBUG = env_flag("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = [h for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",") if h]
+
+# --- HTTPS -------------------------------------------------------------------------------
+# SLUICE_ENV=production makes the secure choices the defaults; each has its own variable.
+# Validated here (SluiceSettings), so SLUICE_ENV=prod is an error, not a silent development.
+deployment = SluiceSettings(ENV=sluice_options.get("SLUICE_ENV", SluiceSettings.ENV),
+                            LOG_FORMAT=sluice_options.get("SLUICE_LOG_FORMAT", SluiceSettings.LOG_FORMAT))
+production = deployment.ENV == "production"
+# Behind a TLS-terminating proxy Django sees plain HTTP; the proxy's header says what the
+# client used ("X-Forwarded-Proto: https").  The proxy must set it, overwriting what the
+# client sent.  Empty: trust no header (gunicorn serving TLS itself, or no TLS at all).
+_proxy_header = os.environ.get("DJANGO_SECURE_PROXY_SSL_HEADER", "X-Forwarded-Proto: https" if production else "")
+if _proxy_header.strip():
+    _name, _sep, _value = _proxy_header.partition(":")
+    if not _sep or not _name.strip() or not _value.strip():
+        raise ValueError(f"DJANGO_SECURE_PROXY_SSL_HEADER wants 'Header-Name: value', not {_proxy_header!r}")
+    SECURE_PROXY_SSL_HEADER = ("HTTP_" + _name.strip().upper().replace("-", "_"), _value.strip())
+SECURE_SSL_REDIRECT = env_flag("DJANGO_SECURE_SSL_REDIRECT", production)
+# Health probes and Prometheus come from inside the network over plain HTTP.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_flag("DJANGO_SECURE_COOKIES", production)
+SECURE_HSTS_SECONDS = env_int("DJANGO_SECURE_HSTS_SECONDS", 365 * 24 * 3600 if production else 0)
+# Subdomains of the dashboard's own host only (HSTS scopes to the host that sends it).
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_flag("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", production)
+# Preloading is a commitment for a whole registrable domain, made by its owner, not by one
+# tool on one host: off unless asked for, so its deploy-check warning is silenced here.
+SECURE_HSTS_PRELOAD = env_flag("DJANGO_SECURE_HSTS_PRELOAD", False)
+SILENCED_SYSTEM_CHECKS = [] if SECURE_HSTS_PRELOAD else ["security.W021"]
+CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o.strip()]
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -37,6 +87,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -104,17 +155,28 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "var" / "static"
+STATIC_ROOT = Path(os.environ.get("DJANGO_STATIC_ROOT") or BASE_DIR / "var" / "static")
+# WhiteNoise serves what `collectstatic` gathered into STATIC_ROOT, with DEBUG off too:
+# gzip copies and content-hashed names (the manifest), so browsers cache them for good.
+# Without a collectstatic run the manifest is missing and {% static %} raises; the test
+# suite therefore switches to plain names (tests/conftest.py).
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
 
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+                   "json": {"()": "sluice.logs.JsonFormatter"}},
+    # SLUICE_LOG_FORMAT=json: one JSON object per line (gunicorn and Celery use it too).
+    "handlers": {"console": {"class": "logging.StreamHandler",
+                             "formatter": "json" if deployment.LOG_FORMAT == "json" else "plain"}},
     "loggers": {
         "sluice": {"handlers": ["console"], "level": os.environ.get("SLUICE_LOG_LEVEL", "INFO"), "propagate": False},
         "django": {"handlers": ["console"], "level": "WARNING"},
     },
 }
 
-globals().update(from_environ())
+globals().update(sluice_options)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import secrets
 import subprocess
 import sys
 import threading
@@ -20,6 +21,11 @@ from core.queues import create_queue, delete_queue, registry
 from core.transport import Transport
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# Servers and workers refuse to start with DEBUG off and no secret key of their own
+# (core/startup.py).  The tests start real ones (Celery workers, `sluice worker`,
+# gunicorn) as child processes, which inherit this environment: a random key per run.
+os.environ.setdefault("DJANGO_SECRET_KEY", "tests-" + secrets.token_urlsafe(40))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -58,6 +64,22 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
         other["TEST"] = {**other["TEST"], "NAME": None}
     settings.DATABASES[OTHER] = other
     connections.settings[OTHER] = other
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _static_files_by_plain_names():
+    """Production names static files by content hash from the manifest that `collectstatic`
+    writes (sluice/settings.py).  The tests never run collectstatic: with the manifest
+    missing {% static %} would raise, so they use plain names, which the test client and
+    live_server's handler serve from the apps' static folders.  tests/test_deploy.py runs
+    the manifest path for real (collectstatic, gunicorn, WhiteNoise)."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    storages = {**settings.STORAGES,
+                "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
+    with override_settings(STORAGES=storages):
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)

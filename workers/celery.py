@@ -10,7 +10,7 @@ import logging
 import os
 
 import django
-from celery import Celery, bootsteps
+from celery import Celery, bootsteps, signals
 from django.apps import apps
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "sluice.settings")
@@ -21,6 +21,8 @@ if not apps.ready:
 from django.conf import settings  # noqa: E402  (after django.setup)
 
 from core.conf import get_settings  # noqa: E402
+from core.startup import refuse_to_start_insecurely  # noqa: E402
+from sluice.logs import JsonFormatter  # noqa: E402
 
 log = logging.getLogger("sluice.celery")
 conf = get_settings()
@@ -93,4 +95,26 @@ class SluiceLoops(bootsteps.StartStopStep):
 
 
 app.steps["worker"].add(SluiceLoops)
+
+
+# At start-up of a worker or beat, not at import: a web process imports this module to
+# publish outbox tasks, and is checked by its own server (core/startup.py).
+@signals.celeryd_init.connect
+def refuse_insecure_worker(**kwargs) -> None:
+    refuse_to_start_insecurely("the Celery worker")
+
+
+@signals.beat_init.connect
+def refuse_insecure_beat(**kwargs) -> None:
+    refuse_to_start_insecurely("Celery beat")
+
+
+@signals.after_setup_logger.connect
+@signals.after_setup_task_logger.connect
+def json_log_lines(logger, **kwargs) -> None:
+    """SLUICE_LOG_FORMAT=json: Celery's own handlers (it takes over the root logger) write
+    JSON lines like Django's and gunicorn's."""
+    if get_settings().LOG_FORMAT == "json":
+        for handler in logger.handlers:
+            handler.setFormatter(JsonFormatter())
 app.autodiscover_tasks(["workers"], related_name="tasks", force=True)

@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import threading
 from typing import Any
 
 from django.conf import settings
 
-from core.cli.base import Group, command_group
-from core.health import read_health
+from core.cli.base import CommandError, Group, command_group
+from core.health import TTL_SECONDS, read_health
+from core.startup import refusal
 from core.worker import WorkerHost
 
 
@@ -31,8 +33,15 @@ class WorkerCommands(Group):
         status = self.handles(sub.add_parser("status", help="workers, their loops and circuit breakers (from Redis)"),
                               self.status)
         status.add_argument("--json", action="store_true")
+        status.add_argument("--check", action="store_true",
+                            help="exit non-zero unless a worker on this host publishes its heartbeat with every "
+                                 "loop alive (a container health check)")
+        status.add_argument("--host", help="with --check: the worker's host name (default: this machine's)")
 
     def worker(self, options: dict[str, Any]) -> None:
+        refused = refusal("the worker (sluice worker)")
+        if refused:
+            raise CommandError(refused)
         host = WorkerHost(options["queues"], concurrency=options["concurrency"], mover=not options["no_mover"],
                           demo_traffic=options["demo_traffic"], redis_url=settings.REDIS_URL)
         stop = threading.Event()
@@ -60,6 +69,9 @@ class WorkerCommands(Group):
 
     def status(self, options: dict[str, Any]) -> None:
         health = read_health(settings.REDIS_URL)
+        if options["check"]:
+            self.check_host(health, options["host"] or socket.gethostname())
+            return
         if options["json"]:
             self.stdout.write(json.dumps(health))
             return
@@ -74,3 +86,15 @@ class WorkerCommands(Group):
             for b in w["breakers"]:
                 self.stdout.write(f"  breaker {b['name']:37} {b['state']}"
                                   + (f"  {b['last_error']}" if b["state"] != "closed" else ""))
+
+    def check_host(self, health: dict[str, Any], host: str) -> None:
+        """`status --check`: this host's workers are alive (heartbeat names are ``<host>:<pid>``)."""
+        if health["redis"] != "up":
+            raise CommandError(f"redis is down ({health.get('error', '')}): no heartbeats to read")
+        mine = [w for w in health["workers"] if w["name"].rpartition(":")[0] == host]
+        if not mine:
+            raise CommandError(f"no worker on {host} published a heartbeat in the last {TTL_SECONDS} s")
+        dead = [f"{w['name']} {loop['name']}" for w in mine for loop in w["loops"] if not loop["alive"]]
+        if dead:
+            raise CommandError(f"dead loops: {', '.join(dead)}")
+        self.stdout.write(f"ok: {len(mine)} worker(s) on {host}, every loop alive")
