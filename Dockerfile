@@ -16,13 +16,17 @@ RUN apt-get update \
 
 WORKDIR /app
 COPY . .
+# collectstatic at build time: WhiteNoise serves /app/var/static (compressed copies,
+# content-hashed names) from every container of this image, with nothing to do at start.
 RUN pip install . \
  && rm -rf build ./*.egg-info \
+ && python manage.py collectstatic --noinput -v0 \
  && useradd --system --uid 10001 --home-dir /app --shell /usr/sbin/nologin sluice \
  && mkdir -p /app/var \
  && chown sluice:sluice /app/var
 
 USER sluice
 EXPOSE 8000
-# docker-compose.yml overrides this per service (web / worker / beat).
-CMD ["python", "manage.py", "runserver", "0.0.0.0:8000", "--noreload", "--insecure"]
+# The web app (sluice/gunicorn_conf.py: 2 workers x 4 threads, 30 s timeout, access log on
+# stdout). docker-compose.yml overrides the command per service (web / worker / beat).
+CMD ["gunicorn", "-c", "python:sluice.gunicorn_conf", "--bind", "0.0.0.0:8000", "sluice.wsgi"]

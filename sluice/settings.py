@@ -176,6 +176,8 @@ LOGGING = {
     "loggers": {
         "sluice": {"handlers": ["console"], "level": os.environ.get("SLUICE_LOG_LEVEL", "INFO"), "propagate": False},
         "django": {"handlers": ["console"], "level": "WARNING"},
+        # Python warnings (Django routes them to logging), e.g. WhiteNoise's "No directory at".
+        "py.warnings": {"handlers": ["console"], "level": "WARNING", "propagate": False},
     },
 }
 
