@@ -1,11 +1,35 @@
 from django.urls import include, path
 
-from dashboard import views
+from dashboard.views import audit, auth, delayed, failed, health, outbox, overview, queues
 
 app_name = "dashboard"
 urlpatterns = [
     path("", include("dashboard.api.urls")),  # the JSON API (/api/…) and /metrics
-    path("", views.overview, name="overview"),
-    path("partials/queues/", views.queue_table, name="queue-table"),
-    path("healthz", views.healthz, name="healthz"),
+    path("", include("dashboard.api.urls")),  # the JSON API (/api/…) and /metrics
+    path("healthz", health.healthz, name="healthz"),
+    path("accounts/login/", auth.login, name="login"),
+    path("accounts/logout/", auth.logout, name="logout"),
+    path("", overview.overview, name="overview"),
+    path("partials/overview/", overview.overview_numbers, name="overview-numbers"),
+    path("queues/<str:name>/", queues.queue, name="queue"),
+    path("queues/<str:name>/messages/<int:row_version>/", queues.message, name="message"),
+    path("queues/<str:name>/messages/<int:row_version>/body", queues.message_body, name="message-body"),
+    path("queues/<str:name>/delete/", queues.delete, name="queue-delete"),
+    path("queues/<str:name>/purge/", queues.purge, name="queue-purge"),
+    path("queues/<str:name>/move/", queues.move, name="queue-move"),
+    path("delayed/", delayed.delayed, name="delayed"),
+    path("delayed/<str:message_id>/deliver-now/", delayed.deliver_now, name="delayed-deliver-now"),
+    path("delayed/<str:message_id>/delete/", delayed.delete, name="delayed-delete"),
+    path("failed/", failed.failed_list, name="failed"),
+    path("failed/operations/", failed.operations, name="failed-operations"),
+    path("failed/retry/", failed.retry, name="failed-retry"),
+    path("failed/archive/", failed.archive, name="failed-archive"),
+    path("failed/restore/", failed.restore, name="failed-restore"),
+    path("failed/delete/", failed.delete, name="failed-delete"),
+    path("failed/<int:pk>/", failed.failed_detail, name="failed-detail"),
+    path("failed/<int:pk>/body", failed.failed_body, name="failed-body"),
+    path("failed/<int:pk>/edit/", failed.edit_retry, name="failed-edit"),
+    path("outbox/", outbox.outbox, name="outbox"),
+    path("outbox/<str:message_id>/dispatch/", outbox.dispatch, name="outbox-dispatch"),
+    path("audit/", audit.audit, name="audit"),
 ]

@@ -1,38 +1,45 @@
-"""The web page (Django's test client; the browser test is test_browser_overview.py)."""
+"""The web app's basics (Django's test client): the overview behind the login, and /healthz,
+which stays open.  Every page: tests/test_dashboard_pages*.py; in a browser: test_browser_*.py."""
 from __future__ import annotations
 
 from django.db import connection
 
 from core.transport import Transport
+from tests.dashboard_pages_support import _fresh_dashboard_cache, operator, operator_client  # noqa: F401
 
 
-def test_overview_lists_queues_with_counts(client, make_queue):
+def test_overview_lists_queues_with_counts(operator_client, make_queue):
     name = make_queue()
     transport = Transport()
     transport.send(name, "a")
     transport.send(name, "b", ttl=0)
-    response = client.get("/")
+    response = operator_client.get("/")
     assert response.status_code == 200
     html = response.content.decode()
     assert f'data-queue="{name}"' in html
     row = html.split(f'data-queue="{name}"')[1].split("</tr>")[0]
-    assert '<td class="num pending">1</td>' in row and '<td class="num expired">1</td>' in row
+    assert '<td class="num pending ">1</td>' in row and '<td class="num expired ">1</td>' in row
 
 
-def test_partial_is_a_fragment(client, queue):
-    response = client.get("/partials/queues/")
+def test_overview_needs_a_login(client, db):
+    response = client.get("/")
+    assert response.status_code == 302 and response["Location"] == "/accounts/login/?next=/"
+
+
+def test_partial_is_a_fragment(operator_client, queue):
+    response = operator_client.get("/partials/overview/")
     assert response.status_code == 200
-    assert b"<table>" in response.content and b"<html" not in response.content
+    assert b'<table id="queues">' in response.content and b"<html" not in response.content
 
 
-def test_a_queue_whose_table_vanished_does_not_break_the_page(client, make_queue):
+def test_a_queue_whose_table_vanished_does_not_break_the_page(operator_client, make_queue):
     from core.queues import dialect
 
     name = make_queue()
     with connection.cursor() as cursor:
         for sql, params in dialect().drop_queue_table(name):
             cursor.execute(sql, params)
-    response = client.get("/")
+    response = operator_client.get("/")
     assert response.status_code == 200
     assert b"table unreadable" in response.content
 

@@ -1,0 +1,48 @@
+"""``/audit/``: every operator action (who, what, which messages, when, outcome), newest first,
+filterable by user, action and date; keyset pages on the entry id."""
+from __future__ import annotations
+
+import datetime as dt
+
+from django.http import HttpRequest, HttpResponse
+from django.utils.http import urlencode
+from django.views.decorators.http import require_GET
+
+from dashboard.models import AuditEntry
+from dashboard.permissions import viewer_required
+from dashboard.views.common import date_param, int_param, page
+
+PAGE_SIZE = 100
+
+
+@viewer_required
+@require_GET
+def audit(request: HttpRequest) -> HttpResponse:
+    user = request.GET.get("user", "").strip()[:150]
+    action = request.GET.get("action", "").strip()[:40]
+    qs = AuditEntry.objects.all()
+    if user:
+        qs = qs.filter(username=user)
+    if action:
+        qs = qs.filter(action=action)
+    since, until = date_param(request, "since"), date_param(request, "until")
+    if since:
+        qs = qs.filter(at__gte=since)
+    if until:
+        qs = qs.filter(at__lt=until + dt.timedelta(days=1) if len(request.GET.get("until", "")) <= 10 else until)
+    before = int_param(request, "before", None, 1, 2**62)
+    if before:
+        qs = qs.filter(pk__lt=before)
+    entries = list(qs.order_by("-pk")[:PAGE_SIZE + 1])
+    more = len(entries) > PAGE_SIZE
+    entries = entries[:PAGE_SIZE]
+    params = {k: v for k, v in {"user": user, "action": action, "since": request.GET.get("since", ""),
+                                "until": request.GET.get("until", "")}.items() if v}
+    return page(request, "dashboard/audit.html", {
+        "section": "audit", "entries": entries, "user": user, "action": action,
+        "since": params.get("since", ""), "until": params.get("until", ""),
+        "users": AuditEntry.objects.order_by().values_list("username", flat=True).distinct()[:200],
+        "actions": AuditEntry.objects.order_by().values_list("action", flat=True).distinct()[:100],
+        "next_url": f"?{urlencode({**params, 'before': entries[-1].pk})}" if more else "",
+        "first_url": f"?{urlencode(params)}" if before else "",
+    })

@@ -1,0 +1,130 @@
+"""What every dashboard page shares: rendering with the viewer/operator flag, turning an
+action's outcome into a response, message bodies for display, bounded GET parameters."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
+from django.utils import timezone
+
+from dashboard.actions import ActionError, ActionResult
+from dashboard.permissions import can_act
+
+#: Bodies longer than this are cut on the page (the whole body is a download away).
+BODY_DISPLAY_LIMIT = 64 * 1024
+#: Why a viewer's buttons are disabled (shown as their title and beside them).
+VIEWER_REASON = "Your role is sluice-viewer: only sluice-operator users can act."
+
+
+def page(request: HttpRequest, template: str, context: dict[str, Any], status: int = 200) -> HttpResponse:
+    """Render a page or partial with what the layout needs (the role flag for buttons)."""
+    context = {
+        "can_act": can_act(request.user),
+        "viewer_reason": VIEWER_REASON,
+        "now": timezone.now(),
+        **context,
+    }
+    return render(request, template, context, status=status)
+
+
+def error_response(request: HttpRequest, message: str, status: int = 400) -> HttpResponse:
+    """A 4xx with a readable message: a fragment for htmx, a page otherwise (never a traceback)."""
+    template = "dashboard/partials/error.html" if request.htmx else "dashboard/error.html"
+    return page(request, template, {"error": message, "status": status}, status=status)
+
+
+def act(request: HttpRequest, call: Callable[[], ActionResult], redirect_to: str) -> HttpResponse:
+    """Run one dashboard.actions call for a form post: its message is flashed and the browser
+    goes back to ``redirect_to`` (303; htmx: HX-Redirect); bad input gives a 4xx page with the
+    reason, a role that may not act a 403 — the action itself checks and audits both."""
+    try:
+        result = call()
+    except PermissionDenied as exc:
+        return error_response(request, str(exc) or VIEWER_REASON, 403)
+    except ActionError as exc:
+        return error_response(request, exc.message, exc.status)
+    messages.success(request, result.message[:1].upper() + result.message[1:] + ".")
+    if request.htmx:
+        response = HttpResponse(status=204)
+        response["HX-Redirect"] = redirect_to
+        return response
+    return HttpResponseRedirect(redirect_to, status=303)
+
+
+def back_to(request: HttpRequest, default: str) -> str:
+    """Where a form's ``next`` field says to go after the action (a path on this site only)."""
+    nxt = request.POST.get("next", "")
+    return nxt if nxt.startswith("/") and not nxt.startswith("//") else default
+
+
+def int_param(request: HttpRequest, name: str, default: int | None, low: int, high: int) -> int | None:
+    """A GET parameter as an int clamped to [low, high]; the default when absent or not a number."""
+    raw = request.GET.get(name, "")
+    try:
+        value = int(raw)
+    except ValueError:
+        return default
+    return max(low, min(high, value))
+
+
+def date_param(request: HttpRequest, name: str) -> dt.datetime | None:
+    """A ``YYYY-MM-DD`` (or ISO time) GET parameter as an aware UTC datetime; None when absent or bad."""
+    raw = request.GET.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = dt.datetime.fromisoformat(raw)
+    except ValueError:
+        return None
+    return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+
+
+@dataclass(frozen=True)
+class BodyView:
+    """A message body ready for a page: text (pretty JSON when it parses), or a hex preview."""
+
+    text: str | None
+    is_json: bool
+    truncated: bool
+    size: int
+    hex_preview: str | None = None
+
+
+def body_view(body: bytes | memoryview | None, limit: int = BODY_DISPLAY_LIMIT) -> BodyView:
+    data = bytes(body or b"")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        preview = data[:512].hex(" ")
+        return BodyView(None, False, len(data) > 512, len(data), preview)
+    is_json = False
+    if len(data) <= 4 * limit:
+        try:
+            text = json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+            is_json = True
+        except ValueError:
+            pass
+    truncated = len(text) > limit
+    return BodyView(text[:limit] if truncated else text, is_json, truncated, len(data))
+
+
+def download(body: bytes | memoryview | None, filename: str) -> HttpResponse:
+    """A body as an attachment, never rendered by the browser (octet-stream + nosniff)."""
+    response = HttpResponse(bytes(body or b""), content_type="application/octet-stream")
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in filename)[:100] or "body"
+    response["Content-Disposition"] = f'attachment; filename="{safe}.bin"'
+    response["X-Content-Type-Options"] = "nosniff"
+    return response
+
+
+def ordered_headers(headers: dict[str, str], pinned: tuple[str, ...]) -> list[tuple[str, str]]:
+    """Headers with the well-known ones first (id, type, sent time, failed queue…), then by name."""
+    first = [(k, headers[k]) for k in pinned if k in headers]
+    rest = sorted((k, v) for k, v in headers.items() if k not in pinned)
+    return first + rest

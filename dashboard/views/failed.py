@@ -1,0 +1,247 @@
+"""``/failed/``: failed-message groups, search, detail, and the operator actions on them
+(retry, edit and retry, archive, restore, delete), with bulk operations' progress.
+
+Every action goes through dashboard.actions (role check, the action, the audit entry);
+this module only turns forms into selections and outcomes into pages."""
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Callable
+
+from django.db.models import Count, Max, Min, Q
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404
+from django.urls import reverse
+from django.utils.http import urlencode
+from django.views.decorators.http import require_GET, require_POST
+
+from core import failures
+from core.messages import Headers
+from core.models import BulkOperation, BulkOperationStatus, FailedMessage, FailureStatus
+from dashboard import actions
+from dashboard.permissions import viewer_required
+from dashboard.views.common import (
+    act, back_to, body_view, date_param, download, error_response, ordered_headers, page,
+)
+
+PAGE_SIZE = 50
+GROUPINGS = {"exception": "Exception and frame", "message_type": "Message type", "queue": "Queue"}
+STATUSES = [("unresolved", "Unresolved"), ("retry_pending", "Retry pending"), ("archived", "Archived"),
+            ("resolved", "Resolved"), ("all", "All")]
+#: Shown first on the detail page: where a retry goes, what it is, when it failed.
+PINNED = (Headers.MESSAGE_ID, Headers.ENCLOSED_MESSAGE_TYPES, Headers.FAILED_Q, Headers.TIME_OF_FAILURE,
+          Headers.EXCEPTION_TYPE, Headers.TIME_SENT, Headers.CORRELATION_ID)
+#: Recent bulk operations listed under the groups.
+RECENT_OPERATIONS = 8
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+def _filters(request: HttpRequest) -> dict[str, Any]:
+    """The search form's values (GET, so a view can be bookmarked)."""
+    g = request.GET
+    status = g.get("status", "unresolved")
+    if status not in dict(STATUSES):
+        status = "unresolved"
+    return {
+        "q": g.get("q", "").strip()[:200], "exception": g.get("exception", "").strip()[:200],
+        "message_id": g.get("message_id", "").strip()[:255], "queue": g.get("queue", "").strip()[:255],
+        "type": g.get("type", "").strip()[:255], "group": g.get("group", "").strip()[:40],
+        "status": status, "since": g.get("since", "").strip()[:32], "until": g.get("until", "").strip()[:32],
+    }
+
+
+def _search(request: HttpRequest, f: dict[str, Any]):
+    return failures.search(
+        text=f["q"] or None, exception=f["exception"] or None, message_id=f["message_id"] or None,
+        queue=f["queue"] or None, message_type=f["type"] or None, group=f["group"] or None,
+        status=None if f["status"] == "all" else f["status"],
+        since=date_param(request, "since"), until=date_param(request, "until"))
+
+
+def _groups(by: str, f: dict[str, Any]) -> list[dict[str, Any]]:
+    """Groups of the chosen status with count, first and last failure (largest first)."""
+    qs = FailedMessage.objects.all()
+    if f["status"] != "all":
+        qs = qs.filter(status=f["status"])
+    if f["queue"]:
+        qs = qs.filter(original_queue=f["queue"])
+    if f["type"]:
+        qs = qs.filter(message_type=f["type"])
+    field = {"exception": "group_key", "message_type": "message_type", "queue": "original_queue"}[by]
+    values = [field, "group_title", "exception_type"] if by == "exception" else [field]
+    rows = qs.values(*values).annotate(n=Count("pk"), first=Min("first_failed_at"), last=Max("time_of_failure")) \
+        .order_by("-n", "-last")[:200]
+    out = []
+    for r in rows:
+        key = r[field]
+        title = r.get("group_title") or key or "(none)"
+        filt = {"group": key} if by == "exception" else ({"type": key} if by == "message_type" else {"queue": key})
+        out.append({"key": key, "title": title, "count": r["n"], "first": r["first"], "last": r["last"],
+                    "filter": filt, "bulk": by == "exception" or bool(key),
+                    "confirm": f"Retry the {r['n']} message(s) of this group? Each goes back to its queue and is "
+                               "processed again: side effects may repeat."})
+    return out
+
+
+def _page_of(qs, request: HttpRequest):
+    """Keyset page: newest failure first; ``before=<iso time>,<pk>`` continues after a row."""
+    before = request.GET.get("before", "")
+    if before:
+        when, _, pk = before.rpartition(",")
+        try:
+            at = dt.datetime.fromisoformat(when)
+            qs = qs.filter(Q(time_of_failure__lt=at) | Q(time_of_failure=at, pk__lt=int(pk)))
+        except ValueError:
+            pass
+    rows = list(qs.defer("body", "headers", "stack_trace", "history")[:PAGE_SIZE + 1])
+    more = len(rows) > PAGE_SIZE
+    rows = rows[:PAGE_SIZE]
+    next_before = f"{rows[-1].time_of_failure.isoformat()},{rows[-1].pk}" if more and rows else ""
+    return rows, next_before
+
+
+def recent_operations() -> tuple[list[BulkOperation], bool]:
+    ops = list(BulkOperation.objects.order_by("-created_at", "-id")[:RECENT_OPERATIONS])
+    running = any(op.status in (BulkOperationStatus.PENDING, BulkOperationStatus.RUNNING) for op in ops)
+    return ops, running
+
+
+@viewer_required
+@require_GET
+def failed_list(request: HttpRequest) -> HttpResponse:
+    f = _filters(request)
+    by = request.GET.get("by", "exception")
+    if by not in GROUPINGS:
+        by = "exception"
+    qs = _search(request, f)
+    rows, next_before = _page_of(qs, request)
+    ops, running = recent_operations()
+    keep = {k: v for k, v in f.items() if v and not (k == "status" and v == "unresolved")}
+    filtered = any(k != "status" for k in keep)
+    matching = qs.count() if filtered or f["status"] != "all" else None
+    return page(request, "dashboard/failed.html", {
+        "section": "failed", "f": f, "by": by, "by_label": GROUPINGS[by], "groupings": GROUPINGS, "statuses": STATUSES,
+        "groups": _groups(by, f), "rows": rows, "matching": matching, "filtered": filtered,
+        "next_url": f"?{urlencode({**keep, 'by': by, 'before': next_before})}" if next_before else "",
+        "first_url": f"?{urlencode({**keep, 'by': by})}" if request.GET.get("before") else "",
+        "this_url": request.get_full_path(), "operations": ops, "running": running,
+    })
+
+
+@viewer_required
+@require_GET
+def operations(request: HttpRequest) -> HttpResponse:
+    """The recent-operations region: polled every second while one is pending or running;
+    once none is, the fragment carries no trigger and the polling stops."""
+    ops, running = recent_operations()
+    return page(request, "dashboard/partials/operations.html", {"operations": ops, "running": running})
+
+
+@viewer_required
+@require_GET
+def failed_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    record = get_object_or_404(FailedMessage, pk=pk)
+    headers = failures.headers_of(record)
+    return page(request, "dashboard/failed_detail.html", {
+        "section": "failed", "record": record, "headers": ordered_headers(headers, PINNED),
+        "body": body_view(record.body), "history": list(reversed(record.history or [])),
+        "editable": record.status in (FailureStatus.UNRESOLVED, FailureStatus.ARCHIVED),
+    })
+
+
+@viewer_required
+@require_GET
+def failed_body(request: HttpRequest, pk: int) -> HttpResponse:
+    record = get_object_or_404(FailedMessage, pk=pk)
+    return download(record.body, f"failed-{record.message_id}")
+
+
+# -- acting ------------------------------------------------------------------------------------
+
+def _selection(request: HttpRequest) -> dict[str, Any]:
+    """What a form selected, as dashboard.actions.parse_selection takes it: ``ids`` (checkboxes:
+    record ids), a ``group``, or ``all`` (optionally of a ``queue`` / ``message_type``); archive
+    forms may add ``older_than_days``.  The action validates it."""
+    p = request.POST
+    sel: dict[str, Any] = {}
+    ids = [i for i in p.getlist("ids") if i]
+    if ids:
+        sel["ids"] = ids
+    elif p.get("group"):
+        sel["group"] = p["group"]
+    elif p.get("all"):
+        sel["all"] = True
+        if p.get("queue"):
+            sel["queue"] = p["queue"]
+        if p.get("type"):
+            sel["message_type"] = p["type"]
+    if p.get("older_than_days"):
+        sel["older_than_days"] = p["older_than_days"]
+    return sel
+
+
+def _bulk_view(start: Callable[..., Any]) -> Callable[[HttpRequest], HttpResponse]:
+    """A POST view running one of the bulk actions on the form's selection."""
+    @viewer_required
+    @require_POST
+    def view(request: HttpRequest) -> HttpResponse:
+        selection = _selection(request)
+        return act(request, lambda: start(request.user, selection, via="web"),
+                   back_to(request, reverse("dashboard:failed")))
+
+    view.__name__ = view.__qualname__ = start.__name__
+    return view
+
+
+retry = _bulk_view(actions.retry_failed)
+archive = _bulk_view(actions.archive_failed)
+restore = _bulk_view(actions.restore_failed)
+
+
+@viewer_required
+@require_POST
+def delete(request: HttpRequest) -> HttpResponse:
+    selection = _selection(request)
+    listing = reverse("dashboard:failed")
+    after = back_to(request, listing)
+    if after.rstrip("/").rsplit("/", 1)[-1].isdigit():  # the deleted record's own page is gone
+        after = listing
+    return act(request, lambda: actions.delete_failed(request.user, selection, via="web"), after)
+
+
+PROTECTED_NOTE = ("Identity headers stay as they are: the copy gets a new message id and keeps the original as "
+                  "correlation id.")
+
+
+@viewer_required
+def edit_retry(request: HttpRequest, pk: int) -> HttpResponse:
+    """GET: the form (body, non-protected headers; protected ones locked).  POST: send the copy."""
+    record = get_object_or_404(FailedMessage, pk=pk)
+    stored = failures.headers_of(record)
+    protected = set(actions.PROTECTED_HEADERS)
+    editable = {k: v for k, v in stored.items()
+                if k not in protected and k not in failures.FAILURE_HEADERS
+                and not k.startswith(failures.EXCEPTION_INFO_PREFIX)}
+    locked = [(k, stored[k]) for k in sorted(protected) if k in stored]
+    body = bytes(record.body or b"")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if request.method == "POST":
+        if text is None:
+            return error_response(request, "This body is not text; it cannot be edited here.", 400)
+        keys, values = request.POST.getlist("hk"), request.POST.getlist("hv")
+        # Protected headers are not in the form: they go along unchanged.
+        headers = {**dict(locked), **{k.strip(): v for k, v in zip(keys, values) if k.strip()}}
+        new_body = request.POST.get("body", "")
+        return act(request, lambda: actions.edit_and_retry(request.user, record.pk, new_body, headers, via="web"),
+                   reverse("dashboard:failed-detail", args=[record.pk]))
+    if text is None:
+        return error_response(request, "This body is not text; it cannot be edited here (download it instead).", 400)
+    return page(request, "dashboard/failed_edit.html", {
+        "section": "failed", "record": record, "text": text, "editable": sorted(editable.items()),
+        "locked": locked, "note": PROTECTED_NOTE, "blank_rows": range(3),
+        "can_edit": record.status in (FailureStatus.UNRESOLVED, FailureStatus.ARCHIVED),
+    })

@@ -1,0 +1,32 @@
+"""``GET /healthz``: open to anyone (load balancers, probes), no login."""
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+from django.db import DatabaseError, connection
+from django.http import HttpRequest, JsonResponse
+
+from core.health import read_health
+
+log = logging.getLogger("sluice.dashboard")
+
+
+def healthz(request: HttpRequest) -> JsonResponse:
+    """Database, Redis and workers (heartbeats with loop and breaker states).
+
+    200 while the database answers — Redis down only degrades (messages flow without
+    it) — and 503 when the database does not."""
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        database = "up"
+    except DatabaseError as exc:
+        log.warning("healthz: database down: %s", exc)
+        database = "down"
+    health = read_health(settings.REDIS_URL)
+    triggered = [b["name"] for w in health["workers"] for b in w["breakers"] if b["state"] == "triggered"]
+    ok = database == "up" and health["redis"] == "up" and not triggered
+    body = {"status": "ok" if ok else ("down" if database == "down" else "degraded"),
+            "database": database, "triggered_breakers": triggered, **health}
+    return JsonResponse(body, status=200 if database == "up" else 503)
