@@ -18,4 +18,5 @@ BENCHMARKS: dict[str, str] = {
     "delayed": "benchmarks.delayed",
     "purge": "benchmarks.purge",
     "outbox": "benchmarks.outbox",
+    "dashboard": "benchmarks.dashboard",
 }

@@ -178,6 +178,10 @@ class SluiceSettings:
     def delayed_table(self) -> str:
         return self.DELAYED_TABLE or f"{self.ENDPOINT}.delayed"
 
+    @property
+    def outbox_table(self) -> str:
+        return self.OUTBOX_TABLE or f"sluice_outbox_{self.ENDPOINT}"
+
 
 FIELDS = {f.name: f for f in dataclasses.fields(SluiceSettings) if f.name != "extra"}
 

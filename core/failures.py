@@ -34,11 +34,13 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping, NamedTuple
 
 from django.db import DatabaseError, IntegrityError, connections, transaction
-from django.db.models import Count, F, Max, Q, QuerySet
+from django.db.models import Count, F, Max, Min, Q, QuerySet, TextField
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from core.breakers import RepeatedFailuresOverTimeCircuitBreaker
 from core.conf import get_settings
+from core.dialects import dialect_for
 from core.errors import InvalidMessage, PoisonMessage, SluiceError, UnknownQueue
 from core.messages import Headers, Message, encode_headers, parse_wire_time, timespan, wire_time
 from core.models import BulkOperation, BulkOperationStatus, FailedMessage, FailureStatus
@@ -767,6 +769,7 @@ class FailureGroup(NamedTuple):
     count: int
     last_failed: dt.datetime
     exception_type: str
+    first_failed: dt.datetime | None = None
 
 
 def groups(by: str = "exception", status: str = FailureStatus.UNRESOLVED, using: str | None = None,
@@ -781,15 +784,24 @@ def groups(by: str = "exception", status: str = FailureStatus.UNRESOLVED, using:
     if message_type:
         qs = qs.filter(message_type=message_type)
     if by == "exception":
-        rows = qs.values("group_key", "group_title", "exception_type").annotate(
-            n=Count("pk"), last=Max("time_of_failure")).order_by("-n", "-last")
-        return [FailureGroup(r["group_key"], r["group_title"], r["n"], r["last"], r["exception_type"])
-                for r in rows]
+        # Counted by key alone from index sluice_fm_status_groups; each group's title and
+        # exception type come from one of its rows (the key is a hash of both), fetched by id.
+        rows = list(qs.order_by().values("group_key").annotate(
+            n=Count("pk"), first=Min("time_of_failure"), last=Max("time_of_failure"), one=Max("pk"))
+            .order_by("-n", "-last"))
+        titles: dict[int, tuple[str, str]] = {}
+        for chunk in _chunks([r["one"] for r in rows], MAX_IN):
+            for pk, title, exception_type in _base(using).filter(pk__in=chunk).values_list(
+                    "pk", "group_title", "exception_type"):
+                titles[pk] = (title, exception_type)
+        return [FailureGroup(r["group_key"], titles.get(r["one"], (r["group_key"],))[0], r["n"], r["last"],
+                             titles.get(r["one"], ("", ""))[1], r["first"]) for r in rows]
     field = {"message_type": "message_type", "queue": "original_queue"}.get(by)
     if field is None:
         raise ValueError('groups(by=...) must be "exception", "message_type" or "queue"')
-    rows = qs.values(field).annotate(n=Count("pk"), last=Max("time_of_failure")).order_by("-n", "-last")
-    return [FailureGroup(r[field], r[field] or "(none)", r["n"], r["last"], "") for r in rows]
+    rows = qs.order_by().values(field).annotate(n=Count("pk"), first=Min("time_of_failure"),
+                                                last=Max("time_of_failure")).order_by("-n", "-last")
+    return [FailureGroup(r[field], r[field] or "(none)", r["n"], r["last"], "", r["first"]) for r in rows]
 
 
 def search(text: str | None = None, exception: str | None = None, message_id: str | None = None,
@@ -803,7 +815,11 @@ def search(text: str | None = None, exception: str | None = None, message_id: st
     ``since`` / ``until`` bound time_of_failure (inclusive / exclusive)."""
     using = using or get_settings().DATABASE
     qs = _base(using).all()
-    if text:
+    haystack = dialect_for(connections[using]).failed_search_expression() if text else None
+    if text and haystack:  # one indexed expression (PostgreSQL: trigram index sluice_fm_search)
+        qs = qs.alias(haystack=RawSQL(haystack, [], output_field=TextField())).filter(
+            haystack__contains=text.upper())
+    elif text:
         qs = qs.filter(Q(message_id__icontains=text) | Q(exception_type__icontains=text)
                        | Q(exception_message__icontains=text) | Q(message_type__icontains=text)
                        | Q(original_queue__icontains=text))

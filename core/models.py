@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from core.conf import get_settings
+
 
 class QueueKind(models.TextChoices):
     NORMAL = "normal", "normal"
@@ -104,6 +106,8 @@ class FailedMessage(models.Model):
             models.Index(fields=["message_type", "status"], name="sluice_fm_type"),
             models.Index(fields=["time_of_failure"], name="sluice_fm_time"),
             models.Index(fields=["status", "archived_at"], name="sluice_fm_archived"),
+            # Groups of a status (core.failures.groups, the dashboard) from the index alone.
+            models.Index(fields=["status", "group_key", "time_of_failure", "id"], name="sluice_fm_status_groups"),
         ]
 
     def __str__(self) -> str:
@@ -151,3 +155,49 @@ class BulkOperation(models.Model):
         if self.status == BulkOperationStatus.FINISHED:
             return 1.0
         return min((self.done + self.failed) / self.total, 1.0) if self.total else 0.0
+
+
+# -- the delayed store and outbox tables (SQL owned by core/dialects; read-only models) ----------
+
+
+class DelayedMessageRow(models.Model):
+    """A row of the delayed-message store table (``SLUICE_DELAYED_TABLE``), for reading
+    through the ORM and the admin.  Storing and moving go through core.delayed."""
+
+    id = models.CharField(max_length=250, primary_key=True, db_column="Id")
+    destination = models.CharField(max_length=200, db_column="Destination")
+    state = models.BinaryField(null=True, db_column="State")
+    time = models.DateTimeField(db_column="Time")
+    headers = models.TextField(db_column="Headers")
+    retry_count = models.IntegerField(default=0, db_column="RetryCount")
+
+    class Meta:
+        managed = False
+        db_table = get_settings().delayed_table
+        ordering = ["time", "id"]
+        verbose_name = "delayed message"
+
+    def __str__(self) -> str:
+        return f"{self.id} → {self.destination} at {self.time}"
+
+
+class OutboxRecord(models.Model):
+    """A record of the outbox table (``SLUICE_OUTBOX_TABLE``), for reading through the ORM
+    and the admin.  Storing and dispatching go through core.outbox."""
+
+    message_id = models.CharField(max_length=200, primary_key=True, db_column="MessageId")
+    dispatched = models.BooleanField(default=False, db_column="Dispatched")
+    dispatched_at = models.DateTimeField(null=True, db_column="DispatchedAt")
+    persistence_version = models.CharField(max_length=23, db_column="PersistenceVersion")
+    operations = models.TextField(db_column="Operations")
+    created_at = models.DateTimeField(db_column="CreatedAt")
+    quarantined = models.BooleanField(default=False, db_column="Quarantined")
+    last_error = models.TextField(null=True, db_column="LastError")
+
+    class Meta:
+        managed = False
+        db_table = get_settings().outbox_table
+        ordering = ["created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.message_id} ({'dispatched' if self.dispatched else 'undispatched'})"

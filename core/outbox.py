@@ -104,7 +104,7 @@ def outbox_table(settings=None) -> str:
     The ``sluice_`` prefix keeps it out of the queue namespace (queue names cannot start
     with it).  Validated like queue names, and always quoted in SQL."""
     s = settings or get_settings()
-    name = s.OUTBOX_TABLE or f"sluice_outbox_{s.ENDPOINT}"
+    name = s.outbox_table
     if len(name) > MAX_TABLE_NAME_LENGTH or not TABLE_NAME_RE.match(name):
         raise ConfigurationError(
             f"outbox table name {name!r} must be 1–{MAX_TABLE_NAME_LENGTH} letters, digits, '_', '.' or '-' "

@@ -425,6 +425,16 @@ class Dialect(abc.ABC):
     def queue_stats_params(self, count: int, cap: int) -> list[Any]:
         return [v for i in range(count) for v in (i, cap, cap)]
 
+    def failed_search_expression(self) -> str | None:
+        """An SQL expression over a sluice_failed_message row that free-text search matches
+        with ``LIKE '%TEXT%'`` (upper case), when the database can index it; None: search
+        compares the columns one by one."""
+        return None
+
+    def failed_search_indexes(self) -> list[tuple[str, list[Any]]]:
+        """Statements that index :meth:`failed_search_expression` (none without one)."""
+        return []
+
     def delayed_stats(self, name: str) -> str:
         """Per destination among the %s earliest delayed messages: (destination, due now, all)."""
         c = self._col

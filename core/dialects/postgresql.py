@@ -176,3 +176,14 @@ class PostgreSQLDialect(DelayedSQL, Dialect):
 
     def outbox_size(self, name: str) -> tuple[str, list[Any]]:
         return ("SELECT COALESCE(pg_total_relation_size(to_regclass(%s)), 0)", [self.table(name)])
+
+    # -- dashboard: free-text search over failed messages through a trigram index -------------
+    def failed_search_expression(self) -> str:
+        return ('UPPER("message_id" || \' \' || "exception_type" || \' \' || "exception_message" || \' \' '
+                '|| "message_type" || \' \' || "original_queue")')
+
+    def failed_search_indexes(self) -> list[tuple[str, list[Any]]]:
+        # pg_trgm is a trusted extension (PostgreSQL 13+): the database owner may create it.
+        return [("CREATE EXTENSION IF NOT EXISTS pg_trgm", []),
+                ("CREATE INDEX IF NOT EXISTS sluice_fm_search ON sluice_failed_message "
+                 f"USING gin (({self.failed_search_expression()}) gin_trgm_ops)", [])]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Callable
 
-from django.db.models import Count, Max, Min
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
@@ -183,22 +182,13 @@ class FailedGroups(APIView):
         status_ = request.query_params.get("status") or FailureStatus.UNRESOLVED
         if status_ not in FailureStatus.values:
             raise ActionError(f"status must be one of {', '.join(FailureStatus.values)}")
-        field = {"exception": "group_key", "message_type": "message_type", "queue": "original_queue"}.get(by)
-        if field is None:
+        if by not in ("exception", "message_type", "queue"):
             raise ActionError('by must be "exception", "message_type" or "queue"')
-        rows = list(FailedMessage.objects.filter(status=status_).order_by().values(field).annotate(
-            n=Count("pk"), first=Min("time_of_failure"), last=Max("time_of_failure")).order_by("-n", "-last")[:1000])
-        titles: dict[str, str] = {}
-        if field == "group_key":
-            keys = [r[field] for r in rows]
-            for i in range(0, len(keys), failures.MAX_IN):
-                for key, title in (FailedMessage.objects.filter(group_key__in=keys[i:i + failures.MAX_IN])
-                                   .order_by().values_list("group_key", "group_title").distinct()):
-                    titles.setdefault(key, title)
         return Response({"groups": [
-            {"key": r[field], "title": titles.get(r[field]) or r[field] or "(none)", "count": r["n"],
-             "first_failed_at": r["first"].isoformat(), "last_failed_at": r["last"].isoformat()}
-            for r in rows]})
+            {"key": g.group_key, "title": g.title, "count": g.count,
+             "first_failed_at": g.first_failed.isoformat() if g.first_failed else None,
+             "last_failed_at": g.last_failed.isoformat(), "exception_type": g.exception_type}
+            for g in failures.groups(by=by, status=status_)[:1000]]})
 
 
 class FailedItem(APIView):

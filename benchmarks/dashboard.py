@@ -1,0 +1,235 @@
+"""How fast the dashboard answers with a lot of data.
+
+    python -m benchmarks dashboard --db sqlite|postgresql [--messages N] [--queues Q] [--failed F]
+                                   [--requests R] [--target pages|api]
+
+Fills Q queues (default 100) with N messages in all (default 1,000,000) and F failed-message
+records (default 50,000; 250 groups, 80 % unresolved) with bulk statements (not timed), then
+times, through Django's test client as a logged-in operator, R requests each (default 40,
+after 2 warm-ups) of:
+
+- ``overview``: ``/`` (pages) or ``/api/queues/`` (api) — the cached statistics snapshot;
+- ``queue``: one queue's first page of messages;
+- ``groups``: the failed-message groups;
+- ``search``: a text search over failed messages.
+
+Also measured: one uncached statistics snapshot (``snapshot_uncached_ms``, what a refresh
+costs once per SLUICE_DASHBOARD_CACHE_SECONDS) and the API endpoints when timing pages.
+Result: ``overview_ms_p95``, ``queue_ms_p95``, ``groups_ms_p95``, ``search_ms_p95``,
+``messages``, ``failed`` and more.  Aim: every p95 under 150 ms.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import time
+import uuid
+from typing import Any, Callable
+
+from benchmarks import common
+from benchmarks.common import (
+    BenchmarkError, Progress, add_database_argument, database_version, emit_result, log, positive_int, run_main,
+    setup_django,
+)
+
+HELP = "dashboard and JSON API response times with 1,000,000 messages and 50,000 failed messages"
+DATABASE_NAME = "sluice_bench_dashboard"
+GROUPS = 250
+TYPES = ("Orders.PlaceOrder", "Billing.ChargeCard", "Shipping.ShipOrder", "Mail.SendReceipt")
+EXCEPTIONS = ("TimeoutError", "ValueError", "KeyError", "ConnectionResetError", "PermissionError")
+SEARCH_TEXT = "customer 4711"
+INSERT_BATCH = 5000
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_database_argument(parser)
+    parser.add_argument("--messages", type=positive_int, default=1_000_000, metavar="N",
+                        help="messages in all queues together (default 1,000,000)")
+    parser.add_argument("--queues", type=positive_int, default=100, metavar="Q", help="queues (default 100)")
+    parser.add_argument("--failed", type=positive_int, default=50_000, metavar="F",
+                        help="failed-message records (default 50,000)")
+    parser.add_argument("--requests", type=positive_int, default=40, metavar="R",
+                        help="timed requests per page (default 40)")
+    parser.add_argument("--target", choices=("pages", "api"), default="pages",
+                        help="time the HTML pages (default) or the JSON API")
+
+
+def main(argv: list[str] | None = None) -> int:
+    def body(argv):
+        parser = argparse.ArgumentParser(prog="python -m benchmarks dashboard", description=HELP)
+        add_arguments(parser)
+        emit_result(run(parser.parse_args(argv)))
+
+    return run_main(body, argv)
+
+
+# -- filling ----------------------------------------------------------------------------------
+
+def fill_queues(queues: int, messages: int) -> list[str]:
+    """``queues`` queues with ``messages`` rows in all, by executemany of the dialect's INSERT
+    (one round trip per batch on PostgreSQL); 5 % of them already expired."""
+    from django.db import connection, transaction
+
+    from core.messages import Headers, encode_headers, wire_time
+    from core.queues import create_queue, dialect
+
+    names = [f"bench_q{i:03d}" for i in range(queues)]
+    for name in names:
+        create_queue(name)
+    d = dialect()
+    now = dt.datetime.now(dt.timezone.utc)
+    past, future = d.datetime_param(now - dt.timedelta(hours=1)), d.datetime_param(now + dt.timedelta(days=7))
+    progress = Progress("filling queues", messages)
+    done = 0
+    per_queue = [messages // queues + (1 if i < messages % queues else 0) for i in range(queues)]
+    for name, count in zip(names, per_queue):
+        sql = d.insert_with_expires(name)
+        for start in range(0, count, INSERT_BATCH):
+            rows = []
+            for i in range(start, min(start + INSERT_BATCH, count)):
+                mid = str(uuid.uuid4())
+                headers = encode_headers({Headers.MESSAGE_ID: mid, Headers.ENCLOSED_MESSAGE_TYPES: TYPES[i % 4],
+                                          Headers.TIME_SENT: wire_time(now - dt.timedelta(seconds=count - i)),
+                                          Headers.CONTENT_TYPE: "application/json"})
+                rows.append([mid, mid, None, past if i % 20 == 0 else future, headers,
+                             json.dumps({"order": i, "queue": name}).encode()])
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.executemany(sql, rows)
+            done += len(rows)
+            progress.update(done)
+    progress.done()
+    return names
+
+
+def fill_failed(count: int, queues: list[str]) -> None:
+    """``count`` failed-message records in GROUPS groups, by bulk_create."""
+    from core.failures import group_of
+    from core.messages import Headers, encode_headers
+    from core.models import FailedMessage, FailureStatus
+
+    now = dt.datetime.now(dt.timezone.utc)
+    groups = []
+    for g in range(GROUPS):
+        exc = EXCEPTIONS[g % len(EXCEPTIONS)]
+        trace = f'Traceback (most recent call last):\n  File "app/handlers{g}.py", line 10, in handle_{g}\n{exc}: x'
+        groups.append((exc, trace, *group_of(exc, trace)))
+    progress = Progress("filling failed messages", count)
+    batch: list[FailedMessage] = []
+    for i in range(count):
+        exc, trace, key, title = groups[(i * 7919) % GROUPS]
+        when = now - dt.timedelta(minutes=i)
+        status = FailureStatus.UNRESOLVED if i % 10 < 8 else (
+            FailureStatus.ARCHIVED if i % 10 == 8 else FailureStatus.RESOLVED)
+        mid = str(uuid.uuid4())
+        queue = queues[i % len(queues)]
+        customer = f"customer {i % 5000}"
+        batch.append(FailedMessage(
+            message_id=mid, original_queue=queue, message_type=TYPES[i % 4], exception_type=exc,
+            exception_message=f"could not process order {i} for {customer}", stack_trace=trace, group_key=key,
+            group_title=title, time_of_failure=when, attempts=6, status=status,
+            headers=encode_headers({Headers.MESSAGE_ID: mid, Headers.FAILED_Q: queue}),
+            body=json.dumps({"order": i}).encode(), first_failed_at=when, last_failed_at=when,
+            archived_at=when if status == FailureStatus.ARCHIVED else None,
+            resolved_at=when if status == FailureStatus.RESOLVED else None,
+            history=[{"at": when.isoformat(), "event": "failed", "exception_type": exc}]))
+        if len(batch) == 2000:
+            FailedMessage.objects.bulk_create(batch)
+            batch = []
+            progress.update(i + 1)
+    if batch:
+        FailedMessage.objects.bulk_create(batch)
+    progress.update(count)
+    progress.done()
+
+
+def analyse() -> None:
+    """Visibility map and planner statistics fresh, as autovacuum leaves them after a bulk
+    load (VACUUM and ANALYZE mean the same on SQLite and PostgreSQL)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM")
+        cursor.execute("ANALYZE")
+
+
+# -- timing --------------------------------------------------------------------------------------
+
+def p95(samples: list[float]) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
+
+
+def time_get(client, url: str, requests: int) -> dict[str, float]:
+    for _ in range(2):
+        response = client.get(url)
+        if response.status_code != 200:
+            raise BenchmarkError(f"GET {url} answered {response.status_code}: {response.content[:300]!r}")
+    samples = []
+    for _ in range(requests):
+        started = time.perf_counter()
+        response = client.get(url)
+        samples.append((time.perf_counter() - started) * 1000)
+        if response.status_code != 200:
+            raise BenchmarkError(f"GET {url} answered {response.status_code}")
+    return {"p50": statistics.median(samples), "p95": p95(samples), "max": max(samples)}
+
+
+def timed(label: str, fn: Callable[[], Any]) -> float:
+    started = time.perf_counter()
+    fn()
+    ms = (time.perf_counter() - started) * 1000
+    log(f"{label}: {ms:.1f} ms")
+    return ms
+
+
+def urls(target: str, queue: str) -> dict[str, str]:
+    if target == "api":
+        return {"overview": "/api/queues/", "queue": f"/api/queues/{queue}/messages/?limit=50",
+                "groups": "/api/failed/groups/", "search": f"/api/failed/?q={SEARCH_TEXT.replace(' ', '+')}&limit=50"}
+    return {"overview": "/", "queue": f"/queues/{queue}/", "groups": "/failed/",
+            "search": f"/failed/?q={SEARCH_TEXT.replace(' ', '+')}&status=all"}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.messages < args.queues:
+        raise BenchmarkError("--messages must be at least --queues")
+    with common.bench_database(args.db, DATABASE_NAME) as url:
+        setup_django(url)
+        from django.contrib.auth.models import User
+        from django.test import Client
+        from django.test.utils import setup_test_environment
+
+        from dashboard import stats
+
+        from django.conf import settings
+        from django.test.utils import override_settings
+
+        setup_test_environment()  # ALLOWED_HOSTS for the test client
+        # Plain static names: no collectstatic manifest is needed to render the pages.
+        override_settings(STORAGES={**settings.STORAGES, "staticfiles": {
+            "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}).enable()
+        queues = fill_queues(args.queues, args.messages)
+        fill_failed(args.failed, queues)
+        analyse()
+        stats.clear_cache()
+        operator = User.objects.create_superuser("bench", password=None)
+        client = Client()
+        client.force_login(operator)
+        snapshot_ms = timed("statistics snapshot, uncached", lambda: stats.snapshot(max_age=0))
+        result: dict[str, Any] = {"db": args.db, "db_version": database_version(), "target": args.target,
+                                  "messages": args.messages, "queues": args.queues, "failed": args.failed,
+                                  "requests": args.requests, "snapshot_uncached_ms": snapshot_ms}
+        queue = queues[len(queues) // 2]
+        for name, path in urls(args.target, queue).items():
+            timing = time_get(client, path, args.requests)
+            log(f"{name} {path}: p50 {timing['p50']:.1f} ms, p95 {timing['p95']:.1f} ms, max {timing['max']:.1f} ms")
+            result[f"{name}_ms_p95"] = timing["p95"]
+            result[f"{name}_ms_p50"] = timing["p50"]
+        if args.target == "pages":
+            for name, path in urls("api", queue).items():
+                timing = time_get(client, path, args.requests)
+                log(f"api {name} {path}: p95 {timing['p95']:.1f} ms")
+                result[f"api_{name}_ms_p95"] = timing["p95"]
+        return result
