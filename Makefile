@@ -2,7 +2,7 @@
 # venv and system libraries; scripts/services.sh installs/starts PostgreSQL, Redis and
 # Chromium), so `make test` and `make run` work on a fresh Debian 12 machine.
 #
-#   make run                 migrate, set up queues, run dashboard + worker (Ctrl-C stops)
+#   make run                 migrate, set up, serve the dashboard (gunicorn; prints a login) + worker (Ctrl-C stops)
 #   make test                import contracts, then pytest on SQLite and on PostgreSQL
 #   make test-sqlite         pytest on SQLite only
 #   make test-postgresql     pytest on PostgreSQL only
@@ -12,7 +12,7 @@
 #   make clean               remove var/ and caches (keeps .venv)
 #
 # Variables: PYTEST_ARGS="-k foo -x", BENCH_ARGS="...", PG_URL=postgresql://...,
-#            DEMO=0 (make run without demo traffic).
+#            DEMO=0 (make run without demo traffic), RUN_ADDR=127.0.0.1:8080 (where make run serves).
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help

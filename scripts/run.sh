@@ -1,13 +1,22 @@
 #!/usr/bin/env bash
-# Local demo: start Redis, migrate, create the queues, then run the web dashboard and one
-# Celery worker (hosting Sluice's pumps and delayed mover, with beat embedded for the
-# periodic tasks) side by side until Ctrl-C. Used by `make run` (after scripts/bootstrap.sh).
+# Local demo: start Redis, migrate, create the queues, collect static files, create the
+# dashboard login, then run the web dashboard (gunicorn) and one Celery worker (hosting
+# Sluice's pumps and delayed mover, with beat embedded for the periodic tasks) side by
+# side until Ctrl-C. Used by `make run` (after scripts/bootstrap.sh).
+#
+# The web app runs as in production — gunicorn with sluice/gunicorn_conf.py, DEBUG off,
+# WhiteNoise serving the collected static files — so what the demo shows is what a
+# deployment serves (no development server, no --insecure static serving), only without
+# HTTPS on loopback.
 #
 # Environment:
 #   DATABASE_URL    default sqlite:///var/sluice.sqlite3 (see sluice/settings.py)
 #   DEMO=0          run the worker without demo traffic (SLUICE_DEMO_TRAFFIC=0)
-#   RUN_ADDR        runserver address, default 127.0.0.1:8000
+#   RUN_ADDR        address gunicorn binds, default 127.0.0.1:8000
 #   STOP_TIMEOUT    seconds to wait for the children after INT/TERM before SIGKILL (default 20)
+#   SLUICE_RUN_DIR  local state (default var): secret_key and admin_password (generated
+#                   once, kept), static/ (collectstatic), access.log, the beat schedule
+#   DJANGO_SECRET_KEY  used when set, instead of $SLUICE_RUN_DIR/secret_key
 #
 # Ctrl-C / SIGTERM: both children get the same signal, are waited for, exit 0.
 # If one child dies on its own, the other is stopped and the script exits non-zero.
@@ -21,19 +30,42 @@ STOP_TIMEOUT=${STOP_TIMEOUT:-20}
 
 say() { printf '[run] %s\n' "$*" >&2; }
 
-mkdir -p var
+RUN_DIR=${SLUICE_RUN_DIR:-var}
+mkdir -p "$RUN_DIR"
+RUN_DIR=$(cd "$RUN_DIR" && pwd)
+ADMIN_USER=admin
+
+# new_secret FILE: a random token written once (mode 600) and kept: sessions and the
+# login survive restarts. var/ is in .gitignore.
+new_secret() {
+    [ -s "$1" ] || (umask 077 && "$PY" -c 'import secrets; print(secrets.token_urlsafe(int(__import__("sys").argv[1])))' "$2" > "$1")
+}
+# Outside DEBUG the servers refuse the published development key (core/startup.py).
+if [ -z "${DJANGO_SECRET_KEY:-}" ]; then
+    new_secret "$RUN_DIR/secret_key" 50
+    DJANGO_SECRET_KEY=$(cat "$RUN_DIR/secret_key")
+    export DJANGO_SECRET_KEY
+fi
+export DJANGO_STATIC_ROOT=${DJANGO_STATIC_ROOT:-$RUN_DIR/static}
+
 bash scripts/services.sh redis
 "$PY" manage.py migrate --noinput
 "$PY" manage.py sluice setup
+"$PY" manage.py collectstatic --noinput -v0
+# A login for the dashboard: operator role (may act), password generated once.
+new_secret "$RUN_DIR/admin_password" 12
+"$PY" manage.py sluice user add "$ADMIN_USER" --role operator --password "$(cat "$RUN_DIR/admin_password")" --update
 
 # One Celery worker: the bootstep runs the pumps, the mover and the health heartbeat;
 # -B embeds beat (purge, idle queues, error ingestion). Demo traffic unless DEMO=0.
 export SLUICE_DEMO_TRAFFIC=1
 [ "${DEMO:-1}" = 0 ] && export SLUICE_DEMO_TRAFFIC=0
-worker_cmd=(.venv/bin/celery -A workers worker -B --pool=threads --concurrency=2 --loglevel=info
-            --schedule=var/celerybeat-schedule --hostname="sluice@%h")
-# --insecure: serve static files (admin, dashboard assets) although DEBUG is off.
-web_cmd=("$PY" manage.py runserver "$RUN_ADDR" --noreload --insecure)
+worker_cmd=("$PY" -m celery -A workers worker -B --pool=threads --concurrency=2 --loglevel=info
+            --schedule="$RUN_DIR/celerybeat-schedule" --hostname="sluice@%h")
+# gunicorn as in production (sluice/gunicorn_conf.py); the access log goes to a file here
+# because the dashboard's polling would bury the worker's log in this terminal.
+web_cmd=("$PY" -m gunicorn -c python:sluice.gunicorn_conf --bind "$RUN_ADDR"
+         --access-logfile "$RUN_DIR/access.log" sluice.wsgi)
 
 # Job control puts each child in its own process group: a terminal Ctrl-C reaches
 # only this script, which forwards exactly one signal to each child. (Without it,
@@ -83,10 +115,46 @@ web_pid=$!
 "${worker_cmd[@]}" &
 worker_pid=$!
 
-say "web dashboard: http://$RUN_ADDR/  (admin: http://$RUN_ADDR/admin/)"
+# serving URL: true once the web app answers (any HTTP status: /healthz says 503 while
+# the database is down, but the server is up).
+serving() {
+    "$PY" - "$1" <<'PYEOF' >/dev/null 2>&1
+import sys, urllib.error, urllib.request
+try:
+    urllib.request.urlopen(sys.argv[1], timeout=10)
+except urllib.error.HTTPError:
+    pass
+PYEOF
+}
+
+# worker_up: the worker's loops started (its heartbeat is in Redis; core/health.py names
+# it <host>:<pid>); by then its start-up banner is printed and cannot bury the login.
+worker_up() {
+    [ -n "$(redis-cli -u "${REDIS_URL:-redis://127.0.0.1:6379/0}" --scan \
+            --pattern "sluice:worker:$(hostname):$worker_pid" 2>/dev/null)" ]
+}
+
+url="http://$RUN_ADDR/"
+web_up=0
+for ((i = 0; i < 900; i++)); do
+    alive "$web_pid" && alive "$worker_pid" || break
+    if [ "$web_up" = 0 ] && serving "${url}healthz"; then web_up=1; fi
+    [ "$web_up" = 1 ] && worker_up && break
+    sleep 0.1
+done
+
 say "worker: celery worker + beat (pid $worker_pid; its log is this terminal; demo traffic: $SLUICE_DEMO_TRAFFIC)"
+say "web: gunicorn (pid $web_pid; access log $RUN_DIR/access.log)"
 say "status: .venv/bin/python manage.py sluice status"
 say "database: ${DATABASE_URL:-sqlite:///var/sluice.sqlite3}"
+if alive "$web_pid"; then
+    say "=================================================================="
+    say "  Sluice dashboard: $url"
+    say "  log in as:        $ADMIN_USER"
+    say "  password:         $(cat "$RUN_DIR/admin_password")"
+    say "  (role operator; the password is kept in $RUN_DIR/admin_password)"
+    say "=================================================================="
+fi
 say "press Ctrl-C to stop both"
 
 # Wait for the first child to exit. A trapped signal interrupts `wait` and runs on_signal.

@@ -269,7 +269,9 @@ def test_celery_worker_and_beat_log_json_lines(tmp_path):
 
 # -- `make run` as a new user runs it -----------------------------------------------------------------------
 
-from tests.test_browser_overview import CHROMIUM, browser_type_launch_args  # noqa: E402,F401
+from tests.browser_support import (  # noqa: E402,F401 — fixtures
+    CHROMIUM, NetworkLog, browser_context_args, browser_type_launch_args,
+)
 
 
 @pytest.mark.browser
@@ -294,22 +296,20 @@ def test_make_run_serves_the_dashboard_with_its_static_files_and_stops_on_ctrl_c
         assert stat.S_IMODE(key_file.stat().st_mode) == 0o600 and len(key_file.read_text().strip()) >= 50
         assert (run_dir / "admin_password").read_text().strip() == password
 
-        failed: list[str] = []
+        net = NetworkLog(page)
         static: list = []
-        page.on("requestfailed", lambda r: failed.append(f"{r.url}: {r.failure}"))
-        page.on("response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400 else None)
         page.on("response", lambda r: static.append(r) if "/static/" in r.url else None)
 
         page.goto(url)
         assert "/accounts/login/" in page.url
-        page.fill("#id_username", user)
-        page.fill("#id_password", password)
-        page.click("button[type=submit]")
+        page.get_by_label("User name").fill(user)
+        page.get_by_label("Password").fill(password)
+        page.get_by_role("button", name="Log in").click()
         page.wait_for_url(url)
         page.wait_for_load_state("networkidle")
         assert "Sluice" in page.title()
 
-        assert failed == []
+        assert net.failures == []
         assert static, "the page loaded no static files"
         for response in static:
             assert response.status == 200, response.url
