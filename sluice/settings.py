@@ -128,7 +128,9 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
         "rest_framework.authentication.TokenAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["dashboard.permissions.SluiceRolePermission"],
+    # Reads need a role; every write goes through dashboard.actions, which needs the operator
+    # role and audits a refusal too.
+    "DEFAULT_PERMISSION_CLASSES": ["dashboard.permissions.CanView"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",

@@ -61,7 +61,7 @@ def acting(user: Any, action: str, via: str = "", target: str = "") -> Iterator[
     """Check the operator role, run the action's body, and record the outcome.
 
     Denied → PermissionDenied (entry ``denied``, for logged-in users); ActionError →
-    re-raised (``rejected``); a database error → ActionError 503 (``error``); anything
+    re-raised (``rejected``; ``error`` for a 5xx one); a database error → ActionError 503 (``error``); anything
     else → re-raised (``error``); otherwise ``ok``."""
     audit = Audit(user=user, action=action, via=via, target=target)
     if not can_act(user):
@@ -70,8 +70,8 @@ def acting(user: Any, action: str, via: str = "", target: str = "") -> Iterator[
         raise PermissionDenied("Only operators (group sluice-operator) may do this.")
     try:
         yield audit
-    except ActionError as exc:
-        audit.write(AuditOutcome.REJECTED, exc.message)
+    except ActionError as exc:  # 5xx: valid, but a service failed (Redis down…)
+        audit.write(AuditOutcome.ERROR if exc.status >= 500 else AuditOutcome.REJECTED, exc.message)
         raise
     except DatabaseError as exc:
         audit.write(AuditOutcome.ERROR, f"database error: {exc}")

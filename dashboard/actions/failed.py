@@ -177,8 +177,8 @@ def delete_failed(user: Any, selection: Any, *, via: str = "") -> ActionResult:
 
 
 def _edited_headers(stored: dict[str, str], new_headers: Any) -> dict[str, str]:
-    """The copy's headers: the stored message headers with the operator's edits, protected
-    ones unchanged (ActionError when an edit touches one)."""
+    """The copy's headers: the operator's headers replace the stored non-protected ones;
+    protected ones are kept as stored whether given or not (ActionError when given changed)."""
     base = dict(stored)  # failures.retry_headers drops the failure description afterwards
     if new_headers is None:
         return base
@@ -191,8 +191,6 @@ def _edited_headers(stored: dict[str, str], new_headers: Any) -> dict[str, str]:
     for name in PROTECTED_HEADERS:
         if name in new_headers and new_headers[name] != base.get(name):
             raise ActionError(f"header {name} is protected and cannot be edited")
-        if name in base and name not in new_headers:
-            raise ActionError(f"header {name} is protected and cannot be removed")
     edited = {k: v for k, v in new_headers.items() if k not in PROTECTED_HEADERS}
     return {**{k: v for k, v in base.items() if k in PROTECTED_HEADERS}, **edited}
 
