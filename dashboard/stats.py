@@ -20,6 +20,7 @@ counters (processed per minute).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import json
@@ -243,11 +244,16 @@ def _fill_queue_counts(queues: list[QueueStats]) -> dict[str, int | None]:
     return highs
 
 
+def _guarded(alias: str):
+    """A savepoint inside a transaction (a failed statement must not poison it on PostgreSQL);
+    nothing in autocommit, where SQLite would otherwise take its write lock for a read."""
+    return transaction.atomic(using=alias) if connections[alias].in_atomic_block else contextlib.nullcontext()
+
+
 def _queue_rows(names: list[str], cap: int) -> list[tuple]:
     alias = get_settings().DATABASE
     d = dialect_for(connections[alias], get_settings().SCHEMA)
-    # A savepoint: a failed statement must not poison a surrounding transaction (PostgreSQL).
-    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+    with _guarded(alias), connections[alias].cursor() as cursor:
         cursor.execute(d.queue_stats(names), d.queue_stats_params(len(names), cap + 1))
         return cursor.fetchall()
 
@@ -286,7 +292,7 @@ def _fill_delayed(queues: list[QueueStats]) -> tuple[bool, str]:
         return False, f"the delayed store {type(store).__name__} has no counts"
     by_name = {q.name: q for q in queues}
     try:
-        with transaction.atomic(using=store.using), connections[store.using].cursor() as cursor:
+        with _guarded(store.using), connections[store.using].cursor() as cursor:
             cursor.execute(store.dialect.delayed_stats(store.table), [DELAYED_SCAN_LIMIT])
             rows = cursor.fetchall()
     except DatabaseError as exc:
@@ -347,6 +353,8 @@ def _fill_throughput(snap: Snapshot, highs: dict[str, int | None]) -> None:
             then, current = base["high"].get(q.name), sample["high"].get(q.name)
             if then is not None and current is not None and current >= then:
                 q.sent_per_minute = round((current - then) / minutes, 1)
+            elif q.name in base["high"] and then is None and current is not None:
+                q.sent_per_minute = round((q.total or 0) / minutes, 1)  # empty then: what is there now came since
             elif q.name in highs and q.name in base["high"] and current is None:
                 q.sent_per_minute = 0.0  # empty then and now
         if base["processed"] is not None and snap.health.processed_total is not None \
