@@ -49,7 +49,9 @@ class NetworkLog:
         self.failures: list[str] = []
         page.on("response", lambda r: self.failures.append(f"{r.status} {r.request.method} {r.url}")
                 if r.status >= 400 else None)
-        page.on("requestfailed", lambda r: self.failures.append(f"failed {r.method} {r.url}: {r.failure}"))
+        # A navigation cancels the requests in flight (a poll): ERR_ABORTED is no failure.
+        page.on("requestfailed", lambda r: self.failures.append(f"failed {r.method} {r.url}: {r.failure}")
+                if "ERR_ABORTED" not in (r.failure or "") else None)
 
 
 def login(page, base_url: str, username: str, path: str = "/") -> None:

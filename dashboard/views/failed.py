@@ -8,7 +8,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Callable
 
-from django.db.models import Count, Max, Min, Q
+from django.db.models import Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
@@ -31,6 +31,10 @@ STATUSES = [("unresolved", "Unresolved"), ("retry_pending", "Retry pending"), ("
 #: Shown first on the detail page: where a retry goes, what it is, when it failed.
 PINNED = (Headers.MESSAGE_ID, Headers.ENCLOSED_MESSAGE_TYPES, Headers.FAILED_Q, Headers.TIME_OF_FAILURE,
           Headers.EXCEPTION_TYPE, Headers.TIME_SENT, Headers.CORRELATION_ID)
+#: Groups listed before "show all" (the largest first).
+GROUPS_SHOWN = 30
+#: Matching messages are counted up to this many ("1000+").
+COUNT_CAP = 1000
 #: Recent bulk operations listed under the groups.
 RECENT_OPERATIONS = 8
 
@@ -60,26 +64,16 @@ def _search(request: HttpRequest, f: dict[str, Any]):
 
 
 def _groups(by: str, f: dict[str, Any]) -> list[dict[str, Any]]:
-    """Groups of the chosen status with count, first and last failure (largest first)."""
-    qs = FailedMessage.objects.all()
-    if f["status"] != "all":
-        qs = qs.filter(status=f["status"])
-    if f["queue"]:
-        qs = qs.filter(original_queue=f["queue"])
-    if f["type"]:
-        qs = qs.filter(message_type=f["type"])
-    field = {"exception": "group_key", "message_type": "message_type", "queue": "original_queue"}[by]
-    values = [field, "group_title", "exception_type"] if by == "exception" else [field]
-    rows = qs.values(*values).annotate(n=Count("pk"), first=Min("first_failed_at"), last=Max("time_of_failure")) \
-        .order_by("-n", "-last")[:200]
+    """core.failures' groups of the chosen status (unresolved when "all") with what each row
+    needs: the filter its link applies, whether bulk buttons apply, the confirmation text."""
+    status = "unresolved" if f["status"] == "all" else f["status"]
     out = []
-    for r in rows:
-        key = r[field]
-        title = r.get("group_title") or key or "(none)"
+    for g in failures.groups(by, status=status, queue=f["queue"] or None, message_type=f["type"] or None)[:200]:
+        key = g.group_key
         filt = {"group": key} if by == "exception" else ({"type": key} if by == "message_type" else {"queue": key})
-        out.append({"key": key, "title": title, "count": r["n"], "first": r["first"], "last": r["last"],
+        out.append({"key": key, "title": g.title, "count": g.count, "first": g.first_failed, "last": g.last_failed,
                     "filter": filt, "bulk": by == "exception" or bool(key),
-                    "confirm": f"Retry the {r['n']} message(s) of this group? Each goes back to its queue and is "
+                    "confirm": f"Retry the {g.count} message(s) of this group? Each goes back to its queue and is "
                                "processed again: side effects may repeat."})
     return out
 
@@ -119,10 +113,18 @@ def failed_list(request: HttpRequest) -> HttpResponse:
     ops, running = recent_operations()
     keep = {k: v for k, v in f.items() if v and not (k == "status" and v == "unresolved")}
     filtered = any(k != "status" for k in keep)
-    matching = qs.count() if filtered or f["status"] != "all" else None
+    # A search (text, exception, id, dates) shows its results; the groups are the overview.
+    searching = any(f[k] for k in ("q", "exception", "message_id", "since", "until"))
+    # Counted up to a cap: a count over a broad text search would cost as much as the search.
+    matching = qs.order_by()[:COUNT_CAP + 1].count()
+    all_groups = request.GET.get("groups") == "all"
+    groups = [] if searching else _groups(by, f)
     return page(request, "dashboard/failed.html", {
         "section": "failed", "f": f, "by": by, "by_label": GROUPINGS[by], "groupings": GROUPINGS, "statuses": STATUSES,
-        "groups": _groups(by, f), "rows": rows, "matching": matching, "filtered": filtered,
+        "groups": groups if all_groups else groups[:GROUPS_SHOWN], "more_groups": max(len(groups) - GROUPS_SHOWN, 0)
+        if not all_groups else 0, "all_groups_url": f"?{urlencode({**keep, 'by': by, 'groups': 'all'})}",
+        "searching": searching, "rows": rows, "matching": min(matching, COUNT_CAP),
+        "matching_capped": matching > COUNT_CAP, "filtered": filtered,
         "next_url": f"?{urlencode({**keep, 'by': by, 'before': next_before})}" if next_before else "",
         "first_url": f"?{urlencode({**keep, 'by': by})}" if request.GET.get("before") else "",
         "this_url": request.get_full_path(), "operations": ops, "running": running,

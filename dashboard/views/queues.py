@@ -136,12 +136,11 @@ def queue(request: HttpRequest, name: str) -> HttpResponse:
         messages, cursor, more = [], after, False
         problem = f"The queue table cannot be read: {exc}"
     rows = [Row(m, sent_at(m), len(m.body or b"")) for m in messages]
-    others = [q.name for q in list_queues() if q.name != name]
     return page(request, "dashboard/queue.html", {
         "section": "queues", "name": name, "info": info, "rows": rows, "f": f, "problem": problem,
         "next_url": f"?{urlencode({**f.params(), 'after': cursor})}" if more else "",
         "first_url": f"?{urlencode(f.params())}" if after else "", "after": after,
-        "others": others, "this_url": request.get_full_path(),
+        "this_url": request.get_full_path(),
     })
 
 
