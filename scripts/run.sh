@@ -28,7 +28,7 @@ RUN_ADDR=${RUN_ADDR:-127.0.0.1:8000}
 STOP_TIMEOUT=${STOP_TIMEOUT:-20}
 [ -x "$PY" ] || { echo "[run] $PY not found: run 'make venv' (scripts/bootstrap.sh) first" >&2; exit 1; }
 
-say() { printf '[run] %s\n' "$*" >&2; }
+say() { printf '[run] %s\n' "$*" >&2 || true; }  # never fatal (set -e): stderr may be a closed pipe
 
 RUN_DIR=${SLUICE_RUN_DIR:-var}
 mkdir -p "$RUN_DIR"
@@ -76,21 +76,26 @@ web_pid=
 worker_pid=
 
 alive() { [ -n "$1" ] && kill -0 "$1" 2>/dev/null; }
+# group_alive PID: a process is left in the child's process group (each child leads its
+# own, see set -m): gunicorn's workers, the worker's embedded beat process.
+group_alive() { [ -n "$1" ] && kill -0 -- "-$1" 2>/dev/null; }
 
-# stop_children SIGNAL: signal both, wait up to STOP_TIMEOUT s, then SIGKILL stragglers.
+# stop_children SIGNAL: signal both process groups (as a terminal's Ctrl-C signals its
+# foreground group), wait up to STOP_TIMEOUT s, then SIGKILL what is left: a stuck beat
+# process must not outlive `make run`.
 stop_children() {
     local sig=$1 pid i
     for pid in $web_pid $worker_pid; do
-        if alive "$pid"; then kill -s "$sig" "$pid" 2>/dev/null || true; fi
+        if group_alive "$pid"; then kill -s "$sig" -- "-$pid" 2>/dev/null || true; fi
     done
     for ((i = 0; i < STOP_TIMEOUT * 10; i++)); do
-        alive "$web_pid" || alive "$worker_pid" || break
+        group_alive "$web_pid" || group_alive "$worker_pid" || break
         sleep 0.1
     done
     for pid in $web_pid $worker_pid; do
-        if alive "$pid"; then
-            say "pid $pid did not stop within ${STOP_TIMEOUT}s; killing it"
-            kill -s KILL "$pid" 2>/dev/null || true
+        if group_alive "$pid"; then
+            say "process group $pid did not stop within ${STOP_TIMEOUT}s; killing it"
+            kill -s KILL -- "-$pid" 2>/dev/null || true
         fi
     done
     wait 2>/dev/null || true
@@ -107,6 +112,9 @@ on_signal() {
     exit 0
 }
 trap 'on_signal INT' INT
+# `make run | tee log`: a Ctrl-C also ends tee; writing to its pipe must not kill this
+# script before it has stopped the children.
+trap '' PIPE
 trap 'on_signal TERM' TERM
 trap 'on_signal HUP' HUP
 

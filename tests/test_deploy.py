@@ -174,6 +174,21 @@ def request(port: int, path: str, headers: dict[str, str] | None = None) -> http
     return response
 
 
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes that contain ``text`` (gunicorn's and the worker's
+    carry `make run`'s state directory)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (cmdline.parent / "stat").read_text().split(") ", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text in argv and state != "Z":
+            found.append(argv)
+    return found
+
+
 def answers(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
@@ -321,6 +336,8 @@ def test_make_run_serves_the_dashboard_with_its_static_files_and_stops_on_ctrl_c
         assert proc.popen.wait(60) == 0, proc.tail()
         proc.wait_line(r"\[run\] stopped", timeout=5)
         assert not answers(port)
+        assert processes_mentioning(str(run_dir)) == [], "left running after Ctrl-C"
+        assert "did not stop within" not in proc.text, proc.tail()
         assert "Traceback" not in proc.text, proc.tail(200)
     finally:
         proc.stop()
