@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -216,8 +217,14 @@ def database_version() -> str:
 
 
 # -- worker subprocesses ------------------------------------------------------------------
+#: Workers refuse to start with DEBUG off and no secret key of their own (core/startup.py);
+#: a benchmark's workers, on a throwaway database, get a random one unless one is set.
+BENCH_SECRET_KEY = secrets.token_urlsafe(50)
+
+
 def worker_env(database_url: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
+    env.setdefault("DJANGO_SECRET_KEY", BENCH_SECRET_KEY)
     env.update({
         "DATABASE_URL": database_url,
         "DJANGO_SETTINGS_MODULE": "sluice.settings",
