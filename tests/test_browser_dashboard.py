@@ -164,3 +164,13 @@ def test_no_page_fails_a_request(live_server, page, shop, settings):
             if m.destination == shop:
                 store.delete(m.id)
     assert net.failures == []
+
+
+def test_a_refused_action_shows_its_reason_on_the_page(live_server, page, shop):
+    fail_message(shop)
+    user = make_user("operator")
+    login(page, live_server.url, user.username, "/failed/")
+    page.on("dialog", lambda d: d.accept())
+    page.get_by_role("button", name="Archive selected").click()  # nothing ticked
+    expect(page.locator("#flash")).to_contain_text("Nothing selected: tick messages first")
+    assert page.url == f"{live_server.url}/failed/"  # stayed on the page

@@ -229,3 +229,30 @@ def test_edit_of_a_binary_body_is_refused(operator_client, queue, error_queue):
     assert operator_client.get(f"/failed/{record.pk}/edit/").status_code == 400
     assert operator_client.post(f"/failed/{record.pk}/edit/", {"body": "x"}).status_code == 400
     assert FailedMessage.objects.get(pk=record.pk).status == "unresolved"
+
+
+def test_htmx_errors_go_to_the_flash_region_with_their_status(operator_client, queue, error_queue):
+    response = operator_client.post("/failed/retry/", {}, HTTP_HX_REQUEST="true")
+    assert response.status_code == 400
+    assert response["HX-Retarget"] == "#flash" and response["HX-Reswap"] == "innerHTML"
+    assert b'class="banner bad"' in response.content and b"<html" not in response.content
+    page = operator_client.get("/failed/").content.decode()
+    assert 'id="flash"' in page and '"[45]..", "swap": true' in page
+
+
+def test_archived_groups_can_be_restored_as_a_group(operator_client, queue, error_queue):
+    records = [fail_message(queue, frame="arch") for _ in range(2)]
+    FailedMessage.objects.filter(pk__in=[r.pk for r in records]).update(status="archived")
+    html = operator_client.get("/failed/?status=archived").content.decode()
+    row = html.split(f'data-group="{records[0].group_key}"')[1].split("</tr>")[0]
+    assert "Restore group" in row
+    assert operator_client.post("/failed/restore/", {"group": records[0].group_key}).status_code == 303
+    assert set(FailedMessage.objects.values_list("status", flat=True)) == {"unresolved"}
+
+
+def test_an_operation_no_worker_takes_is_flagged(operator_client, queue, error_queue):
+    record = fail_message(queue)
+    op = failures.retry([record.message_id])
+    BulkOperation.objects.filter(pk=op.pk).update(created_at=op.created_at - dt.timedelta(seconds=60))
+    html = operator_client.get("/failed/operations/").content.decode()
+    assert "waiting for a worker" in html

@@ -34,9 +34,14 @@ def page(request: HttpRequest, template: str, context: dict[str, Any], status: i
 
 
 def error_response(request: HttpRequest, message: str, status: int = 400) -> HttpResponse:
-    """A 4xx with a readable message: a fragment for htmx, a page otherwise (never a traceback)."""
-    template = "dashboard/partials/error.html" if request.htmx else "dashboard/error.html"
-    return page(request, template, {"error": message, "status": status}, status=status)
+    """A 4xx with a readable message (never a traceback): a page, or for htmx a fragment that
+    goes into the layout's ``#flash`` region (base.html lets htmx swap error answers)."""
+    if not request.htmx:
+        return page(request, "dashboard/error.html", {"error": message, "status": status}, status=status)
+    response = page(request, "dashboard/partials/error.html", {"error": message, "status": status}, status=status)
+    response["HX-Retarget"] = "#flash"
+    response["HX-Reswap"] = "innerHTML"
+    return response
 
 
 def act(request: HttpRequest, call: Callable[[], ActionResult], redirect_to: str) -> HttpResponse:

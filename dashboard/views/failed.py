@@ -12,6 +12,7 @@ from django.db.models import Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
@@ -35,6 +36,9 @@ PINNED = (Headers.MESSAGE_ID, Headers.ENCLOSED_MESSAGE_TYPES, Headers.FAILED_Q, 
 GROUPS_SHOWN = 30
 #: Matching messages are counted up to this many ("1000+").
 COUNT_CAP = 1000
+NOTHING_SELECTED = "Nothing selected: tick messages first, or use a group's buttons."
+#: Seconds after which a still-pending operation is flagged "waiting for a worker".
+STALE_PENDING = 10
 #: Recent bulk operations listed under the groups.
 RECENT_OPERATIONS = 8
 
@@ -95,10 +99,14 @@ def _page_of(qs, request: HttpRequest):
     return rows, next_before
 
 
-def recent_operations() -> tuple[list[BulkOperation], bool]:
+def recent_operations() -> dict[str, Any]:
+    """The recent bulk operations, whether one is under way, and which are still pending after
+    STALE_PENDING seconds (no worker took them)."""
     ops = list(BulkOperation.objects.order_by("-created_at", "-id")[:RECENT_OPERATIONS])
     running = any(op.status in (BulkOperationStatus.PENDING, BulkOperationStatus.RUNNING) for op in ops)
-    return ops, running
+    cutoff = timezone.now() - dt.timedelta(seconds=STALE_PENDING)
+    stale = {op.pk for op in ops if op.status == BulkOperationStatus.PENDING and op.created_at < cutoff}
+    return {"operations": ops, "running": running, "stale": stale}
 
 
 @viewer_required
@@ -110,7 +118,6 @@ def failed_list(request: HttpRequest) -> HttpResponse:
         by = "exception"
     qs = _search(request, f)
     rows, next_before = _page_of(qs, request)
-    ops, running = recent_operations()
     keep = {k: v for k, v in f.items() if v and not (k == "status" and v == "unresolved")}
     filtered = any(k != "status" for k in keep)
     # A search (text, exception, id, dates) shows its results; the groups are the overview.
@@ -127,7 +134,7 @@ def failed_list(request: HttpRequest) -> HttpResponse:
         "matching_capped": matching > COUNT_CAP, "filtered": filtered,
         "next_url": f"?{urlencode({**keep, 'by': by, 'before': next_before})}" if next_before else "",
         "first_url": f"?{urlencode({**keep, 'by': by})}" if request.GET.get("before") else "",
-        "this_url": request.get_full_path(), "operations": ops, "running": running,
+        "this_url": request.get_full_path(), **recent_operations(),
     })
 
 
@@ -136,8 +143,7 @@ def failed_list(request: HttpRequest) -> HttpResponse:
 def operations(request: HttpRequest) -> HttpResponse:
     """The recent-operations region: polled every second while one is pending or running;
     once none is, the fragment carries no trigger and the polling stops."""
-    ops, running = recent_operations()
-    return page(request, "dashboard/partials/operations.html", {"operations": ops, "running": running})
+    return page(request, "dashboard/partials/operations.html", recent_operations())
 
 
 @viewer_required
@@ -189,6 +195,8 @@ def _bulk_view(start: Callable[..., Any]) -> Callable[[HttpRequest], HttpRespons
     @require_POST
     def view(request: HttpRequest) -> HttpResponse:
         selection = _selection(request)
+        if not selection:
+            return error_response(request, NOTHING_SELECTED, 400)
         return act(request, lambda: start(request.user, selection, via="web"),
                    back_to(request, reverse("dashboard:failed")))
 
