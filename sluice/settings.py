@@ -173,6 +173,7 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
                    "json": {"()": "sluice.logs.JsonFormatter"}},
     # SLUICE_LOG_FORMAT=json: one JSON object per line (gunicorn and Celery use it too).
+    # stderr (StreamHandler's default), not stdout: the CLI's --json output owns stdout.
     "handlers": {"console": {"class": "logging.StreamHandler",
                              "formatter": "json" if deployment.LOG_FORMAT == "json" else "plain"}},
     "loggers": {

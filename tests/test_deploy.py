@@ -22,7 +22,8 @@ import yaml
 
 from core.startup import DEVELOPMENT_SECRET_KEY, GENERATE_KEY
 from tests.celery_support import Proc, RedisServer, free_port
-from tests.conftest import ROOT, wait_for
+from tests.conftest import ROOT, start_worker, wait_for
+from tests.conftest import manage as manage_on_test_database
 
 PY = sys.executable
 KEY = secrets.token_urlsafe(50)
@@ -280,6 +281,34 @@ def test_celery_worker_and_beat_log_json_lines(tmp_path):
     assert any(r["logger"] == "sluice.celery" for r in worker_records)
     beat_records = json_lines(beat.text)
     assert any(r["logger"] == "celery.beat" and "Sending due task" in r["message"] for r in beat_records)
+
+
+# -- health checks -----------------------------------------------------------------------------------
+
+def test_status_check_passes_only_while_a_worker_on_this_host_publishes(demo):
+    """The compose file's worker health check: `sluice status --check`."""
+    redis = RedisServer().start()
+    env = {"REDIS_URL": redis.url}
+    try:
+        nobody = manage_on_test_database("sluice", "status", "--check", env=env)
+        assert nobody.returncode != 0
+        assert f"no worker on {socket.gethostname()}" in nobody.stderr.decode()
+
+        worker = start_worker("--queue", "demo", env=env)
+        try:
+            wait_for(lambda: manage_on_test_database("sluice", "status", "--check", env=env).returncode == 0,
+                     timeout=30, what="the worker's heartbeat")
+            ok = manage_on_test_database("sluice", "status", "--check", env=env)
+            assert ok.stdout.decode().strip() == f"ok: 1 worker(s) on {socket.gethostname()}, every loop alive"
+            elsewhere = manage_on_test_database("sluice", "status", "--check", "--host", "elsewhere", env=env)
+            assert elsewhere.returncode != 0 and "no worker on elsewhere" in elsewhere.stderr.decode()
+        finally:
+            worker.terminate()
+            worker.wait(30)
+        down = manage_on_test_database("sluice", "status", "--check", env={"REDIS_URL": "redis://127.0.0.1:9/0"})
+        assert down.returncode != 0 and "redis is down" in down.stderr.decode()
+    finally:
+        redis.stop()
 
 
 # -- `make run` as a new user runs it -----------------------------------------------------------------------
