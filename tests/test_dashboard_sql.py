@@ -9,6 +9,10 @@ from core.dialects.postgresql import PostgreSQLDialect
 from core.dialects.sqlite import SQLiteDialect
 from tests.test_dialect_mssql import assert_table, bind, hints, parse_one
 
+#: The dialect methods this file checks (tests/test_dialect_mssql.py leaves them to it).
+DASHBOARD_STATEMENTS = {"queue_stats", "queue_stats_params", "delayed_stats", "failed_search_expression",
+                        "failed_search_indexes"}
+
 
 def test_mssql_queue_stats_parses_and_is_bounded():
     d = MSSQLDialect()
