@@ -384,6 +384,7 @@ def test_compose_file_serves_with_gunicorn_and_checks_every_service():
     app_env = services["web"]["environment"]
     assert app_env["SLUICE_ENV"] == "${SLUICE_ENV:-production}"
     assert app_env["DJANGO_SECRET_KEY"].startswith("${DJANGO_SECRET_KEY:?")  # no default key
+    assert app_env["DJANGO_ALLOWED_HOSTS"].endswith(",127.0.0.1,web")  # whatever .env says: the probes' host
     assert "gunicorn -c python:sluice.gunicorn_conf" in " ".join(services["web"]["command"])
     assert "runserver" not in COMPOSE.read_text()
     for name in ("web", "worker", "beat", "redis", "mssql"):
