@@ -129,6 +129,9 @@ class SluiceSettings:
     #: Seconds the dashboard's statistics snapshot (overview, /api/queues/, /metrics) is
     #: shared by every request before it is computed again (0: every request).
     DASHBOARD_CACHE_SECONDS: float = 3.0
+    #: Past that time, show the last snapshot (up to 30 s old) while a background thread
+    #: computes the next one, so no request waits for it (off: the request computes it).
+    DASHBOARD_REFRESH_IN_BACKGROUND: bool = True
     #: Queues with more rows than this show max − min RowVersion (an estimate) instead of a
     #: count; expired rows are counted up to it ("at least" beyond).
     DASHBOARD_EXACT_COUNT_LIMIT: int = 1000

@@ -55,6 +55,10 @@ DELAYED_SCAN_LIMIT = 10_000
 THROUGHPUT_WINDOW = 300.0
 #: Seconds to skip the shared cache after it failed (Redis down): no timeout per request.
 CACHE_RETRY_AFTER = 10.0
+#: A snapshot older than this is never shown; younger but past the cache time, it is shown
+#: while a background thread computes the next one.
+STALE_LIMIT = 30.0
+REFRESH_KEY = "sluice:dashboard:refreshing"
 
 
 @dataclass
@@ -124,6 +128,7 @@ class Snapshot:
 # -- the shared cache, with a local fallback ----------------------------------------------------
 
 _local_lock = threading.Lock()
+_refresh_lock = threading.Lock()
 _local: dict[str, tuple[float, Any]] = {}
 _cache_down_until = 0.0
 
@@ -164,7 +169,7 @@ def clear_cache() -> None:
         _local.clear()
     _cache_down_until = 0.0
     try:
-        _cache().delete_many([SNAPSHOT_KEY, SAMPLES_KEY])
+        _cache().delete_many([SNAPSHOT_KEY, SAMPLES_KEY, REFRESH_KEY])
     except Exception:  # noqa: BLE001
         pass
 
@@ -173,17 +178,51 @@ def clear_cache() -> None:
 
 def snapshot(max_age: float | None = None) -> Snapshot:
     """The current snapshot: cached for ``SLUICE_DASHBOARD_CACHE_SECONDS`` (or ``max_age``;
-    0 computes a fresh one).  Never raises for database or Redis trouble."""
+    0 computes a fresh one).  A snapshot up to :data:`STALE_LIMIT` old is returned at once
+    while one thread refreshes it in the background, so no page waits for a refresh once
+    one snapshot exists.  Never raises for database or Redis trouble."""
     seconds = get_settings().DASHBOARD_CACHE_SECONDS if max_age is None else max_age
-    if seconds > 0:
-        cached = _cache_get(SNAPSHOT_KEY)
-        if isinstance(cached, Snapshot) and \
-                (dt.datetime.now(dt.timezone.utc) - cached.at).total_seconds() <= seconds:
+    if seconds <= 0:
+        return compute_snapshot()
+    cached = _cache_get(SNAPSHOT_KEY)
+    if isinstance(cached, Snapshot):
+        age = (dt.datetime.now(dt.timezone.utc) - cached.at).total_seconds()
+        if age <= seconds:
+            return cached
+        if age <= max(STALE_LIMIT, seconds) and get_settings().DASHBOARD_REFRESH_IN_BACKGROUND:
+            _refresh_in_background(seconds)
             return cached
     snap = compute_snapshot()
-    if seconds > 0:
-        _cache_set(SNAPSHOT_KEY, snap, seconds)
+    _cache_set(SNAPSHOT_KEY, snap, max(STALE_LIMIT, seconds))
     return snap
+
+
+def _refresh_in_background(seconds: float) -> None:
+    """One refresh at a time per process, and (through the shared cache) across processes."""
+    if not _refresh_lock.acquire(blocking=False):
+        return
+    try:
+        claimed = _cache().add(REFRESH_KEY, 1, timeout=max(seconds, 5))
+    except Exception:  # noqa: BLE001 — Redis down: this process refreshes its own copy
+        claimed = True
+    if not claimed:
+        _refresh_lock.release()
+        return
+
+    def run() -> None:
+        try:
+            _cache_set(SNAPSHOT_KEY, compute_snapshot(), max(STALE_LIMIT, seconds))
+        except Exception:  # noqa: BLE001 — the next request tries again
+            log.exception("statistics refresh failed")
+        finally:
+            connections.close_all()  # this thread's own connections
+            try:
+                _cache().delete(REFRESH_KEY)
+            except Exception:  # noqa: BLE001
+                pass
+            _refresh_lock.release()
+
+    threading.Thread(target=run, name="sluice-stats-refresh", daemon=True).start()
 
 
 def queue_stats(name: str) -> QueueStats | None:

@@ -146,3 +146,29 @@ def test_throughput_from_successive_snapshots(queue, monkeypatch):
     Transport().send_many(queue, ["x"] * 6)
     clock[0] += 60
     assert stats.snapshot(max_age=0).queue(queue).sent_per_minute == pytest.approx(6, abs=0.5)
+
+
+def test_a_stale_snapshot_is_served_while_a_thread_refreshes_it(queue, settings):
+    import time
+
+    from tests.conftest import wait_for
+
+    settings.SLUICE_DASHBOARD_CACHE_SECONDS = 0.2
+    assert stats.snapshot().queue(queue).pending == 0
+    Transport().send(queue, "new")
+    time.sleep(0.3)
+    started = time.perf_counter()
+    assert stats.snapshot().queue(queue).pending == 0  # the stale one, at once
+    assert time.perf_counter() - started < 0.5
+    wait_for(lambda: stats.snapshot().queue(queue).pending == 1, timeout=10, what="the background refresh")
+
+
+def test_without_background_refresh_the_request_computes(queue, settings):
+    import time
+
+    settings.SLUICE_DASHBOARD_CACHE_SECONDS = 0.2
+    settings.SLUICE_DASHBOARD_REFRESH_IN_BACKGROUND = False
+    stats.snapshot()
+    Transport().send(queue, "new")
+    time.sleep(0.3)
+    assert stats.snapshot().queue(queue).pending == 1
