@@ -174,3 +174,18 @@ def test_a_refused_action_shows_its_reason_on_the_page(live_server, page, shop):
     page.get_by_role("button", name="Archive selected").click()  # nothing ticked
     expect(page.locator("#flash")).to_contain_text("Nothing selected: tick messages first")
     assert page.url == f"{live_server.url}/failed/"  # stayed on the page
+
+
+def test_select_all_and_shift_click_ranges(live_server, page, shop):
+    records = [fail_message(shop) for _ in range(5)]
+    user = make_user("viewer")
+    login(page, live_server.url, user.username, "/failed/")
+    boxes = page.locator('#failures input[name="ids"]')
+    expect(boxes).to_have_count(5)
+    page.get_by_label("Select all on this page").check()
+    assert all(boxes.nth(i).is_checked() for i in range(5))
+    page.get_by_label("Select all on this page").uncheck()
+    boxes.nth(1).click()
+    boxes.nth(3).click(modifiers=["Shift"])
+    assert [boxes.nth(i).is_checked() for i in range(5)] == [False, True, True, True, False]
+    assert len(records) == 5

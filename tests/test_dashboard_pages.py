@@ -344,3 +344,15 @@ def test_actions_without_a_csrf_token_are_refused_and_change_nothing(operator, q
     response = client.post(f"/queues/{queue}/delete/", {"ids": [Transport().browse(queue)[0].id]},
                            HTTP_X_CSRFTOKEN=token)
     assert response.status_code == 303
+
+
+def test_queue_page_of_an_unreadable_table_renders_with_the_error(operator_client, make_queue):
+    from core.queues import dialect
+
+    name = make_queue()
+    with connection.cursor() as cursor:
+        for sql, params in dialect().drop_queue_table(name):
+            cursor.execute(sql, params)
+    response = operator_client.get(f"/queues/{name}/")
+    assert response.status_code == 200 and b"The queue table cannot be read" in response.content
+    assert operator_client.get("/").status_code == 200

@@ -256,3 +256,13 @@ def test_an_operation_no_worker_takes_is_flagged(operator_client, queue, error_q
     BulkOperation.objects.filter(pk=op.pk).update(created_at=op.created_at - dt.timedelta(seconds=60))
     html = operator_client.get("/failed/operations/").content.decode()
     assert "waiting for a worker" in html
+
+
+def test_a_bulk_action_with_the_broker_down_says_so_and_leaves_nothing_pending(operator_client, settings, queue,
+                                                                               error_queue):
+    record = fail_message(queue)
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    response = operator_client.post("/failed/retry/", {"ids": [record.pk]})
+    assert response.status_code == 503 and b"unreachable" in response.content
+    assert FailedMessage.objects.get(pk=record.pk).status == "unresolved"
+    assert not BulkOperation.objects.exclude(status="failed").exists()
