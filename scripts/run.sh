@@ -38,7 +38,7 @@ ADMIN_USER=admin
 # new_secret FILE: a random token written once (mode 600) and kept: sessions and the
 # login survive restarts. var/ is in .gitignore.
 new_secret() {
-    [ -s "$1" ] || (umask 077 && "$PY" -c 'import secrets; print(secrets.token_urlsafe(int(__import__("sys").argv[1])))' "$2" > "$1")
+    [ -s "$1" ] || (umask 077 && "$PY" -c 'import secrets, sys; print(secrets.token_urlsafe(int(sys.argv[1])))' "$2" > "$1")
 }
 # Outside DEBUG the servers refuse the published development key (core/startup.py).
 if [ -z "${DJANGO_SECRET_KEY:-}" ]; then
