@@ -228,6 +228,7 @@ def test_gunicorn_in_production_serves_static_files_behind_https_and_logs_json(t
         assert plain.status == 301 and plain.getheader("Location") == "https://sluice.example.com/"
         health = request(port, "/healthz")  # probes come over plain HTTP: no redirect
         assert health.status in (200, 503)
+        assert request(port, "/metrics").status != 301  # nor Prometheus
 
         page = request(port, "/accounts/login/", https)
         assert page.status == 200
