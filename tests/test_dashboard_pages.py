@@ -36,7 +36,14 @@ def test_anonymous_actions_go_to_login_and_change_nothing(client, db, url):
 def test_a_user_without_a_sluice_role_gets_403(client, transactional_db):
     client.force_login(make_user(None))
     for url in PAGES:
-        assert client.get(url).status_code == 403, url
+        response = client.get(url)
+        assert response.status_code == 403, url
+        assert b"no Sluice role" in response.content and b"--role viewer|operator" in response.content
+
+
+def test_unknown_address_is_a_404_page(operator_client):
+    response = operator_client.get("/no/such/page/")
+    assert response.status_code == 404 and b"There is no page at this address" in response.content
 
 
 def test_healthz_needs_no_login(client, db):
