@@ -111,3 +111,16 @@ def test_a_real_worker_runs_the_retry(operator, queue, error_queue, clean_broker
     finally:
         cluster.stop_all()
     assert [m.id for m in Transport().browse(queue)] == [record.message_id]
+
+
+def test_edit_and_retry_when_the_queue_is_gone(operator, make_queue, error_queue):
+    from core.queues import delete_queue
+
+    name = make_queue()
+    record = fail_message(name)
+    delete_queue(name)
+    with pytest.raises(actions.ActionError) as err:
+        actions.edit_and_retry(operator, record.pk, "fixed")
+    assert err.value.status == 409 and "no longer exists" in err.value.message
+    record.refresh_from_db()
+    assert record.status == FailureStatus.UNRESOLVED

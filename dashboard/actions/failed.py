@@ -218,10 +218,13 @@ def edit_and_retry(user: Any, record_id: Any, body: Any, headers: Any = None, *,
             if record.status not in (FailureStatus.UNRESOLVED, FailureStatus.ARCHIVED):
                 raise ActionError(f"failed message {record.message_id} is {record.get_status_display()}; only "
                                   "unresolved or archived messages can be edited and retried", 409)
-            queue = validate.queue((record.original_queue or "").split("@")[0] or "", using).name \
-                if record.original_queue else None
-            if queue is None:
+            queue = (record.original_queue or "").split("@")[0]
+            if not queue:
                 raise ActionError("the original queue is unknown (no NServiceBus.FailedQ header)", 409)
+            try:
+                info = validate.queue(queue, using)
+            except ActionError:
+                raise ActionError(f"the original queue {queue!r} no longer exists", 409) from None
             try:
                 stored = json.loads(record.headers or "{}")
             except ValueError:
@@ -234,7 +237,6 @@ def edit_and_retry(user: Any, record_id: Any, body: Any, headers: Any = None, *,
             out.update({Headers.MESSAGE_ID: new_id, Headers.CORRELATION_ID: record.message_id,
                         EDIT_OF: record.message_id})
             out.pop(Headers.RAW_HEADERS, None)
-            info = validate.queue(queue, using)
             ttl = info.effective_ttl(None)
             Transport(using).insert(OutgoingMessage(
                 queue=info.name, row_id=row_id_for(new_id), headers=out, body=data,
