@@ -122,16 +122,16 @@ def failed_list(request: HttpRequest) -> HttpResponse:
     filtered = any(k != "status" for k in keep)
     # A search (text, exception, id, dates) shows its results; the groups are the overview.
     searching = any(f[k] for k in ("q", "exception", "message_id", "since", "until"))
-    # Counted up to a cap: a count over a broad text search would cost as much as the search.
-    matching = qs.order_by()[:COUNT_CAP + 1].count()
+    # Counted up to a cap, and not at all for a text search (a second scan as costly as the search).
+    matching = None if f["q"] or f["exception"] else qs.order_by()[:COUNT_CAP + 1].count()
     all_groups = request.GET.get("groups") == "all"
     groups = [] if searching else _groups(by, f)
     return page(request, "dashboard/failed.html", {
         "section": "failed", "f": f, "by": by, "by_label": GROUPINGS[by], "groupings": GROUPINGS, "statuses": STATUSES,
         "groups": groups if all_groups else groups[:GROUPS_SHOWN], "more_groups": max(len(groups) - GROUPS_SHOWN, 0)
         if not all_groups else 0, "all_groups_url": f"?{urlencode({**keep, 'by': by, 'groups': 'all'})}",
-        "searching": searching, "rows": rows, "matching": min(matching, COUNT_CAP),
-        "matching_capped": matching > COUNT_CAP, "filtered": filtered,
+        "searching": searching, "rows": rows, "matching": None if matching is None else min(matching, COUNT_CAP),
+        "matching_capped": matching is not None and matching > COUNT_CAP, "filtered": filtered,
         "next_url": f"?{urlencode({**keep, 'by': by, 'before': next_before})}" if next_before else "",
         "first_url": f"?{urlencode({**keep, 'by': by})}" if request.GET.get("before") else "",
         "this_url": request.get_full_path(), **recent_operations(),
