@@ -54,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="timed requests per page (default 40)")
     parser.add_argument("--target", choices=("pages", "api"), default="pages",
                         help="time the HTML pages (default) or the JSON API")
+    parser.add_argument("--db-name", default=DATABASE_NAME, metavar="NAME",
+                        help=f"the PostgreSQL database to create and drop (default {DATABASE_NAME}; "
+                             "give another to run two at once)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,7 +198,7 @@ def urls(target: str, queue: str) -> dict[str, str]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.messages < args.queues:
         raise BenchmarkError("--messages must be at least --queues")
-    with common.bench_database(args.db, DATABASE_NAME) as url:
+    with common.bench_database(args.db, args.db_name) as url:
         setup_django(url)
         from django.contrib.auth.models import User
         from django.test import Client
