@@ -5,7 +5,6 @@ from dashboard.views import audit, auth, delayed, failed, health, outbox, overvi
 app_name = "dashboard"
 urlpatterns = [
     path("", include("dashboard.api.urls")),  # the JSON API (/api/…) and /metrics
-    path("", include("dashboard.api.urls")),  # the JSON API (/api/…) and /metrics
     path("healthz", health.healthz, name="healthz"),
     path("accounts/login/", auth.login, name="login"),
     path("accounts/logout/", auth.logout, name="logout"),
