@@ -324,11 +324,6 @@ class Dialect(abc.ABC):
             f"{c('DispatchedAt')} = {self.now_sql() if dispatched else 'NULL'} WHERE {c('MessageId')} = %s"
         )
 
-    @abc.abstractmethod
-    def outbox_claim(self, name: str, count: int, include_quarantined: bool = False) -> str:
-        """(MessageId, Operations) of the undispatched records among ``count`` ids (%s each),
-        locked for this transaction; records another dispatcher holds are skipped."""
-
     def _claim_where(self, count: int, include_quarantined: bool) -> str:
         where = (f"{self._col('MessageId')} IN ({', '.join(['%s'] * count)}) "
                  f"AND {self._is('Dispatched', False)}")
@@ -405,6 +400,37 @@ class Dialect(abc.ABC):
             f"FROM {self.table(name)}",
             [],
         )
+
+    # -- outbox phase-2 lease (core/outbox/dispatch.py; core-b, issue 11 defect 3) ----------
+    # Phase 2 claims records by setting DispatchingUntil (database now + a short lease) in
+    # a transaction of its own, publishes with no transaction open, then marks them
+    # dispatched.  A claim passes over records whose lease has not run out, so a record
+    # is published again only when its dispatcher died (or took longer than the lease).
+
+    @abc.abstractmethod
+    def outbox_lease_column_exists(self, name: str) -> tuple[str, list[Any]]:
+        """SELECT returning a row when the outbox table has its DispatchingUntil column."""
+
+    @abc.abstractmethod
+    def outbox_add_lease_column(self, name: str) -> str:
+        """ALTER TABLE adding the nullable DispatchingUntil column (tables made before it)."""
+
+    @abc.abstractmethod
+    def outbox_claim_lease(self, name: str, count: int, include_quarantined: bool = False) -> str:
+        """Lease the undispatched records among ``count`` ids whose lease is unset or over:
+        DispatchingUntil = now + the lease, skipping rows other transactions hold.  Params:
+        ``ttl_params(lease seconds)``, then the ids.  Returns (MessageId, Operations,
+        CreatedAt, the database's now) of each record leased."""
+
+    def _lease_free(self) -> str:
+        c = self._col
+        return f"({c('DispatchingUntil')} IS NULL OR {c('DispatchingUntil')} <= {self.now_sql()})"
+
+    def outbox_release(self, name: str, count: int) -> str:
+        """End the lease of ``count`` records (%s each): a failed dispatch may be retried at once."""
+        c = self._col
+        return (f"UPDATE {self.table(name)} SET {c('DispatchingUntil')} = NULL "
+                f"WHERE {c('MessageId')} IN ({', '.join(['%s'] * count)})")
 
 
 def _is_uuid(value: Any) -> bool:

@@ -279,12 +279,6 @@ class MSSQLDialect(DelayedSQL, Dialect):
     def before_now_params(self, seconds: float) -> list[Any]:
         return self.ttl_params(seconds)
 
-    def outbox_claim(self, name: str, count: int, include_quarantined: bool = False) -> str:
-        # UPDLOCK + READPAST: hold the records being dispatched, pass over ones another
-        # dispatcher holds (the SKIP LOCKED of SQL Server).
-        return (f"SELECT [MessageId], [Operations] FROM {self.table(name)} WITH (UPDLOCK, READPAST, ROWLOCK) "
-                f"WHERE {self._claim_where(count, include_quarantined)}")
-
     def outbox_due(self, name: str, include_failed: bool = True) -> str:
         failed = "" if include_failed else " AND [LastError] IS NULL"
         return (
@@ -328,3 +322,18 @@ class MSSQLDialect(DelayedSQL, Dialect):
             f"FROM {self.table(name)} WITH (NOLOCK)",
             [],
         )
+
+    # -- outbox phase-2 lease (core-b; see Dialect.outbox_claim_lease) -------------------
+    def outbox_lease_column_exists(self, name: str) -> tuple[str, list[Any]]:
+        return ("SELECT 1 WHERE COL_LENGTH(%s, 'DispatchingUntil') IS NOT NULL", [self.table(name)])
+
+    def outbox_add_lease_column(self, name: str) -> str:
+        return f"ALTER TABLE {self.table(name)} ADD [DispatchingUntil] datetime2 NULL"
+
+    def outbox_claim_lease(self, name: str, count: int, include_quarantined: bool = False) -> str:
+        # ROWLOCK + READPAST: take row locks only, pass over records another dispatcher is
+        # claiming (the SKIP LOCKED of SQL Server); OUTPUT returns what was leased.
+        return (f"UPDATE {self.table(name)} WITH (ROWLOCK, READPAST) "
+                f"SET [DispatchingUntil] = {self.expires_after_ttl_sql()} "
+                f"OUTPUT inserted.[MessageId], inserted.[Operations], inserted.[CreatedAt], {self.now_sql()} "
+                f"WHERE {self._claim_where(count, include_quarantined)} AND {self._lease_free()}")

@@ -161,11 +161,6 @@ class PostgreSQLDialect(DelayedSQL, Dialect):
     def before_now_sql(self) -> str:
         return "statement_timestamp() - make_interval(secs => %s)"
 
-    def outbox_claim(self, name: str, count: int, include_quarantined: bool = False) -> str:
-        # SKIP LOCKED: a record another process is dispatching right now is theirs to finish.
-        return (f'SELECT "MessageId", "Operations" FROM {self.table(name)} '
-                f"WHERE {self._claim_where(count, include_quarantined)} FOR UPDATE SKIP LOCKED")
-
     def outbox_cleanup(self, name: str) -> str:
         t = self.table(name)
         return (
@@ -176,3 +171,20 @@ class PostgreSQLDialect(DelayedSQL, Dialect):
 
     def outbox_size(self, name: str) -> tuple[str, list[Any]]:
         return ("SELECT COALESCE(pg_total_relation_size(to_regclass(%s)), 0)", [self.table(name)])
+
+    # -- outbox phase-2 lease (core-b; see Dialect.outbox_claim_lease) -------------------
+    def outbox_lease_column_exists(self, name: str) -> tuple[str, list[Any]]:
+        return ("SELECT 1 FROM information_schema.columns WHERE table_name = %s "
+                "AND column_name = 'DispatchingUntil' AND table_schema = COALESCE(%s, current_schema())",
+                [name, self.schema])
+
+    def outbox_add_lease_column(self, name: str) -> str:
+        return f'ALTER TABLE {self.table(name)} ADD COLUMN IF NOT EXISTS "DispatchingUntil" timestamptz NULL'
+
+    def outbox_claim_lease(self, name: str, count: int, include_quarantined: bool = False) -> str:
+        # SKIP LOCKED: a record another transaction is claiming right now is not waited for.
+        t = self.table(name)
+        return (f'UPDATE {t} SET "DispatchingUntil" = {self.expires_after_ttl_sql()} WHERE "MessageId" IN '
+                f'(SELECT "MessageId" FROM {t} WHERE {self._claim_where(count, include_quarantined)} '
+                f"AND {self._lease_free()} FOR UPDATE SKIP LOCKED) "
+                f'RETURNING "MessageId", "Operations", "CreatedAt", {self.now_sql()}')

@@ -135,11 +135,6 @@ class SQLiteDialect(DelayedSQL, Dialect):
     def before_now_params(self, seconds: float) -> list[Any]:
         return [f"-{seconds:.3f} seconds"]
 
-    def outbox_claim(self, name: str, count: int, include_quarantined: bool = False) -> str:
-        # No row locks: the transaction began with BEGIN IMMEDIATE, so it is the only writer.
-        return (f'SELECT "MessageId", "Operations" FROM {self.table(name)} '
-                f"WHERE {self._claim_where(count, include_quarantined)}")
-
     def outbox_cleanup(self, name: str) -> str:
         t = self.table(name)
         return (
@@ -153,3 +148,16 @@ class SQLiteDialect(DelayedSQL, Dialect):
         idx = self.outbox_index_names(name)
         return ("SELECT COALESCE(SUM(pgsize), 0) FROM dbstat WHERE name IN (%s, %s, %s, %s)",
                 [name, idx["dispatched_at"], idx["undispatched"], f"sqlite_autoindex_{name}_1"])
+
+    # -- outbox phase-2 lease (core-b; see Dialect.outbox_claim_lease) -------------------
+    def outbox_lease_column_exists(self, name: str) -> tuple[str, list[Any]]:
+        return ("SELECT 1 FROM pragma_table_info(%s) WHERE name = 'DispatchingUntil'", [name])
+
+    def outbox_add_lease_column(self, name: str) -> str:
+        return f'ALTER TABLE {self.table(name)} ADD COLUMN "DispatchingUntil" TEXT NULL'
+
+    def outbox_claim_lease(self, name: str, count: int, include_quarantined: bool = False) -> str:
+        # No row locks: the claim's transaction began with BEGIN IMMEDIATE (the only writer).
+        return (f'UPDATE {self.table(name)} SET "DispatchingUntil" = {self.expires_after_ttl_sql()} '
+                f"WHERE {self._claim_where(count, include_quarantined)} AND {self._lease_free()} "
+                f'RETURNING "MessageId", "Operations", "CreatedAt", {self.now_sql()}')
