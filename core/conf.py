@@ -55,7 +55,8 @@ class SluiceSettings:
     DELAYED_RETRIES: int = 3
     #: Delay of the n-th delayed retry = n × this many seconds (10 s, 20 s, 30 s).
     DELAYED_RETRY_INCREASE: float = 10.0
-    #: Delayed-message store table; empty = "<SLUICE_ENDPOINT>.delayed".
+    #: Delayed-message store table; empty = "<SLUICE_ENDPOINT>_delayed" (``sluice setup``
+    #: renames a table of the old default name, "<SLUICE_ENDPOINT>.delayed").
     DELAYED_TABLE: str = ""
     #: Class implementing the delayed-message store interface (core.delayed.DelayedMessageStore).
     DELAYED_STORE: str = "core.delayed.SqlDelayedStore"
@@ -154,7 +155,7 @@ class SluiceSettings:
 
     @property
     def delayed_table(self) -> str:
-        return self.DELAYED_TABLE or f"{self.ENDPOINT}.delayed"
+        return self.DELAYED_TABLE or f"{self.ENDPOINT}_delayed"
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(SluiceSettings) if f.name != "extra"}

@@ -109,3 +109,60 @@ def test_activity_keeps_a_temporary_queue(transport, make_queue):
     registry._touched.clear()  # the per-process throttle: let the next send record activity
     transport.send(name, "fresh")
     assert delete_idle_queues() == []
+
+
+# -- defect 1: a temporary queue is never dropped with messages in it ---------------------
+
+def test_send_many_records_activity_on_a_temporary_queue(transport, make_queue):
+    from core.queues import registry
+
+    name = make_queue(auto_delete_on_idle=300)
+    age(name, 400)
+    registry.forget()  # the per-process throttle too: the next insert records activity
+    transport.send_many(name, ["a", "b"])
+    last = QueueRecord.objects.get(name=name).last_activity
+    assert (dt.datetime.now(dt.timezone.utc) - last).total_seconds() < 60
+
+
+def test_a_temporary_queue_with_messages_in_it_is_not_dropped(transport, make_queue):
+    """The delayed-delivery case: the message lands long after the queue's last recorded
+    activity; the idle sweep must keep the queue while it holds a message."""
+    name = make_queue(auto_delete_on_idle=300)
+    transport.send_many(name, ["waiting"])
+    age(name, 600)
+    assert delete_idle_queues() == []
+    assert [m.body for m in transport.browse(name)] == [b"waiting"]
+    transport.purge(name)
+    assert delete_idle_queues() == [name]  # empty and idle: now it goes
+
+
+@pytest.mark.postgresql
+def test_a_send_in_flight_during_the_idle_sweep_keeps_the_queue(transport, make_queue):
+    """A send whose transaction is open when the sweep starts: the sweep's table lock
+    waits for it, then finds the row and keeps the queue."""
+    name = make_queue(auto_delete_on_idle=300)
+    age(name, 600)
+    inserted, release = threading.Event(), threading.Event()
+
+    def sender() -> None:
+        try:
+            with transaction.atomic():
+                Transport().send(name, "in flight")
+                inserted.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=sender)
+    thread.start()
+    assert inserted.wait(10)
+    result: list[list[str]] = []
+    sweep = threading.Thread(target=lambda: (result.append(delete_idle_queues()), connection.close()))
+    sweep.start()
+    sweep.join(0.5)
+    assert sweep.is_alive()  # waiting on the sender's lock, not dropping the table under it
+    release.set()
+    thread.join(10)
+    sweep.join(10)
+    assert result == [[]]
+    assert [m.body for m in transport.browse(name)] == [b"in flight"]

@@ -58,12 +58,8 @@ class Dialect(abc.ABC):
     by each dialect)."""
 
     vendor: str = ""
-    #: A receive can skip rows locked by another receiver (row-level locking).
-    supports_skip_locked: bool = True
     #: Several connections can write at once (False: one writer at a time, SQLite).
     supports_concurrent_writers: bool = True
-    #: Indexes may carry a WHERE clause (filtered / partial index).
-    supports_partial_indexes: bool = True
     #: Queue tables may live in a named schema.
     supports_schemas: bool = True
     #: RowVersion is the table's integer primary key, so it needs no index of its own.
@@ -75,6 +71,16 @@ class Dialect(abc.ABC):
     #: Suffix of a SELECT that locks its rows and skips rows others hold ("" when the
     #: database has one writer at a time and needs no row locks).
     skip_locked_suffix: str = ""
+    #: The most parameters one statement may carry (SQL Server allows 2,100; SQLite
+    #: 32,766; PostgreSQL 65,535): statements with one parameter per row are cut to fit.
+    max_parameters: int = 30_000
+    #: :meth:`counts` reads committed data (False: it reads without locks, SQL Server's
+    #: NOLOCK, so it may count rows of uncommitted sends and receives).
+    counts_are_exact: bool = True
+    #: Error codes (:meth:`error_codes`) of failures that are the database's passing state
+    #: — deadlock, lock timeout, serialization failure, lost connection — rather than the
+    #: statement's: the work is retried later and no message is blamed for it.
+    transient_errors: frozenset[str] = frozenset()
 
     def __init__(self, schema: str | None = None) -> None:
         if schema is not None and not self.supports_schemas:
@@ -137,6 +143,21 @@ class Dialect(abc.ABC):
     def ttl_params(self, ttl_seconds: float) -> list[Any]:
         """Parameters of :meth:`expires_after_ttl_sql` for a TTL in seconds."""
         return [ttl_seconds]
+
+    # -- errors -----------------------------------------------------------------
+    @abc.abstractmethod
+    def error_codes(self, exc: BaseException) -> set[str]:
+        """The driver's codes for one exception (SQLSTATE, vendor error number)."""
+
+    def is_transient(self, exc: BaseException) -> bool:
+        """True when ``exc`` (or the driver error Django wrapped in it) is one of
+        :attr:`transient_errors`."""
+        seen: BaseException | None = exc
+        while seen is not None:
+            if self.error_codes(seen) & self.transient_errors:
+                return True
+            seen = seen.__cause__
+        return False
 
     # -- named SQL: subclasses provide these -----------------------------------
     def create_schema(self) -> list[tuple[str, list[Any]]]:
@@ -443,7 +464,7 @@ def _is_uuid(value: Any) -> bool:
     return True
 
 
-class DelayedSQL:
+class DelayedSQL(abc.ABC):
     """Named SQL of the delayed-message store (table ``Id, Destination, State, Time,
     Headers, RetryCount`` with an index on Time).  Mixed into every dialect; the
     generic forms below are overridden where a database differs."""
@@ -498,7 +519,8 @@ class DelayedSQL:
         return f"DELETE FROM {self.table(name)} WHERE {self.quote('Id')} = %s"
 
     def delayed_remove_many(self, name: str, count: int) -> str:
-        """Delete ``count`` stored messages by Id in one statement.  Params: the ids."""
+        """Delete ``count`` stored messages by Id in one statement.  Params: the ids
+        (callers keep ``count`` within ``max_parameters``)."""
         marks = ", ".join(["%s"] * count)
         return f"DELETE FROM {self.table(name)} WHERE {self.quote('Id')} IN ({marks})"
 
@@ -520,6 +542,15 @@ class DelayedSQL:
     def delayed_deliver_now(self, name: str) -> str:
         """Make one stored message due now.  Params: id."""
         return f"UPDATE {self.table(name)} SET {self.quote('Time')} = {self.now_sql()} WHERE {self.quote('Id')} = %s"
+
+    def rename_delayed_table(self, old: str, new: str) -> list[tuple[str, list[Any]]]:
+        """Rename a store table (keeping its rows) and drop its old-named index; the
+        create statements then make the index under its new name."""
+        index = self.quote(self.delayed_time_index(old))
+        if self.schema:
+            index = f"{self.quote(self.schema)}.{index}"
+        return [(f"ALTER TABLE {self.table(old)} RENAME TO {self.quote(new)}", []),
+                (f"DROP INDEX IF EXISTS {index}", [])]
 
     def delayed_has_destination(self, name: str) -> str:
         """A row when some stored message is for destination %s."""

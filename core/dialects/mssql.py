@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import Any
 
 from core.dialects.base import DelayedSQL, Dialect
@@ -20,6 +21,26 @@ class MSSQLDialect(DelayedSQL, Dialect):
     vendor = "microsoft"
     # No cross-process wake-up here: movers poll for newly stored early messages.
     wake_poll_interval = 1.0
+    # SQL Server refuses a statement with more than 2,100 parameters; keep a margin for
+    # the few fixed ones a statement carries besides its list.
+    max_parameters = 2_000
+    # counts() reads WITH (NOLOCK): an operator's view must not wait behind receivers.
+    counts_are_exact = False
+    # 1205 deadlock victim, 1222 lock request time-out, 3960 snapshot update conflict,
+    # 40001 / HYT00 / 08S01 (SQLSTATEs: serialization, timeout, link failure), and the
+    # Azure SQL "try again" errors 40197, 40501, 40613.
+    transient_errors = frozenset({"1205", "1222", "3960", "40001", "HYT00", "08S01", "40197", "40501", "40613"})
+
+    def error_codes(self, exc: BaseException) -> set[str]:
+        # pyodbc / mssql-python: args = (SQLSTATE, "[SQLSTATE] [driver]… message (number) (SQLExecDirectW)").
+        codes: set[str] = set()
+        for arg in getattr(exc, "args", ()):
+            if not isinstance(arg, str):
+                continue
+            if re.fullmatch(r"[0-9A-Z]{5}", arg):
+                codes.add(arg)
+            codes.update(re.findall(r"\((\d{3,5})\)", arg))
+        return codes
 
     def quote(self, name: str) -> str:
         return "[" + name.replace("]", "]]") + "]"
@@ -147,6 +168,7 @@ class MSSQLDialect(DelayedSQL, Dialect):
 
 
     def counts(self, name: str) -> str:
+        # NOLOCK (hence counts_are_exact = False): may include uncommitted rows.
         t = self.table(name)
         return (
             f"SELECT (SELECT COUNT(*) FROM {t} WITH (NOLOCK)), "
@@ -157,9 +179,16 @@ class MSSQLDialect(DelayedSQL, Dialect):
         return f"DELETE FROM {self.table(name)} WITH (ROWLOCK, READPAST) WHERE [Id] = %s"
 
     def purge_expired(self, name: str) -> str:
+        # The receive's shape: ROWLOCK so no page locks (batches stay ≤ 4,000 rows, under
+        # the 5,000 at which SQL Server escalates to a table lock), READPAST so rows a
+        # receiver holds are passed over, and rows taken in RowVersion order — the
+        # receive's order — so a purge and a receive never lock in opposite orders.
+        return self._delete_top(name, "WHERE [Expires] IS NOT NULL AND [Expires] <= GETUTCDATE() ")
+
+    def _delete_top(self, name: str, where: str) -> str:
         return (
-            f"DELETE TOP (%s) FROM {self.table(name)} WITH (READPAST) "
-            "WHERE [Expires] IS NOT NULL AND [Expires] <= GETUTCDATE()"
+            f"WITH message AS (SELECT TOP (%s) * FROM {self.table(name)} WITH (UPDLOCK, READPAST, ROWLOCK) "
+            f"{where}ORDER BY [RowVersion]) DELETE FROM message"
         )
 
     def receive_expired(self, name: str) -> str:
@@ -173,13 +202,17 @@ class MSSQLDialect(DelayedSQL, Dialect):
         )
 
     def lock_table(self, name: str) -> str:
-        return f"SELECT TOP 0 1 FROM {self.table(name)} WITH (TABLOCKX, HOLDLOCK)"
+        # TOP (1), not TOP 0: for TOP 0 the optimizer may answer from a constant scan
+        # without opening the table, and then takes no lock at all.  Reading (at most)
+        # one row makes it open the table under TABLOCKX; HOLDLOCK keeps the exclusive
+        # table lock to the end of the transaction, so a concurrent send waits for it.
+        return f"SELECT TOP (1) 1 FROM {self.table(name)} WITH (TABLOCKX, HOLDLOCK)"
 
     def delayed_has_destination(self, name: str) -> str:
         return f"SELECT TOP 1 1 FROM {self.table(name)} WITH (NOLOCK) WHERE [Destination] = %s"
 
     def purge_all(self, name: str) -> str:
-        return f"DELETE TOP (%s) FROM {self.table(name)} WITH (READPAST)"
+        return self._delete_top(name, "")  # see purge_expired
 
     # -- delayed-message store (the layout of the transport's SQL Server store) ---------
     def create_delayed_table(self, name: str) -> list[tuple[str, list[Any]]]:
@@ -193,6 +226,11 @@ class MSSQLDialect(DelayedSQL, Dialect):
              f"CREATE NONCLUSTERED INDEX {self.quote(self.delayed_time_index(name))} ON {t} ([Time] ASC)",
              [self.delayed_time_index(name), t]),
         ]
+
+    def rename_delayed_table(self, old: str, new: str) -> list[tuple[str, list[Any]]]:
+        # sp_rename takes the qualified old name and the bare new one; the index is
+        # named Index_Time on every store table, so it needs no renaming.
+        return [("EXEC sp_rename %s, %s", [self.table(old), new])]
 
     def delayed_insert_at(self, name: str) -> str:
         # Params: id, destination, state, time, headers — then id again for the existence check.

@@ -16,6 +16,15 @@ class PostgreSQLDialect(DelayedSQL, Dialect):
     false_literal = "FALSE"
     supports_notify = True
     skip_locked_suffix = " FOR UPDATE SKIP LOCKED"
+    max_parameters = 60_000
+    # serialization_failure, deadlock_detected, lock_not_available (lock_timeout),
+    # query_canceled (statement_timeout), connection exceptions, admin/crash shutdown.
+    transient_errors = frozenset({"40001", "40P01", "55P03", "57014", "08000", "08003", "08006",
+                                  "57P01", "57P02", "57P03"})
+
+    def error_codes(self, exc: BaseException) -> set[str]:
+        code = getattr(exc, "sqlstate", None)  # psycopg errors
+        return {code} if code else set()
 
     def ddl_lock(self) -> tuple[str, list[Any]]:
         return ("SELECT pg_advisory_xact_lock(%s)", [DDL_LOCK_KEY])

@@ -15,10 +15,17 @@ from core.dialects.base import DelayedSQL, Dialect
 
 class SQLiteDialect(DelayedSQL, Dialect):
     vendor = "sqlite"
-    supports_skip_locked = False
     supports_concurrent_writers = False
     supports_schemas = False
     rowversion_is_primary_key = True
+    max_parameters = 30_000
+    # SQLITE_BUSY and SQLITE_LOCKED (primary codes): another writer held the database
+    # past the busy timeout.
+    transient_errors = frozenset({"5", "6"})
+
+    def error_codes(self, exc: BaseException) -> set[str]:
+        code = getattr(exc, "sqlite_errorcode", None)  # sqlite3 errors (Python 3.11+)
+        return {str(code & 0xFF)} if isinstance(code, int) else set()
 
     def create_queue_table(self, name: str) -> list[tuple[str, list[Any]]]:
         t = self.table(name)
