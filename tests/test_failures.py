@@ -99,6 +99,32 @@ def test_ingestion_creates_one_record_per_message_with_all_fields(failing_queue,
     assert {record(i).exception_message for i in ids} == {"bad order 1", "bad order 2", "bad order 3"}
 
 
+def test_ingestion_writes_a_batch_in_a_constant_number_of_statements(error_queue, transport):
+    """Issue 11, defect 9: one INSERT for the new records and one UPDATE for the known ones
+    per batch, not one statement per message."""
+    from django.test.utils import CaptureQueriesContext
+
+    def to_error_queue(*ids):
+        for message_id in ids:
+            transport.send(error_queue, {"id": message_id}, message_id=message_id, message_type="PlaceOrder",
+                           headers={Headers.FAILED_Q: "orders", Headers.EXCEPTION_TYPE: "ValueError",
+                                    Headers.EXCEPTION_MESSAGE: f"bad {message_id}"})
+
+    to_error_queue(*[f"e-{i}" for i in range(5)])
+    assert ingest_errors() == 5
+    to_error_queue(*[f"e-{i}" for i in range(10)])  # five fail again, five are new
+    table = FailedMessage._meta.db_table
+    with CaptureQueriesContext(connection) as queries:
+        assert ingest_errors(batch_size=10, max_batches=1) == 10
+    writes = [q["sql"] for q in queries.captured_queries
+              if table in q["sql"] and q["sql"].lstrip().upper().startswith(("INSERT", "UPDATE"))]
+    assert len(writes) == 2, writes
+    assert FailedMessage.objects.count() == 10
+    assert sorted(FailedMessage.objects.values_list("failure_count", flat=True)) == [1] * 5 + [2] * 5
+    assert record("e-3").history[-1]["message"] == "bad e-3" and len(record("e-3").history) == 2
+    assert record("e-7").status == FailureStatus.UNRESOLVED and record("e-7").exception_type == "ValueError"
+
+
 def test_ingestor_loop_steps_again_at_once_while_batches_are_full(failing_queue, error_queue, transport):
     failing_queue({}, {}, {})
     ingestor = ErrorIngestor(batch_size=2, interval=1.0)
@@ -233,13 +259,13 @@ def test_progress_is_visible_per_batch(failing_queue, monkeypatch):
     ingest_errors()
     op = retry(ids)
     seen = []
-    real = failures._send_back
+    real = failures.bulk.send_back
 
     def spy(record, *args):
         seen.append(BulkOperation.objects.values_list("status", "done").get(pk=op.pk))
         return real(record, *args)
 
-    monkeypatch.setattr(failures, "_send_back", spy)
+    monkeypatch.setattr(failures.bulk, "send_back", spy)
     run_retry(op.pk, batch_size=2)
     assert seen == [("running", 0), ("running", 0), ("running", 2), ("running", 2), ("running", 4)]
 
@@ -418,7 +444,7 @@ def test_poison_rows_become_records(make_queue, temp_handlers, error_queue, tran
 
 def test_a_crash_during_ingestion_loses_nothing(failing_queue, error_queue, transport, monkeypatch):
     failing_queue({}, {}, {})
-    real = failures._ingest_message
+    real = failures.ingestion.apply_failure
     calls = []
 
     def crash_after_first(*args):
@@ -427,12 +453,12 @@ def test_a_crash_during_ingestion_loses_nothing(failing_queue, error_queue, tran
             raise RuntimeError("worker killed mid-batch")
         return real(*args)
 
-    monkeypatch.setattr(failures, "_ingest_message", crash_after_first)
+    monkeypatch.setattr(failures.ingestion, "apply_failure", crash_after_first)
     with pytest.raises(RuntimeError):
         ingest_errors()
     assert transport.counts(error_queue).total == 3  # the receive rolled back with the records
     assert FailedMessage.objects.count() == 0
-    monkeypatch.setattr(failures, "_ingest_message", real)
+    monkeypatch.setattr(failures.ingestion, "apply_failure", real)
     assert ingest_errors() == 3
     assert FailedMessage.objects.count() == 3 and transport.counts(error_queue).total == 0
 

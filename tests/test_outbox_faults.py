@@ -4,7 +4,7 @@ and the dispatch, and between the dispatch and marking the record dispatched.
 300 ``Relay`` messages go to the demo endpoint, whose handler writes a business row and
 sends one message onward to a queue in *another* database (the case the outbox is for).
 Worker processes in outbox mode are started one after another, each killing itself at
-one kind of fault point with some probability (SLUICE_TEST_KILL_AT), until the queue
+one kind of fault point with some probability (tests/outbox_faults.py), until the queue
 is drained and nothing is left to dispatch.  Then: every business row exactly once,
 every outgoing message delivered at least once, and a receiving endpoint with an outbox
 turns the copies back into exactly-once processing.
@@ -39,7 +39,6 @@ def run_worker(kill_at: str) -> tuple[int, str]:
         "DATABASE_URL": database_url(),
         "SLUICE_OTHER_DATABASE_URL": database_url(OTHER),
         "SLUICE_TRANSACTION_MODE": "outbox",
-        "SLUICE_TEST_KILL_AT": kill_at,
         "SLUICE_RECEIVE_BATCH_SIZE": "4",
         "SLUICE_PEEK_DELAY": "0.1",
         "SLUICE_OUTBOX_DISPATCHER_INTERVAL": "0.2",
@@ -47,7 +46,7 @@ def run_worker(kill_at: str) -> tuple[int, str]:
         "SLUICE_LOG_LEVEL": "WARNING",
         "PYTHONUNBUFFERED": "1",
     }
-    proc = subprocess.run([sys.executable, str(ROOT / "manage.py"), "sluice", "worker", "--queue", "demo",
+    proc = subprocess.run([sys.executable, "-m", "tests.outbox_faults", kill_at, "sluice", "worker", "--queue", "demo",
                            "--concurrency", "2", "--until-empty"], cwd=ROOT, env=env, capture_output=True,
                           timeout=60)
     return proc.returncode, (proc.stdout + proc.stderr).decode(errors="replace")
