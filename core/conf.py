@@ -114,10 +114,6 @@ class SluiceSettings:
     OUTBOX_DISPATCHER_GRACE: float = 5.0
     #: Modules that register outbox destinations beyond queues (imported on first need).
     OUTBOX_DESTINATION_MODULES: tuple[str, ...] = ("workers.outbox",)
-    #: TEST-ONLY fault injection: ``point:probability,…`` with points ``in_handler``,
-    #: ``after_commit``, ``after_dispatch``; the process SIGKILLs itself there.  Never set
-    #: it in production.
-    TEST_KILL_AT: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
