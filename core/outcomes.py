@@ -1,28 +1,13 @@
-"""What became of a message: outcomes as types, not strings.
+"""What became of a received message: an outcome as a type, not a string.
 
-A low module (it imports nothing from core), so recoverability, the pump and anything
-that counts outcomes can share it without an import cycle.  The members are ``StrEnum``
-values: they log, compare and serialise as their text ("retry", …).
+A low module (it imports nothing from core), so the pump, its transaction modes and
+anything that counts or records outcomes share it without an import cycle.  Where a
+*failed* message went is :class:`core.recoverability.FailureOutcome`.  The members are
+``StrEnum`` values: they log, compare and serialise as their text.
 """
 from __future__ import annotations
 
 from enum import StrEnum
-
-
-class FailureOutcome(StrEnum):
-    """Where a message whose handler failed went (``Recoverability.on_failure``)."""
-
-    #: Back into its queue for another immediate attempt.
-    RETRY = "retry"
-    #: To the delayed store, for a delayed retry.
-    DELAYED_RETRY = "delayed-retry"
-    #: To the error queue: no retries left (or none allowed).
-    ERROR = "error"
-
-    @property
-    def retried(self) -> bool:
-        """True when the message will be attempted again."""
-        return self is not FailureOutcome.ERROR
 
 
 class MessageOutcome(StrEnum):

@@ -36,9 +36,9 @@ from core.failures import RETRY_OF, mark_resolved
 from core.handlers import HandlerRegistry, handlers as default_handlers
 from core.loops import discard_connection
 from core.messages import Message
-from core.outcomes import FailureOutcome, MessageOutcome
+from core.outcomes import MessageOutcome
 from core.queues import dialect, missing_indexes
-from core.recoverability import Recoverability
+from core.recoverability import FailureOutcome, Recoverability
 from core.transaction_modes import BatchScope, OutboxMode, mode_for
 from core.transport import Transport
 
@@ -228,8 +228,8 @@ class MessagePump:
         try:
             outcome = batch.handle(message, fn)
         except Exception as exc:  # the handler's failure is data, not a crash
-            failure = FailureOutcome(self.recoverability.on_failure(message, exc))
-            return MessageOutcome.RETRIED if failure.retried else MessageOutcome.ERRORED
+            failure = self.recoverability.on_failure(message, exc)
+            return MessageOutcome.ERRORED if failure is FailureOutcome.ERROR else MessageOutcome.RETRIED
         if outcome is MessageOutcome.DUPLICATE:
             log.debug("message %s on %s is a duplicate: handler skipped", message.id, self.queue)
             return outcome
