@@ -289,20 +289,24 @@ def list_queues(using: str | None = None) -> list[QueueRecord]:
     return list(QueueRecord.objects.using(_alias(using)).all())
 
 
-_models: dict[str, type[models.Model]] = {}
+_models: dict[tuple[str, str], type[models.Model]] = {}
 _models_lock = threading.Lock()
 
 
-def queue_model(name: str) -> type[models.Model]:
+def queue_model(name: str, using: str | None = None) -> type[models.Model]:
     """An unmanaged Django model for a queue table, made from one definition.
 
     For reading queue rows through the ORM (the dashboard, ad-hoc queries).  Sending and
-    receiving go through core.transport, whose SQL the dialects own.
+    receiving go through core.transport, whose SQL the dialects own.  With
+    ``SLUICE_SCHEMA`` the table is the schema-qualified one of ``using``'s dialect (Django
+    leaves an already quoted name as it is); without, the bare name, so the model
+    compiles for any connection.
     """
     validate_name(name)
+    table = dialect(using).table(name) if get_settings().SCHEMA else name
     with _models_lock:
-        if name in _models:
-            return _models[name]
+        if (name, table) in _models:
+            return _models[(name, table)]
         safe = re.sub(r"[^A-Za-z0-9]", "_", name)
         attrs = {
             "__module__": __name__,
@@ -314,9 +318,9 @@ def queue_model(name: str) -> type[models.Model]:
             "expires": models.DateTimeField(null=True, db_column="Expires"),
             "headers": models.TextField(db_column="Headers"),
             "body": models.BinaryField(null=True, db_column="Body"),
-            "Meta": type("Meta", (), {"managed": False, "db_table": name, "app_label": "sluice",
+            "Meta": type("Meta", (), {"managed": False, "db_table": table, "app_label": "sluice",
                                       "ordering": ["row_version"]}),
         }
         model = type(f"QueueTable_{safe}_{len(_models)}", (models.Model,), attrs)
-        _models[name] = model
+        _models[(name, table)] = model
         return model

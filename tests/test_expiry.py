@@ -7,6 +7,7 @@ import time
 
 import pytest
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from core.delayed import SqlDelayedStore
 from core.expiry import delete_idle_queues, purge_expired_messages
@@ -166,3 +167,26 @@ def test_a_send_in_flight_during_the_idle_sweep_keeps_the_queue(transport, make_
     sweep.join(10)
     assert result == [[]]
     assert [m.body for m in transport.browse(name)] == [b"in flight"]
+
+
+# -- defect 9: dead-lettering in batches ---------------------------------------------------
+
+def test_dead_lettering_moves_batches_with_one_log_line_each(transport, make_queue, caplog, monkeypatch):
+    import core.expiry
+
+    name = make_queue(dead_letter_on_expiry=True)
+    transport.send_many(name, [f"late {i:03d}" for i in range(250)], ttl=0)
+    transport.send(name, "fine")
+    # Bound each batch by bytes: 1,000 bytes of bodies (8 bytes each) ends a batch at 125 rows.
+    monkeypatch.setattr(core.expiry, "DEAD_LETTER_BYTES_PER_BATCH", 1000)
+    with caplog.at_level("INFO", logger="sluice.expiry"), \
+            CaptureQueriesContext(connection) as queries:
+        assert purge_expired_messages(batch_size=4000) == {name: 250}
+    batch_lines = [r for r in caplog.records if r.name == "sluice.expiry" and "dead-lettered" in r.getMessage()]
+    assert len(batch_lines) == 2  # 125 + 125 by bytes, not one line per message
+    inserts = [q for q in queries.captured_queries if q["sql"].startswith("INSERT")]
+    assert len(inserts) <= 6  # one executemany per statement of ≤ 100 rows, not one per message
+    dead = transport.browse(name + ".deadletter", limit=500)
+    assert sorted(m.body for m in dead) == [f"late {i:03d}".encode() for i in range(250)]
+    assert all(m.headers[Headers.EXPIRED_REASON] == "TTLExpiredException" and m.expires is None for m in dead)
+    assert [m.body for m in transport.browse(name)] == [b"fine"]

@@ -159,3 +159,23 @@ def test_a_receive_transaction_does_not_hold_the_registry_row(make_queue):
     assert outcome == ["free"]
     last = QueueRecord.objects.get(name=name).last_activity
     assert last is not None  # and it was recorded, after the commit
+
+
+@pytest.mark.postgresql
+def test_queue_model_reads_the_table_in_the_configured_schema(transactional_db, settings):
+    """Defect 11: with SLUICE_SCHEMA the queue tables live in that schema; the ORM model
+    must read them there."""
+    import uuid
+
+    settings.SLUICE_SCHEMA = f"sluice_s_{uuid.uuid4().hex[:6]}"
+    name = f"q_{uuid.uuid4().hex[:10]}"
+    create_queue(name)
+    try:
+        Transport().send(name, "in a schema")
+        model = queue_model(name)
+        assert [row.body.tobytes() if hasattr(row.body, "tobytes") else bytes(row.body)
+                for row in model.objects.all()] == [b"in a schema"]
+    finally:
+        delete_queue(name)
+        with connection.cursor() as cursor:
+            cursor.execute(f'DROP SCHEMA IF EXISTS "{settings.SLUICE_SCHEMA}" CASCADE')

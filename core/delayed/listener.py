@@ -37,25 +37,25 @@ class PostgresListener(threading.Thread):
         self.params = listen_params(using)
         self.callback = callback
         self.connected = threading.Event()
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
 
     def run(self) -> None:
         import psycopg  # only PostgreSQL movers start a listener
 
-        while not self._stop.is_set():
+        while not self._stopping.is_set():
             try:
                 with psycopg.connect(**self.params, autocommit=True) as conn:
                     conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
                     self.connected.set()
                     self.callback("*|0")  # (re)connected: something may have been missed
-                    while not self._stop.is_set():
+                    while not self._stopping.is_set():
                         for note in conn.notifies(timeout=1.0):
                             self.callback(note.payload)
             except Exception as exc:  # noqa: BLE001 — a lost listener must not kill the mover
                 log.warning("delayed-message listener lost its connection (%s); retrying", exc)
             finally:
                 self.connected.clear()
-            self._stop.wait(2.0)
+            self._stopping.wait(2.0)
