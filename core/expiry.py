@@ -19,7 +19,7 @@ from core.messages import Headers, Message
 from core.models import QueueRecord
 from core.queues import QueueInfo, list_queues, registry
 from core.scheduling import delayed_store
-from core.transport import OutgoingMessage, Transport
+from core.transport import MAX_PURGE_BATCH, Transport
 
 log = logging.getLogger("sluice.expiry")
 
@@ -78,7 +78,8 @@ def _dead_letter_batch(transport: Transport, info: QueueInfo, batch_size: int) -
                 cursor.execute(d.receive_expired(info.name), [want])
                 rows = cursor.fetchall()
             messages = [transport.to_message(info.name, d.to_row(raw)) for raw in rows]
-            transport.enqueue([_dead_letter_row(m, info) for m in messages])
+            transport.enqueue([transport.moved(m, info.dead_letter_queue or "", _dead_letter_headers(m))
+                               for m in messages])
             moved += len(messages)
             size += sum(len(m.body) for m in messages)
             if len(rows) < want:
@@ -90,13 +91,6 @@ def _dead_letter_batch(transport: Transport, info: QueueInfo, batch_size: int) -
     return moved, exhausted
 
 
-def _dead_letter_row(message: Message, info: QueueInfo) -> OutgoingMessage:
-    headers = _dead_letter_headers(message)
-    return OutgoingMessage(queue=info.dead_letter_queue or "", row_id=message.id, headers=headers,
-                           body=message.body, correlation_id=message.correlation_id,
-                           reply_to=message.reply_to, ttl_seconds=None)
-
-
 def purge_expired_messages(using: str | None = None, batch_size: int | None = None,
                            time_budget: float = 20.0) -> dict[str, int]:
     """Remove expired messages from every queue (dead-lettering where the queue asks),
@@ -104,7 +98,7 @@ def purge_expired_messages(using: str | None = None, batch_size: int | None = No
     the purge never waits for — or deadlocks with — a receiver.  Stops after
     ``time_budget`` seconds; the next run carries on.  Returns {queue: removed}."""
     settings = get_settings()
-    size = min(batch_size or settings.PURGE_BATCH_SIZE, 4000)
+    size = min(batch_size or settings.PURGE_BATCH_SIZE, MAX_PURGE_BATCH)
     transport = Transport(using)
     deadline = time.monotonic() + time_budget
     done: dict[str, int] = {}

@@ -30,6 +30,8 @@ log = logging.getLogger("sluice.transport")
 #: Namespace for turning a non-UUID message id into the table's uuid Id column.
 ID_NAMESPACE = uuid.UUID("5f1a7c2e-8b0d-4f57-9a52-3c1e5d0b7a11")
 MAX_MESSAGE_ID_LENGTH = 200
+#: The most rows one purge statement deletes (SQL Server escalates past 5,000 row locks).
+MAX_PURGE_BATCH = 4000
 
 
 @dataclass(frozen=True)
@@ -230,15 +232,20 @@ class Transport:
         """Put a received message into ``queue`` with ``headers``: back into its own queue
         for an immediate retry (``keep_expiry``: same Expires), or into an error or
         dead-letter queue (no expiry).  Same Id and body."""
+        self.enqueue([self.moved(message, queue, headers, keep_expiry=keep_expiry)])
+
+    def moved(self, message: Message, queue: str, headers: Mapping[str, str], *,
+              keep_expiry: bool = False) -> OutgoingMessage:
+        """The row :meth:`move` inserts (for moving many with one :meth:`enqueue`)."""
         info = self._queue(queue)
         headers = dict(headers)
         if not keep_expiry:
             headers.pop(Headers.TIME_TO_BE_RECEIVED, None)
-        self.enqueue([OutgoingMessage(
+        return OutgoingMessage(
             queue=info.name, row_id=message.id, headers=headers, body=message.body,
             correlation_id=headers.get(Headers.CORRELATION_ID, message.correlation_id),
             reply_to=headers.get(Headers.REPLY_TO_ADDRESS, message.reply_to), ttl_seconds=None,
-            expires=message.expires if keep_expiry else None)])
+            expires=message.expires if keep_expiry else None)
 
     def schedule(self, message: OutgoingMessage, delay: float | None, deliver_at: dt.datetime | None) -> None:
         """Put a built message into the delayed store instead of its queue (due after
@@ -274,13 +281,6 @@ class Transport:
         messages = [self.build(queue, body, **options) for body in bodies]
         self.enqueue(messages)
         return [m.message_id for m in messages]
-
-    # Thin callers kept while the outbox and failed-message modules move to enqueue().
-    def insert(self, message: OutgoingMessage) -> None:
-        self.enqueue([message])
-
-    def insert_many(self, messages: list[OutgoingMessage]) -> None:
-        self.enqueue(messages)
 
     # -- receiving -------------------------------------------------------------
     def receive_batch(self, queue: str, limit: int) -> list[Message]:
@@ -355,9 +355,11 @@ class Transport:
     def purge(self, queue: str, expired_only: bool = False, batch_size: int | None = None,
               max_batches: int | None = None) -> int:
         """Delete messages in batches (each its own transaction), skipping rows receivers
-        hold.  Returns how many were deleted."""
+        hold.  Batches are capped at :data:`MAX_PURGE_BATCH` rows: more row locks than
+        that and SQL Server escalates to a lock on the whole table.  Returns how many
+        were deleted."""
         self._queue(queue)
-        size = batch_size or get_settings().PURGE_BATCH_SIZE
+        size = min(batch_size or get_settings().PURGE_BATCH_SIZE, MAX_PURGE_BATCH)
         sql = self.dialect.purge_expired(queue) if expired_only else self.dialect.purge_all(queue)
         total = batches = 0
         while max_batches is None or batches < max_batches:

@@ -208,7 +208,8 @@ def test_every_named_statement_is_covered():
     covered = {stmt.what.split("[")[0] for stmt in _statements(MSSQLDialect(), NAME)}
     assert covered == set(NAMED)
     # Every public statement-making method of the dialect is in the list (a new one must be added).
-    from core.dialects.base import DelayedSQL, Dialect
+    from core.dialects.base import Dialect
+    from core.dialects.delayed_sql import DelayedSQL
 
     helpers = {"quote", "table", "index_names", "delayed_time_index", "create_schema", "to_row", "to_datetime", "datetime_param",
                "ttl_params", "browse_params", "now_sql", "expires_after_ttl_sql", "expired_sql",
@@ -494,18 +495,20 @@ def test_peek_estimates_from_rowversion_and_never_counts():
     for table in tree.find_all(exp.Table):
         assert_table(table, NAME)
         assert hints(table) == ["NOLOCK"]        # an estimate need not wait for receivers
-    assert "ISNULL(" in sql and sql.endswith("+ 1, 0)")  # empty queue → 0
+    assert "COALESCE(" in sql and sql.endswith("+ 1, 0)")  # empty queue → 0
+    assert sql.count("WITH (NOLOCK)") == 2  # an estimate does not wait for receivers
 
 
 def test_browse_pages_oldest_first_without_taking():
     d = MSSQLDialect()
     sql = d.browse(NAME)
     params = d.browse_params(after_row_version=41, limit=50)
-    assert params == [50, 41]                     # TOP comes first in the T-SQL
+    assert params == [41, 50]                     # the limit last: OFFSET 0 ROWS FETCH NEXT @P2
     tree = parse_one(bind(sql, len(params)))
-    assert param_name(tree.args["limit"].expression) == "P1"
+    assert param_name(tree.args["limit"].args["count"]) == "P2"
+    assert tree.args["offset"].expression.this == "0"
     where = tree.args["where"].this
-    assert isinstance(where, exp.GT) and param_name(where.expression) == "P2"
+    assert isinstance(where, exp.GT) and param_name(where.expression) == "P1"
     assert_column(where.this, "RowVersion")
     for node, column in zip(tree.expressions, MESSAGE_COLUMNS):
         assert_column(node, column)
@@ -879,7 +882,7 @@ def test_transport_statements_reach_the_driver_with_matching_params(mssql_connec
     requeued = _bound_values(requeue[1], requeue[2])
     assert requeued["Id"] == received.id and requeued["Body"] == b"body"
     assert requeued["Expires"] == dt.datetime(2030, 1, 1) and requeued["Expires"].tzinfo is None
-    assert peek[2] == () and browse[2] == (50, 41) and delete[2] == (row_id_for(message_id),)
+    assert peek[2] == () and browse[2] == (41, 50) and delete[2] == (row_id_for(message_id),)
 
 
 def test_purge_and_counts_reach_the_driver(mssql_connection, no_registry):
@@ -918,3 +921,21 @@ def test_mssql_database_url_gives_mssql_django_a_usable_connection_string(mssql_
     assert parts["PWD"].strip("{}") == "p@ss"
     assert parts["TrustServerCertificate"] == "yes"
     assert "DRIVER" not in parts  # mssql-python bundles its own driver
+
+
+def test_a_dialect_must_define_every_sql_fragment():
+    """The generic statements are written once from the fragments; a dialect that leaves
+    one out fails when it is made, not with broken SQL later."""
+    from core.dialects.base import FRAGMENTS
+
+    class Incomplete(MSSQLDialect):
+        nolock_hint = None
+
+    with pytest.raises(TypeError, match="nolock_hint"):
+        Incomplete()
+    d = MSSQLDialect()
+    assert all(isinstance(getattr(d, f), str) for f in FRAGMENTS)
+    # The generic forms carry SQL Server's fragments: hints after the table, the limit last.
+    assert d.delayed_fetch_due(NAME).endswith("ORDER BY [Time] OFFSET 0 ROWS FETCH NEXT %s ROWS ONLY")
+    assert "[dbo].[orders] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE" in d.delayed_fetch_due(NAME)
+    assert d.delayed_fetch_params("at", 10) == ["at", 10]

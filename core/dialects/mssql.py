@@ -14,11 +14,20 @@ import datetime as dt
 import re
 from typing import Any
 
-from core.dialects.base import DelayedSQL, Dialect
+from core.dialects.base import Dialect
+from core.dialects.delayed_sql import DelayedSQL
+from core.dialects.outbox_sql import OutboxSQL
 
 
-class MSSQLDialect(DelayedSQL, Dialect):
+class MSSQLDialect(DelayedSQL, OutboxSQL, Dialect):
     vendor = "microsoft"
+    # OFFSET … FETCH rather than TOP (%s): the limit stays the last parameter, as LIMIT's.
+    limit = " OFFSET 0 ROWS FETCH NEXT %s ROWS ONLY"
+    readpast_hint = " WITH (READPAST)"
+    nolock_hint = " WITH (NOLOCK)"
+    # The receive's hints (and the ORM's select_for_update(skip_locked=True)).
+    lock_skip_hint = " WITH (UPDLOCK, READPAST, ROWLOCK)"
+    skip_locked_suffix = ""
     # No cross-process wake-up here: movers poll for newly stored early messages.
     wake_poll_interval = 1.0
     # SQL Server refuses a statement with more than 2,100 parameters; keep a margin for
@@ -149,32 +158,6 @@ class MSSQLDialect(DelayedSQL, Dialect):
             f"{self.expired_sql('deleted.[Expires]')};"
         )
 
-    def peek_estimate(self, name: str) -> str:
-        # NOLOCK: an estimate need not wait for receivers; it never counts rows.
-        t = self.table(name)
-        return (
-            f"SELECT ISNULL((SELECT MAX([RowVersion]) FROM {t} WITH (NOLOCK)) - "
-            f"(SELECT MIN([RowVersion]) FROM {t} WITH (NOLOCK)) + 1, 0)"
-        )
-
-    def browse(self, name: str) -> str:
-        return (
-            f"SELECT TOP (%s) {self._message_columns()}, {self.expired_sql('[Expires]')} "
-            f"FROM {self.table(name)} WITH (READPAST) WHERE [RowVersion] > %s ORDER BY [RowVersion]"
-        )
-
-    def browse_params(self, after_row_version: int, limit: int) -> list[Any]:
-        return [limit, after_row_version]
-
-
-    def counts(self, name: str) -> str:
-        # NOLOCK (hence counts_are_exact = False): may include uncommitted rows.
-        t = self.table(name)
-        return (
-            f"SELECT (SELECT COUNT(*) FROM {t} WITH (NOLOCK)), "
-            f"(SELECT COUNT(*) FROM {t} WITH (NOLOCK) WHERE [Expires] IS NOT NULL AND [Expires] <= GETUTCDATE())"
-        )
-
     def delete_by_id(self, name: str) -> str:
         return f"DELETE FROM {self.table(name)} WITH (ROWLOCK, READPAST) WHERE [Id] = %s"
 
@@ -207,9 +190,6 @@ class MSSQLDialect(DelayedSQL, Dialect):
         # one row makes it open the table under TABLOCKX; HOLDLOCK keeps the exclusive
         # table lock to the end of the transaction, so a concurrent send waits for it.
         return f"SELECT TOP (1) 1 FROM {self.table(name)} WITH (TABLOCKX, HOLDLOCK)"
-
-    def delayed_has_destination(self, name: str) -> str:
-        return f"SELECT TOP 1 1 FROM {self.table(name)} WITH (NOLOCK) WHERE [Destination] = %s"
 
     def purge_all(self, name: str) -> str:
         return self._delete_top(name, "")  # see purge_expired
@@ -255,21 +235,6 @@ class MSSQLDialect(DelayedSQL, Dialect):
                               headers: str) -> list[Any]:
         # The id again at the end, for the NOT EXISTS check.
         return [id_, destination, state, *time_params, headers, id_]
-
-    def delayed_fetch_due(self, name: str) -> str:
-        return (
-            f"SELECT TOP (%s) {self._delayed_columns()} FROM {self.table(name)} WITH (UPDLOCK, READPAST, ROWLOCK) "
-            "WHERE [Time] <= COALESCE(%s, GETUTCDATE()) ORDER BY [Time]"
-        )
-
-    def delayed_fetch_params(self, at: Any, limit: int) -> list[Any]:
-        return [limit, at]
-
-    def delayed_list(self, name: str) -> str:
-        return (
-            f"SELECT TOP (%s) {self._delayed_columns()}, GETUTCDATE() FROM {self.table(name)} WITH (NOLOCK) "
-            "ORDER BY [Time], [Id]"
-        )
 
     # -- outbox -------------------------------------------------------------------
     def outbox_index_names(self, name: str) -> dict[str, str]:
@@ -317,14 +282,6 @@ class MSSQLDialect(DelayedSQL, Dialect):
     def before_now_params(self, seconds: float) -> list[Any]:
         return self.ttl_params(seconds)
 
-    def outbox_due(self, name: str, include_failed: bool = True) -> str:
-        failed = "" if include_failed else " AND [LastError] IS NULL"
-        return (
-            f"SELECT [MessageId] FROM {self.table(name)} WITH (READPAST) WHERE [Dispatched] = 0 "
-            f"AND [Quarantined] = 0{failed} AND [CreatedAt] <= {self.before_now_sql()} "
-            "ORDER BY [CreatedAt] OFFSET 0 ROWS FETCH NEXT %s ROWS ONLY"
-        )
-
     def outbox_cleanup(self, name: str) -> str:
         return (
             f"DELETE TOP (%s) FROM {self.table(name)} WITH (ROWLOCK, READPAST) "
@@ -333,21 +290,6 @@ class MSSQLDialect(DelayedSQL, Dialect):
 
     def outbox_cleanup_params(self, keep_seconds: float, batch_size: int) -> list[Any]:
         return [batch_size, *self.before_now_params(keep_seconds)]
-
-    def outbox_records(self, name: str, undispatched_only: bool) -> str:
-        where = "WHERE [Dispatched] = 0 " if undispatched_only else ""
-        order = "ASC" if undispatched_only else "DESC"
-        return (f"SELECT {self._outbox_columns()} FROM {self.table(name)} WITH (READPAST) {where}"
-                f"ORDER BY [CreatedAt] {order} OFFSET 0 ROWS FETCH NEXT %s ROWS ONLY")
-
-    def outbox_stats(self, name: str) -> str:
-        t = self.table(name)
-        return (
-            f"SELECT (SELECT COUNT(*) FROM {t} WITH (NOLOCK)), "
-            f"(SELECT COUNT(*) FROM {t} WITH (NOLOCK) WHERE [Dispatched] = 0), "
-            f"(SELECT COUNT(*) FROM {t} WITH (NOLOCK) WHERE [Dispatched] = 0 AND [Quarantined] = 1), "
-            f"(SELECT MIN([CreatedAt]) FROM {t} WITH (NOLOCK) WHERE [Dispatched] = 0), GETUTCDATE()"
-        )
 
     def outbox_size(self, name: str) -> tuple[str, list[Any]]:
         return ("SELECT ISNULL(SUM(reserved_page_count), 0) * 8192 FROM sys.dm_db_partition_stats "

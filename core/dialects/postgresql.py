@@ -4,17 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.dialects.base import DelayedSQL, Dialect
+from core.dialects.base import Dialect
+from core.dialects.delayed_sql import DelayedSQL
+from core.dialects.outbox_sql import OutboxSQL
 
 # pg_advisory_xact_lock key for Sluice's DDL ("sluice" as an int).
 DDL_LOCK_KEY = 0x736C7569
 
 
-class PostgreSQLDialect(DelayedSQL, Dialect):
+class PostgreSQLDialect(DelayedSQL, OutboxSQL, Dialect):
     vendor = "postgresql"
     true_literal = "TRUE"
     false_literal = "FALSE"
     supports_notify = True
+    limit = " LIMIT %s"
+    readpast_hint = nolock_hint = lock_skip_hint = ""  # MVCC: readers never wait for writers
     skip_locked_suffix = " FOR UPDATE SKIP LOCKED"
     max_parameters = 60_000
     # serialization_failure, deadlock_detected, lock_not_available (lock_timeout),
@@ -83,7 +87,8 @@ class PostgreSQLDialect(DelayedSQL, Dialect):
     def expires_after_ttl_sql(self) -> str:
         return "statement_timestamp() + make_interval(secs => %s)"
 
-    def expired_sql(self, column: str = '"Expires"') -> str:
+    def expired_sql(self, column: str | None = None) -> str:
+        column = column or self._col("Expires")
         return f"({column} IS NOT NULL AND {column} <= statement_timestamp())"
 
     def receive(self, name: str) -> str:
@@ -92,12 +97,6 @@ class PostgreSQLDialect(DelayedSQL, Dialect):
             f'DELETE FROM {t} WHERE "RowVersion" IN '
             f'(SELECT "RowVersion" FROM {t} ORDER BY "RowVersion" LIMIT %s FOR UPDATE SKIP LOCKED) '
             f"RETURNING {self._message_columns()}, {self.expired_sql()}"
-        )
-
-    def browse(self, name: str) -> str:
-        return (
-            f"SELECT {self._message_columns()}, {self.expired_sql()} FROM {self.table(name)} "
-            'WHERE "RowVersion" > %s ORDER BY "RowVersion" LIMIT %s'
         )
 
     def delete_by_id(self, name: str) -> str:

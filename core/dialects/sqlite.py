@@ -10,14 +10,19 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from core.dialects.base import DelayedSQL, Dialect
+from core.dialects.base import Dialect
+from core.dialects.delayed_sql import DelayedSQL
+from core.dialects.outbox_sql import OutboxSQL
 
 
-class SQLiteDialect(DelayedSQL, Dialect):
+class SQLiteDialect(DelayedSQL, OutboxSQL, Dialect):
     vendor = "sqlite"
     supports_concurrent_writers = False
     supports_schemas = False
     rowversion_is_primary_key = True
+    limit = " LIMIT %s"
+    # One writer at a time (BEGIN IMMEDIATE) and readers that never block: no hints, no row locks.
+    readpast_hint = nolock_hint = lock_skip_hint = skip_locked_suffix = ""
     max_parameters = 30_000
     # SQLITE_BUSY and SQLITE_LOCKED (primary codes): another writer held the database
     # past the busy timeout.
@@ -81,12 +86,6 @@ class SQLiteDialect(DelayedSQL, Dialect):
             f'DELETE FROM {t} WHERE "RowVersion" IN '
             f'(SELECT "RowVersion" FROM {t} ORDER BY "RowVersion" LIMIT %s) '
             f"RETURNING {self._message_columns()}, {self.expired_sql()}"
-        )
-
-    def browse(self, name: str) -> str:
-        return (
-            f"SELECT {self._message_columns()}, {self.expired_sql()} FROM {self.table(name)} "
-            'WHERE "RowVersion" > %s ORDER BY "RowVersion" LIMIT %s'
         )
 
     def delete_by_id(self, name: str) -> str:
