@@ -332,7 +332,7 @@ def test_worker_killed_while_moving_a_batch_loses_and_duplicates_nothing(empty_s
 
 # -- 3. two movers, one store: leader election and hand-over --------------------------------
 
-@pytest.mark.postgresql
+@pytest.mark.row_locking
 @pytest.mark.timeout(120)
 def test_two_movers_elect_one_leader_and_hand_over_on_graceful_stop(empty_store):
     """Two workers on one PostgreSQL store; 500 Pings fall due over ~2 s.  Exactly once,
@@ -404,7 +404,7 @@ def test_two_movers_elect_one_leader_and_hand_over_on_graceful_stop(empty_store)
 
 # -- 4. SKIP LOCKED: two concurrent fetches take disjoint rows ---------------------------------
 
-@pytest.mark.postgresql
+@pytest.mark.row_locking
 @pytest.mark.timeout(60)
 def test_fetch_due_in_two_concurrent_transactions_returns_disjoint_rows(empty_store):
     store = SqlDelayedStore()

@@ -48,7 +48,7 @@ def test_purge_dead_letters_where_the_queue_asks(transport, make_queue):
     assert [m.body for m in transport.browse(name)] == [b"fine"]
 
 
-@pytest.mark.postgresql
+@pytest.mark.row_locking
 def test_purge_skips_rows_a_receiver_holds_instead_of_waiting(transport, queue):
     for i in range(10):
         transport.send(queue, str(i), ttl=0)
@@ -137,7 +137,7 @@ def test_a_temporary_queue_with_messages_in_it_is_not_dropped(transport, make_qu
     assert delete_idle_queues() == [name]  # empty and idle: now it goes
 
 
-@pytest.mark.postgresql
+@pytest.mark.row_locking
 def test_a_send_in_flight_during_the_idle_sweep_keeps_the_queue(transport, make_queue):
     """A send whose transaction is open when the sweep starts: the sweep's table lock
     waits for it, then finds the row and keeps the queue."""

@@ -125,7 +125,7 @@ def test_each_queue_table_has_a_django_model(transport, queue):
     assert model._meta.managed is False
 
 
-@pytest.mark.postgresql
+@pytest.mark.row_locking
 def test_a_receive_transaction_does_not_hold_the_registry_row(make_queue):
     """Defect 10: activity on a temporary queue is recorded after the receive commits, so
     the registry row is never locked across a handler batch."""

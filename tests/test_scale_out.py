@@ -10,7 +10,7 @@ from core.transport import Transport
 from tests.conftest import start_worker, start_workers, wait_for
 
 
-@pytest.mark.postgresql
+@pytest.mark.row_locking
 def test_two_worker_processes_never_receive_the_same_message(demo):
     transport = Transport()
     # Slow messages keep both workers busy long enough for both to take part.
