@@ -38,6 +38,9 @@ MAX_PURGE_BATCH = 4000
 class QueueCounts:
     total: int
     expired: int
+    #: False where the dialect counts without locks (SQL Server's NOLOCK): uncommitted
+    #: sends and receives may be counted.
+    exact: bool = True
 
     @property
     def pending(self) -> int:
@@ -337,12 +340,14 @@ class Transport:
         return [self.to_message(queue, d.to_row(raw)) for raw in rows]
 
     def counts(self, queue: str) -> QueueCounts:
-        """Exact total and expired counts (an operator's view; the pump uses peek_estimate)."""
+        """Total and expired counts (an operator's view; the pump uses peek_estimate):
+        exact where the dialect's are (``QueueCounts.exact``)."""
         self._queue(queue)
+        d = self.dialect
         with self._cursor() as cursor:
-            cursor.execute(self.dialect.counts(queue), [])
+            cursor.execute(d.counts(queue), [])
             total, expired = cursor.fetchone()
-        return QueueCounts(int(total), int(expired))
+        return QueueCounts(int(total), int(expired), d.counts_are_exact)
 
     # -- removing -------------------------------------------------------------
     def delete(self, queue: str, message_id: str) -> bool:
