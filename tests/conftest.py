@@ -2,6 +2,7 @@
 PostgreSQL; `make test` runs the suite once on each)."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from django.db import connections
+from django.db import connection, connections, transaction
 
 from core.handlers import handlers
 from core.queues import create_queue, delete_queue, registry
@@ -330,3 +331,28 @@ def wait_for(predicate, timeout: float = 30, interval: float = 0.05, what: str =
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+@contextlib.contextmanager
+def open_transaction(work, timeout: float = 10):
+    """Run ``work()`` in a transaction on another thread (another connection) and keep
+    that transaction open — its locks held — until the block ends; then it commits."""
+    ready, release = threading.Event(), threading.Event()
+
+    def run() -> None:
+        try:
+            with transaction.atomic():
+                work()
+                ready.set()
+                release.wait(timeout)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        assert ready.wait(timeout), "the other transaction did not start"
+        yield
+    finally:
+        release.set()
+        thread.join(timeout)

@@ -2,7 +2,6 @@
 connection, SQL Server's parameter limit and the store's table name (issue 11)."""
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 
@@ -17,7 +16,7 @@ from core.errors import UnknownQueue
 from core.messages import Headers
 from core.queues import create_queue, delete_queue
 from core.transport import Transport
-from tests.conftest import wait_for
+from tests.conftest import open_transaction, wait_for
 from tests.test_delayed import empty, store  # noqa: F401  (fixture)
 
 
@@ -34,39 +33,22 @@ def _due_now(store: SqlDelayedStore, destination: str, body: bytes = b"x") -> st
 @pytest.mark.postgresql
 def test_a_lock_timeout_retries_the_batch_instead_of_dead_lettering(store, queue, error_queue):
     message_id = _due_now(store, queue)
-    locked, release = threading.Event(), threading.Event()
-
-    def locker() -> None:
-        try:
-            with transaction.atomic(), connection.cursor() as cursor:
-                cursor.execute(f'LOCK TABLE "{queue}" IN ACCESS EXCLUSIVE MODE')
-                locked.set()
-                release.wait(10)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=locker)
-    thread.start()
-    assert locked.wait(10)
     mover = DelayedMover(store, number_of_retries=0, elect=False, max_sleep=0.5)
     try:
         with connection.cursor() as cursor:
             cursor.execute("SET lock_timeout = '200ms'")
-        mover.step()
-        # Not the message's fault: still stored, not counted, nothing in the error queue;
-        # the dispatch breaker has it.
-        [kept] = store.list()[0]
-        assert (kept.id, kept.retry_count) == (message_id, 0)
-        assert Transport().browse(error_queue) == []
-        assert mover.dispatch_breaker.state == ARMED
-        release.set()
-        thread.join(10)
-        mover.step()
+        with open_transaction(lambda: connection.cursor().execute(f'LOCK TABLE "{queue}" IN ACCESS EXCLUSIVE MODE')):
+            mover.step()
+            # Not the message's fault: still stored, not counted, nothing in the error
+            # queue; the dispatch breaker has it.
+            [kept] = store.list()[0]
+            assert (kept.id, kept.retry_count) == (message_id, 0)
+            assert Transport().browse(error_queue) == []
+            assert mover.dispatch_breaker.state == ARMED
+        mover.step()  # the lock is gone: delivered, the breaker closed
         assert [m.id for m in Transport().browse(queue)] == [message_id]
         assert store.list()[0] == [] and mover.dispatch_breaker.state != ARMED
     finally:
-        release.set()
-        thread.join(10)
         mover.close()
         with connection.cursor() as cursor:
             cursor.execute("SET lock_timeout = 0")

@@ -14,6 +14,7 @@ from core.expiry import delete_idle_queues, purge_expired_messages
 from core.messages import Headers
 from core.models import QueueRecord
 from core.transport import Transport
+from tests.conftest import open_transaction
 
 
 @pytest.fixture(autouse=True)
@@ -145,27 +146,12 @@ def test_a_send_in_flight_during_the_idle_sweep_keeps_the_queue(transport, make_
     waits for it, then finds the row and keeps the queue."""
     name = make_queue(auto_delete_on_idle=300)
     age(name, 600)
-    inserted, release = threading.Event(), threading.Event()
-
-    def sender() -> None:
-        try:
-            with transaction.atomic():
-                Transport().send(name, "in flight")
-                inserted.set()
-                release.wait(10)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=sender)
-    thread.start()
-    assert inserted.wait(10)
     result: list[list[str]] = []
     sweep = threading.Thread(target=lambda: (result.append(delete_idle_queues()), connection.close()))
-    sweep.start()
-    sweep.join(0.5)
-    assert sweep.is_alive()  # waiting on the sender's lock, not dropping the table under it
-    release.set()
-    thread.join(10)
+    with open_transaction(lambda: Transport().send(name, "in flight")):
+        sweep.start()
+        sweep.join(0.5)
+        assert sweep.is_alive()  # waiting on the sender's lock, not dropping the table under it
     sweep.join(10)
     assert result == [[]]
     assert [m.body for m in transport.browse(name)] == [b"in flight"]
