@@ -5,7 +5,8 @@ For each chunk of records:
 
 1. **Claim** (a transaction of its own, committed at once): set each record's
    DispatchingUntil to the database's now + a short lease.  Records another dispatcher
-   holds or has leased are passed over.
+   holds or has leased are passed over.  (A chunk whose operations all stay in this
+   database has nothing to publish: it is claimed, inserted and marked in one transaction.)
 2. **Publish** the record's *external* operations — Celery tasks, queues in other
    databases — with no transaction open on the outbox's database (no row lock, and on
    SQLite no database write lock, is held over the network).
@@ -74,15 +75,19 @@ class Phase2:
     def run(self, message_ids: list[str], include_quarantined: bool, report: DispatchReport) -> None:
         for start in range(0, len(message_ids), DISPATCH_CHUNK):
             chunk = message_ids[start:start + DISPATCH_CHUNK]
-            records = self._claim(chunk, include_quarantined, report)
+            with transaction.atomic(using=self.using):
+                records = self._claim(chunk, include_quarantined, report)
+                if not any(record.external for record in records):
+                    # Nothing leaves the database: claim, insert and mark in one transaction.
+                    self._mark(records, report)
+                    continue
+            # The lease is committed: publish with no transaction open here, then mark.
             ready = [record for record in records if self._publish(record, report)]
-            if ready:
-                self._mark(ready, report)
+            self._mark(ready, report)
 
     # -- 1. claim --
     def _claim(self, ids: list[str], include_quarantined: bool, report: DispatchReport) -> list[_Record]:
-        with transaction.atomic(using=self.using):
-            claimed = self.store.claim(ids, self.lease_seconds, include_quarantined)
+        claimed = self.store.claim(ids, self.lease_seconds, include_quarantined)
         records = []
         for row in claimed:
             try:
@@ -123,6 +128,8 @@ class Phase2:
 
     # -- 3. mark --
     def _mark(self, records: list[_Record], report: DispatchReport) -> None:
+        if not records:
+            return
         with transaction.atomic(using=self.using):
             done = self._insert_local(records, report)
             if done:
