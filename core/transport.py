@@ -13,13 +13,14 @@ import json
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping, Sequence
 
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from core.conf import get_settings
 from core.dialects import Dialect, dialect_for
-from core.errors import BodyTooLarge, InvalidMessage, PoisonMessage
+from core.errors import BodyTooLarge, InvalidMessage, PoisonMessage, UnknownQueue
 from core.messages import (Headers, Message, decode_headers, encode_headers, parse_timespan, timespan,
                            wire_time)
 from core.queues import QueueInfo, registry, validate_name, validate_ttl
@@ -214,7 +215,7 @@ class Transport:
         for m in messages:
             groups.setdefault((m.queue, m.ttl_seconds is not None), []).append(m)
         d = self.dialect
-        with self._cursor() as cursor:
+        with self._cursor() as cursor, self._queue_dropped_is_unknown(groups):
             for (queue, with_ttl), group in groups.items():
                 if with_ttl:
                     sql = d.insert_with_ttl(queue)
@@ -230,6 +231,20 @@ class Transport:
                     cursor.executemany(sql, rows)
         for queue, _ in groups:
             registry.record_activity(queue, self.using)
+
+    @contextmanager
+    def _queue_dropped_is_unknown(self, groups: Mapping[tuple[str, bool], Any]) -> Iterator[None]:
+        """A queue dropped since this process cached its settings (an idle temporary queue,
+        say): UnknownQueue, as for a queue that never existed, not a driver error."""
+        try:
+            yield
+        except DatabaseError as exc:
+            if not self.dialect.is_missing_table(exc):
+                raise
+            names = sorted({queue for queue, _ in groups})
+            for name in names:
+                registry.forget(name)
+            raise UnknownQueue(f"queue {' or '.join(map(repr, names))} no longer exists") from exc
 
     def move(self, message: Message, queue: str, headers: Mapping[str, str], *, keep_expiry: bool = False) -> None:
         """Put a received message into ``queue`` with ``headers``: back into its own queue

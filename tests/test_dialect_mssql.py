@@ -213,7 +213,7 @@ def test_every_named_statement_is_covered():
 
     helpers = {"quote", "table", "index_names", "delayed_time_index", "create_schema", "to_row", "to_datetime", "datetime_param",
                "ttl_params", "browse_params", "now_sql", "expires_after_ttl_sql", "expired_sql",
-               "delayed_insert_params", "delayed_fetch_params", "notify", "error_codes", "is_transient"}
+               "delayed_insert_params", "delayed_fetch_params", "notify", "error_codes", "is_transient", "is_missing_table"}
     public = {n for cls in (Dialect, DelayedSQL) for n, v in vars(cls).items()
               if callable(v) and not n.startswith("_")} - helpers
     # The outbox's statements are checked by tests/test_outbox_mssql_sql.py.
@@ -657,6 +657,7 @@ def test_transient_errors_are_read_from_the_driver_error(args, transient):
     wrapped.__cause__ = driver_error
     assert MSSQLDialect().is_transient(driver_error) is transient
     assert MSSQLDialect().is_transient(wrapped) is transient
+    assert MSSQLDialect().is_missing_table(wrapped) is ("(208)" in args[1])
 
 
 # -- TTL and datetimes ---------------------------------------------------------------

@@ -178,3 +178,18 @@ def test_dead_lettering_moves_batches_with_one_log_line_each(transport, make_que
     assert sorted(m.body for m in dead) == [f"late {i:03d}".encode() for i in range(250)]
     assert all(m.headers[Headers.EXPIRED_REASON] == "TTLExpiredException" and m.expires is None for m in dead)
     assert [m.body for m in transport.browse(name)] == [b"fine"]
+
+
+def test_a_send_to_a_queue_dropped_meanwhile_fails_clearly(transport, make_queue):
+    """Defect 1: a process whose registry cache still has a temporary queue that another
+    process's sweep dropped gets UnknownQueue, not a driver error about a missing table."""
+    from core.errors import UnknownQueue
+
+    name = make_queue(auto_delete_on_idle=300)
+    transport.send(name, "first")  # this process has the queue's settings cached now
+    transport.purge(name)
+    with connection.cursor() as cursor:  # what another process's idle sweep does
+        for sql, params in transport.dialect.drop_queue_table(name):
+            cursor.execute(sql, params)
+    with pytest.raises(UnknownQueue, match="no longer exists"):
+        transport.send_many(name, ["too late"])

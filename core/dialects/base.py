@@ -76,6 +76,8 @@ class Dialect(abc.ABC):
     #: — deadlock, lock timeout, serialization failure, lost connection — rather than the
     #: statement's: the work is retried later and no message is blamed for it.
     transient_errors: frozenset[str] = frozenset()
+    #: Error codes of "the table does not exist" (a queue dropped meanwhile).
+    missing_table_errors: frozenset[str] = frozenset()
 
     def __init__(self, schema: str | None = None) -> None:
         missing = [f for f in FRAGMENTS if getattr(self, f) is None]
@@ -150,9 +152,16 @@ class Dialect(abc.ABC):
     def is_transient(self, exc: BaseException) -> bool:
         """True when ``exc`` (or the driver error Django wrapped in it) is one of
         :attr:`transient_errors`."""
+        return self._has_code(exc, self.transient_errors)
+
+    def is_missing_table(self, exc: BaseException) -> bool:
+        """True when ``exc`` says a table does not exist (:attr:`missing_table_errors`)."""
+        return self._has_code(exc, self.missing_table_errors)
+
+    def _has_code(self, exc: BaseException, codes: frozenset[str]) -> bool:
         seen: BaseException | None = exc
         while seen is not None:
-            if self.error_codes(seen) & self.transient_errors:
+            if self.error_codes(seen) & codes:
                 return True
             seen = seen.__cause__
         return False

@@ -39,6 +39,7 @@ class MSSQLDialect(DelayedSQL, OutboxSQL, Dialect):
     # 40001 / HYT00 / 08S01 (SQLSTATEs: serialization, timeout, link failure), and the
     # Azure SQL "try again" errors 40197, 40501, 40613.
     transient_errors = frozenset({"1205", "1222", "3960", "40001", "HYT00", "08S01", "40197", "40501", "40613"})
+    missing_table_errors = frozenset({"208"})  # Invalid object name
 
     def error_codes(self, exc: BaseException) -> set[str]:
         # pyodbc / mssql-python: args = (SQLSTATE, "[SQLSTATE] [driver]… message (number) (SQLExecDirectW)").

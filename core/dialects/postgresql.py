@@ -25,6 +25,7 @@ class PostgreSQLDialect(DelayedSQL, OutboxSQL, Dialect):
     # query_canceled (statement_timeout), connection exceptions, admin/crash shutdown.
     transient_errors = frozenset({"40001", "40P01", "55P03", "57014", "08000", "08003", "08006",
                                   "57P01", "57P02", "57P03"})
+    missing_table_errors = frozenset({"42P01"})  # undefined_table
 
     def error_codes(self, exc: BaseException) -> set[str]:
         code = getattr(exc, "sqlstate", None)  # psycopg errors

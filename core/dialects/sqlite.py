@@ -27,10 +27,15 @@ class SQLiteDialect(DelayedSQL, OutboxSQL, Dialect):
     # SQLITE_BUSY and SQLITE_LOCKED (primary codes): another writer held the database
     # past the busy timeout.
     transient_errors = frozenset({"5", "6"})
+    # SQLite reports a missing table as a generic SQLITE_ERROR (1): only its text tells.
+    missing_table_errors = frozenset({"no such table"})
 
     def error_codes(self, exc: BaseException) -> set[str]:
         code = getattr(exc, "sqlite_errorcode", None)  # sqlite3 errors (Python 3.11+)
-        return {str(code & 0xFF)} if isinstance(code, int) else set()
+        codes = {str(code & 0xFF)} if isinstance(code, int) else set()
+        if isinstance(code, int) and str(exc).startswith("no such table"):
+            codes.add("no such table")
+        return codes
 
     def create_queue_table(self, name: str) -> list[tuple[str, list[Any]]]:
         t = self.table(name)
