@@ -23,7 +23,7 @@ import time
 from urllib.parse import quote
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from core import failures
 from core.demo.models import PingRecord
@@ -221,8 +221,12 @@ def test_sigkill_while_the_mover_moves_a_burst_of_due_messages(cluster):
     import datetime as dt
 
     t = Transport()
-    due = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=4)
-    sent = [t.send("demo", {"n": i}, message_type="Ping", deliver_at=due) for i in range(1000)]
+    # One transaction for the thousand stores (one commit, not a thousand: on a loaded
+    # machine those alone outlast a short delay), all due at one instant well after it.
+    due = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=10)
+    with transaction.atomic():
+        sent = [t.send("demo", {"n": i}, message_type="Ping", deliver_at=due) for i in range(1000)]
+    assert dt.datetime.now(dt.timezone.utc) < due, "sending took longer than the delay"
     assert delayed_count() == 1000
     # Ten per transaction: the burst takes a hundred of them.
     env = {"SLUICE_DELAYED_BATCH_SIZE": "10"}
