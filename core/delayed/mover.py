@@ -45,11 +45,19 @@ log = logging.getLogger("sluice.delayed")
 
 
 class _Phase(Exception):
-    """Marks which breaker a failure belongs to."""
+    """A database failure, and the phase — so the breaker — it belongs to."""
 
-    def __init__(self, phase: str, cause: BaseException) -> None:
+    def __init__(self, cause: BaseException) -> None:
         super().__init__(str(cause))
-        self.phase, self.cause = phase, cause
+        self.cause = cause
+
+
+class _FetchFailed(_Phase):
+    """Reading the store (or the lease) failed: the fetch breaker."""
+
+
+class _DispatchFailed(_Phase):
+    """Putting messages in their queues failed: the dispatch breaker."""
 
 
 class DelayedMover:
@@ -124,11 +132,11 @@ class DelayedMover:
         # commits after our "next due" query would otherwise be slept through.
         self._sleep_until = math.inf
         try:
-            if self.lease is not None and not self._guard("fetch", self.lease.acquire):
+            if self.lease is not None and not self._guard(self.lease.acquire):
                 return self._sleep(self.lease.follower_wait())
             moved = self.move_due()
         except _Phase as failure:
-            breaker = self.fetch_breaker if failure.phase == "fetch" else self.dispatch_breaker
+            breaker = self.fetch_breaker if isinstance(failure, _FetchFailed) else self.dispatch_breaker
             return self._sleep(breaker.failure(failure.cause))
         self.fetch_breaker.success()
         self.dispatch_breaker.success()
@@ -139,7 +147,7 @@ class DelayedMover:
         if moved >= self.batch_size:
             return 0.0
         try:
-            nxt, now = self._guard("fetch", self._next_and_now)
+            nxt, now = self._guard(self._next_and_now)
         except _Phase as failure:
             return self._sleep(self.fetch_breaker.failure(failure.cause))
         wait = self.max_sleep if nxt is None else min(max((nxt - now).total_seconds(), 0.0), self.max_sleep)
@@ -168,11 +176,11 @@ class DelayedMover:
         return self.store.next(), dt.datetime.now(dt.timezone.utc)
 
     @staticmethod
-    def _guard(phase: str, fn: Callable[[], Any]) -> Any:
+    def _guard(fn: Callable[[], Any]) -> Any:
         try:
             return fn()
         except DatabaseError as exc:
-            raise _Phase(phase, exc) from exc
+            raise _FetchFailed(exc) from exc
 
     def close(self) -> None:
         wake_hub.unregister(self._hub_key)
@@ -203,12 +211,12 @@ class DelayedMover:
         try:
             return self._move_batch(isolate=False)
         except _Phase as failure:
-            if failure.phase == "fetch" or self._database_fault(failure.cause):
+            if isinstance(failure, _FetchFailed) or self._database_fault(failure.cause):
                 raise
             log.info("batch move failed (%s); moving message by message", failure.cause)
         except DatabaseError as exc:
             if self._database_fault(exc):
-                raise _Phase("dispatch" if self._connection_usable() else "fetch", exc) from exc
+                raise self._lost_or_dispatch(exc) from exc
             log.info("batch move failed (%s); moving message by message", exc)
         except Exception as exc:  # noqa: BLE001 — a message-level failure: isolate it
             log.info("batch move failed (%s); moving message by message", exc)
@@ -217,7 +225,11 @@ class DelayedMover:
         except _Phase:
             raise
         except DatabaseError as exc:  # per-message errors are handled inside
-            raise _Phase("dispatch" if self._connection_usable() else "fetch", exc) from exc
+            raise self._lost_or_dispatch(exc) from exc
+
+    def _lost_or_dispatch(self, exc: BaseException) -> _Phase:
+        """A lost connection is the fetch breaker's (nothing works); otherwise dispatch's."""
+        return _DispatchFailed(exc) if self._connection_usable() else _FetchFailed(exc)
 
     def _database_fault(self, exc: BaseException) -> bool:
         """The database's fault, not the message's: the connection is gone, or the error
@@ -245,12 +257,12 @@ class DelayedMover:
     def _fetch_batch(self) -> list[DelayedMessage]:
         fetch_due = getattr(self.store, "fetch_due", None)
         if fetch_due is not None:
-            return self._guard("fetch", lambda: fetch_due(self.batch_size))
+            return self._guard(lambda: fetch_due(self.batch_size))
         # A store with only the interface: one at a time (it locks what it hands out).
         now = dt.datetime.now(dt.timezone.utc)
         batch: list[DelayedMessage] = []
         while len(batch) < self.batch_size:
-            message = self._guard("fetch", lambda: self.store.fetch_next_due(now))
+            message = self._guard(lambda: self.store.fetch_next_due(now))
             if message is None:
                 break
             batch.append(message)
@@ -290,7 +302,7 @@ class DelayedMover:
                 for message in batch:
                     self.store.remove(message)
         except DatabaseError as exc:
-            raise _Phase("dispatch", exc) from exc
+            raise _DispatchFailed(exc) from exc
         self.moved += len(batch)
 
     def _forward(self, message: DelayedMessage) -> None:
@@ -298,12 +310,12 @@ class DelayedMover:
         try:
             outgoing = self._outgoing(message, wire_time(dt.datetime.now(dt.timezone.utc)))
         except DatabaseError as exc:
-            raise _Phase("dispatch", exc) from exc
+            raise _DispatchFailed(exc) from exc
         try:
             self.transport.enqueue([outgoing])
             self.store.remove(message)
         except DatabaseError as exc:
-            raise _Phase("dispatch", exc) from exc
+            raise _DispatchFailed(exc) from exc
         self.moved += 1
 
     def _forward_failed(self, message: DelayedMessage, exc: BaseException) -> None:
@@ -335,7 +347,7 @@ class DelayedMover:
                 self.store.remove(message)
         except Exception as error:  # noqa: BLE001 — kept in the store, logged, retried next time
             if isinstance(error, DatabaseError) and self._database_fault(error):
-                raise _Phase("dispatch", error) from error
+                raise _DispatchFailed(error) from error
             log.error("delayed message %s for %s could not be moved to %s (%s); it stays in the store",
                       message.id, message.destination, self.error_queue, error)
             return False
