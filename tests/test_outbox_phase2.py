@@ -109,3 +109,24 @@ def test_an_outbox_delay_is_counted_by_the_database_clock(outbox, queue, monkeyp
     assert len(mine) == 1
     ahead = (mine[0].due - db_now).total_seconds()
     assert 50 < ahead <= 60, f"due {ahead:.1f} s after the database's now, not 60 s"
+
+
+def test_an_outbox_table_made_before_the_lease_gets_its_column_from_setup(outbox, queue):
+    from core.outbox import create_outbox_table
+
+    store = outbox.store
+    d = store.dialect
+
+    def has_lease_column() -> bool:
+        with connections[store.using].cursor() as cursor:
+            cursor.execute(*d.outbox_lease_column_exists(store.table))
+            return cursor.fetchone() is not None
+
+    with connections[store.using].cursor() as cursor:
+        cursor.execute(f"ALTER TABLE {d.table(store.table)} DROP COLUMN {d.quote('DispatchingUntil')}")
+    assert not has_lease_column()
+    assert create_outbox_table() == (store.table, False)
+    assert has_lease_column()
+    with OutboxSession() as session:
+        session.send(queue, "after the upgrade")
+    assert Transport().counts(queue).total == 1 and outbox.store.stats().undispatched == 0
