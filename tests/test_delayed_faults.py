@@ -413,7 +413,6 @@ def test_fetch_due_in_two_concurrent_transactions_returns_disjoint_rows(empty_st
         stored.add(message_id)
 
     got: dict[str, list[str]] = {}
-    took: dict[str, float] = {}
     errors: list[BaseException] = []
     first_holds = threading.Event()
     second_done = threading.Event()
@@ -435,9 +434,7 @@ def test_fetch_due_in_two_concurrent_transactions_returns_disjoint_rows(empty_st
         try:
             assert first_holds.wait(20)
             with transaction.atomic():
-                started = time.monotonic()
                 got["second"] = [m.id for m in SqlDelayedStore().fetch_due(15)]
-                took["second"] = time.monotonic() - started
                 transaction.set_rollback(True)
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
@@ -455,7 +452,8 @@ def test_fetch_due_in_two_concurrent_transactions_returns_disjoint_rows(empty_st
     assert len(a) == 15 and len(b) == 5, (len(a), len(b))
     assert not set(a) & set(b), "both transactions were handed the same row"
     assert set(a) | set(b) == stored
-    assert took["second"] < 1.0, f"the second fetch waited {took['second']:.1f} s on the first's locks"
+    # (No clock needed: the first holds its rows until the second has finished, so a second
+    # fetch that waited for those locks would never finish — "second fetch never finished".)
     # Both rolled back: every row is still there and fetchable.
     with transaction.atomic():
         assert {m.id for m in store.fetch_due(100)} == stored
