@@ -57,16 +57,16 @@ def normalise(selection: Any) -> dict[str, Any]:
 #: Which statuses an operation acts on: an explicit list of ids may include archived
 #: records (retry); groups and "all" take unresolved ones only.
 ELIGIBLE = {
-    ("retry", True): (FailureStatus.UNRESOLVED, FailureStatus.ARCHIVED),
-    ("retry", False): (FailureStatus.UNRESOLVED,),
-    ("archive", True): (FailureStatus.UNRESOLVED,),
-    ("archive", False): (FailureStatus.UNRESOLVED,),
+    ("retry", "ids"): (FailureStatus.UNRESOLVED, FailureStatus.ARCHIVED),
+    ("retry", "bulk"): (FailureStatus.UNRESOLVED,),
+    ("archive", "ids"): (FailureStatus.UNRESOLVED,),
+    ("archive", "bulk"): (FailureStatus.UNRESOLVED,),
 }
 
 
 def eligible(kind: str, sel: Mapping[str, Any]) -> tuple[str, ...]:
     """The statuses operation ``kind`` acts on for a (normalised) selection."""
-    return ELIGIBLE[(kind, "ids" in sel)]
+    return ELIGIBLE[(kind, "ids" if "ids" in sel else "bulk")]
 
 
 def with_ids(ids: list[str], statuses: tuple[str, ...], using: str) -> QuerySet:

@@ -51,11 +51,14 @@ from core.outbox.dispatch import DISPATCH_CHUNK, DISPATCH_LEASE_SECONDS, Dispatc
 from core.outbox.loops import MAX_CLEANUP_BATCHES_PER_STEP, OutboxCleanup, OutboxDispatcher, worker_loops
 from core.outbox.operations import (
     EMPTY_OPERATIONS,
+    FORMAT_VERSION,
     QUEUE,
     UnreadableOperations,
     decode_operations,
     describe,
     encode_operations,
+    queue_operation,
+    serialize_operation,
 )
 from core.outbox.phases import Outbox, Phase1Result
 from core.outbox.retention import longest_retry_window, retention_warnings
@@ -68,6 +71,7 @@ __all__ = [
     "OutboxConflict", "DuplicateMessage", "UnknownDestination", "UnreadableOperations", "Destination",
     "DispatchReport", "Phase1Result", "register_destination", "destination", "parse_address", "collector_for",
     "create_outbox_table", "outbox_table", "retention_warnings", "longest_retry_window", "worker_loops",
-    "decode_operations", "encode_operations", "describe", "EMPTY_OPERATIONS", "QUEUE", "PERSISTENCE_VERSION",
+    "decode_operations", "encode_operations", "serialize_operation", "queue_operation", "describe",
+    "EMPTY_OPERATIONS", "QUEUE", "FORMAT_VERSION", "PERSISTENCE_VERSION",
     "DISPATCH_CHUNK", "DISPATCH_LEASE_SECONDS", "MAX_CLEANUP_BATCHES_PER_STEP",
 ]
