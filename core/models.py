@@ -46,7 +46,7 @@ class Lease(models.Model):
         db_table = "sluice_lease"
 
 
-# -- failed messages (core/failures.py) ----------------------------------------------
+# -- failed messages (core/failures/) -------------------------------------------------
 
 
 class FailureStatus(models.TextChoices):
