@@ -22,6 +22,7 @@ from typing import Protocol, Sequence
 
 from django.db import transaction
 
+from core.conf import TRANSACTION_MODES
 from core.db import independent_alias
 from core.errors import ConfigurationError
 from core.handlers import Handler, HandlerContext
@@ -30,9 +31,6 @@ from core.outbox import Outbox
 from core.outcomes import MessageOutcome
 from core.queues import dialect
 from core.transport import Transport
-
-MODES = ("sends_atomic_with_receive", "receive_only", "outbox")
-
 
 class BatchScope(Protocol):
     """One receive batch, in one transaction."""
@@ -143,5 +141,5 @@ def mode_for(name: str, business_alias: str) -> TransactionMode:
     """The strategy object for SLUICE_TRANSACTION_MODE ``name``."""
     modes = {cls.name: cls for cls in (SendsAtomicWithReceive, ReceiveOnly, OutboxMode)}
     if name not in modes:
-        raise ConfigurationError(f"unknown transaction mode {name!r} (one of {', '.join(MODES)})")
+        raise ConfigurationError(f"unknown transaction mode {name!r} (one of {', '.join(TRANSACTION_MODES)})")
     return modes[name](business_alias)
