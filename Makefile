@@ -12,18 +12,22 @@
 #   make clean               remove var/ and caches (keeps .venv)
 #
 # Variables: PYTEST_ARGS="-k foo -x", BENCH_ARGS="...", PG_URL=postgresql://...,
-#            DEMO=0 (make run without demo traffic), RUN_ADDR=127.0.0.1:8080 (where make run serves).
+#            MSSQL_URL=mssql://... (make test also runs on that SQL Server; see
+#            .github/workflows/sqlserver.yml), DEMO=0 (make run without demo traffic),
+#            RUN_ADDR=127.0.0.1:8080 (where make run serves).
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 # Set-up steps call apt-get; never run them in parallel.
 .NOTPARALLEL:
 
+comma       := ,
 VENV        := .venv
 PY          := $(VENV)/bin/python
 PYTEST      := $(VENV)/bin/pytest
 PG_URL      ?= postgresql://sluice:sluice@127.0.0.1:5432/sluice
 SQLITE_URL  ?= sqlite:///var/test-sqlite.sqlite3
+MSSQL_URL   ?=
 PYTEST_ARGS ?=
 BENCH_ARGS  ?=
 
@@ -64,8 +68,12 @@ test: venv services-all
 	DATABASE_URL='$(SQLITE_URL)' $(PYTEST) $(PYTEST_ARGS) || failed="$$failed sqlite"; \
 	echo "== pytest on PostgreSQL ($(PG_URL))"; \
 	DATABASE_URL='$(PG_URL)' $(PYTEST) $(PYTEST_ARGS) || failed="$$failed postgresql"; \
+	if [ -n '$(MSSQL_URL)' ]; then \
+		echo "== pytest on SQL Server"; \
+		DATABASE_URL='$(MSSQL_URL)' $(PYTEST) $(PYTEST_ARGS) || failed="$$failed mssql"; \
+	fi; \
 	if [ -n "$$failed" ]; then echo "== FAILED:$$failed"; exit 1; fi; \
-	echo "== all passed (lint, sqlite, postgresql)"
+	echo "== all passed (lint, sqlite, postgresql$(if $(MSSQL_URL),$(comma) mssql))"
 
 test-sqlite: venv services-test-sqlite
 	@mkdir -p var

@@ -17,17 +17,26 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Callable
 
 log = logging.getLogger("sluice.breakers")
 
-CLOSED, ARMED, TRIGGERED = "closed", "armed", "triggered"
+class BreakerStatus(StrEnum):
+    """A breaker's state (published as its text: "closed", "armed", "triggered")."""
+
+    CLOSED = "closed"
+    ARMED = "armed"
+    TRIGGERED = "triggered"
+
+
+CLOSED, ARMED, TRIGGERED = BreakerStatus.CLOSED, BreakerStatus.ARMED, BreakerStatus.TRIGGERED
 
 
 @dataclass
 class BreakerState:
     name: str
-    state: str
+    state: BreakerStatus
     failures: int
     last_error: str
     triggered_at: float | None  # wall clock, for display

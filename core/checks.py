@@ -7,6 +7,7 @@ from django.core import checks
 from django.db import connections
 
 from core.conf import get_settings
+from core.outbox import retention_warnings
 
 
 def sqlite_problems(db: Mapping[str, Any]) -> list[checks.CheckMessage]:
@@ -37,8 +38,6 @@ def sluice_database(app_configs=None, **kwargs):
 @checks.register()
 def sluice_outbox_retention(app_configs=None, **kwargs):
     """De-duplication data must outlive every retry of a message, or a late copy slips through."""
-    from core.outbox import retention_warnings
-
     try:
         conf = get_settings()
     except ValueError:

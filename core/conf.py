@@ -57,7 +57,8 @@ class SluiceSettings:
     DELAYED_RETRIES: int = 3
     #: Delay of the n-th delayed retry = n × this many seconds (10 s, 20 s, 30 s).
     DELAYED_RETRY_INCREASE: float = 10.0
-    #: Delayed-message store table; empty = "<SLUICE_ENDPOINT>.delayed".
+    #: Delayed-message store table; empty = "<SLUICE_ENDPOINT>_delayed" (``sluice setup``
+    #: renames a table of the old default name, "<SLUICE_ENDPOINT>.delayed").
     DELAYED_TABLE: str = ""
     #: Class implementing the delayed-message store interface (core.delayed.DelayedMessageStore).
     DELAYED_STORE: str = "core.delayed.SqlDelayedStore"
@@ -122,10 +123,6 @@ class SluiceSettings:
     #: ``text`` (default) or ``json``: log records as one JSON object per line (Django, Celery,
     #: gunicorn), for a log shipper.
     LOG_FORMAT: str = "text"
-    #: TEST-ONLY fault injection: ``point:probability,…`` with points ``in_handler``,
-    #: ``after_commit``, ``after_dispatch``; the process SIGKILLs itself there.  Never set
-    #: it in production.
-    TEST_KILL_AT: str = ""
     #: Seconds the dashboard's statistics snapshot (overview, /api/queues/, /metrics) is
     #: shared by every request before it is computed again (0: every request).
     DASHBOARD_CACHE_SECONDS: float = 3.0
@@ -179,7 +176,7 @@ class SluiceSettings:
 
     @property
     def delayed_table(self) -> str:
-        return self.DELAYED_TABLE or f"{self.ENDPOINT}.delayed"
+        return self.DELAYED_TABLE or f"{self.ENDPOINT}_delayed"
 
     @property
     def outbox_table(self) -> str:

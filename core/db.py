@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import threading
+from contextlib import nullcontext
 
 from django.db import connections
+
+from core.dialects import dialect_for
 
 _lock = threading.Lock()
 
@@ -51,10 +54,6 @@ def writer_turn(alias: str):
     time (SQLite), the threads of this process take turns in arrival order instead of
     racing through the busy handler, whose growing sleeps let a busy pump starve the
     delayed mover; elsewhere it does nothing."""
-    from contextlib import nullcontext
-
-    from core.dialects import dialect_for
-
     if dialect_for(connections[alias]).supports_concurrent_writers:
         return nullcontext()
     with _lock:

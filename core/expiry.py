@@ -17,22 +17,30 @@ from core.conf import get_settings
 from core.errors import UnknownQueue
 from core.messages import Headers, Message
 from core.models import QueueRecord
-from core.queues import list_queues, registry
-from core.transport import Transport
+from core.queues import QueueInfo, list_queues, registry
+from core.scheduling import delayed_store
+from core.transport import MAX_PURGE_BATCH, Transport
 
 log = logging.getLogger("sluice.expiry")
 
 EXPIRED_REASON = "TTLExpiredException"
+#: Expired rows taken per statement when dead-lettering (each with its body in memory).
+DEAD_LETTER_ROWS_PER_STATEMENT = 100
+#: A dead-letter batch (one transaction, one log line) ends once its bodies pass this.
+DEAD_LETTER_BYTES_PER_BATCH = 8 * 1024 * 1024
+
+
+def _dead_letter_headers(message: Message) -> dict[str, str]:
+    headers = {**message.headers, Headers.EXPIRED_REASON: EXPIRED_REASON, Headers.FAILED_Q: message.queue}
+    headers.pop(Headers.TIME_TO_BE_RECEIVED, None)
+    return headers
 
 
 def on_expired_receive(transport: Transport, message: Message) -> str:
     """Drop or dead-letter an expired message taken by a receive; returns what it did."""
     info = registry.get(message.queue, transport.using)
     if info.dead_letter_on_expiry and info.dead_letter_queue:
-        headers = {**message.headers, Headers.EXPIRED_REASON: EXPIRED_REASON,
-                   Headers.FAILED_Q: message.queue}
-        headers.pop(Headers.TIME_TO_BE_RECEIVED, None)
-        transport.requeue(info.dead_letter_queue, message, headers=headers, expires=False)
+        transport.move(message, info.dead_letter_queue, _dead_letter_headers(message))
         log.info("expired message %s on %s dead-lettered to %s", message.id, message.queue, info.dead_letter_queue)
         return "dead-lettered"
     log.info("expired message %s on %s dropped (expired %s)", message.id, message.queue, message.expires)
@@ -42,23 +50,45 @@ def on_expired_receive(transport: Transport, message: Message) -> str:
 # -- active purging (run periodically by Celery beat, or as a loop) ----------------------------
 
 def dead_letter_expired(queue: str, batch_size: int, max_batches: int, using: str | None = None) -> int:
-    """Move expired rows of ``queue`` to its dead-letter queue, a batch per transaction,
-    skipping rows receivers hold.  Returns how many moved."""
+    """Move expired rows of ``queue`` to its dead-letter queue, skipping rows receivers
+    hold.  A batch is one transaction of up to ``batch_size`` rows, taken
+    :data:`DEAD_LETTER_ROWS_PER_STATEMENT` at a time and inserted with one executemany
+    each, ending early once :data:`DEAD_LETTER_BYTES_PER_BATCH` of bodies have moved;
+    one log line per batch.  Returns how many moved."""
     transport = Transport(using)
-    d = transport.dialect
+    info = registry.get(queue, transport.using)
     moved = 0
     for _ in range(max_batches):
-        with transaction.atomic(using=transport.using):
-            with connections[transport.using].cursor() as cursor:
-                cursor.execute(d.receive_expired(queue), [batch_size])
-                rows = cursor.fetchall()
-            for raw in rows:
-                message = transport.to_message(queue, d.to_row(raw))
-                on_expired_receive(transport, message)
-        moved += len(rows)
-        if len(rows) < batch_size:
+        count, exhausted = _dead_letter_batch(transport, info, batch_size)
+        moved += count
+        if exhausted:
             break
     return moved
+
+
+def _dead_letter_batch(transport: Transport, info: QueueInfo, batch_size: int) -> tuple[int, bool]:
+    """One transaction's worth; returns (rows moved, whether the expired rows ran out)."""
+    d = transport.dialect
+    moved = size = 0
+    exhausted = False
+    with transaction.atomic(using=transport.using):
+        while moved < batch_size and size < DEAD_LETTER_BYTES_PER_BATCH:
+            want = min(DEAD_LETTER_ROWS_PER_STATEMENT, batch_size - moved)
+            with connections[transport.using].cursor() as cursor:
+                cursor.execute(d.receive_expired(info.name), [want])
+                rows = cursor.fetchall()
+            messages = [transport.to_message(info.name, d.to_row(raw)) for raw in rows]
+            transport.enqueue([transport.moved(m, info.dead_letter_queue or "", _dead_letter_headers(m))
+                               for m in messages])
+            moved += len(messages)
+            size += sum(len(m.body) for m in messages)
+            if len(rows) < want:
+                exhausted = True
+                break
+    if moved:
+        log.info("dead-lettered %d expired message(s) (%d body bytes) from %s to %s",
+                 moved, size, info.name, info.dead_letter_queue)
+    return moved, exhausted
 
 
 def purge_expired_messages(using: str | None = None, batch_size: int | None = None,
@@ -68,7 +98,7 @@ def purge_expired_messages(using: str | None = None, batch_size: int | None = No
     the purge never waits for — or deadlocks with — a receiver.  Stops after
     ``time_budget`` seconds; the next run carries on.  Returns {queue: removed}."""
     settings = get_settings()
-    size = min(batch_size or settings.PURGE_BATCH_SIZE, 4000)
+    size = min(batch_size or settings.PURGE_BATCH_SIZE, MAX_PURGE_BATCH)
     transport = Transport(using)
     deadline = time.monotonic() + time_budget
     done: dict[str, int] = {}
@@ -78,11 +108,12 @@ def purge_expired_messages(using: str | None = None, batch_size: int | None = No
         try:
             while time.monotonic() < deadline:
                 if record.dead_letter_on_expiry and record.dead_letter_queue:
-                    n = dead_letter_expired(record.name, size, 1, transport.using)
+                    n, exhausted = _dead_letter_batch(transport, registry.get(record.name, transport.using), size)
                 else:
                     n = transport.purge(record.name, expired_only=True, batch_size=size, max_batches=1)
+                    exhausted = n < size
                 done[record.name] = done.get(record.name, 0) + n
-                if n < size:
+                if exhausted:
                     break
         except UnknownQueue:
             continue  # deleted meanwhile
@@ -95,14 +126,15 @@ def purge_expired_messages(using: str | None = None, batch_size: int | None = No
 def delete_idle_queues(using: str | None = None) -> list[str]:
     """Delete temporary queues idle longer than their auto-delete-on-idle time.
 
-    Idle = no send, receive, peek, browse or update recorded (``last_activity``, kept to
-    within 30 s per process), and no message scheduled for it in the delayed store.  A
-    send that lands between the check and the drop changes the table's newest
-    RowVersion, which is compared again under an exclusive table lock: the queue is
-    then kept, so no message is dropped with it.
+    Idle = no send, receive, peek, browse or update recorded (``last_activity``, written
+    at most every 30 s per process), and no message scheduled for it in the delayed
+    store.  The table is dropped only when it is *empty*, checked under an exclusive
+    table lock (PostgreSQL ``LOCK TABLE``, SQL Server ``TABLOCKX``, SQLite's one
+    writer): a send in flight holds the table, so the check waits for it and then sees
+    its row; a send that starts later waits for the drop and then fails clearly on the
+    missing table (UnknownQueue once the registry row is gone).  So no message is ever
+    dropped with its queue.
     """
-    from core.delayed import delayed_store, SqlDelayedStore
-
     transport = Transport(using)
     alias = transport.using
     d = transport.dialect
@@ -110,39 +142,38 @@ def delete_idle_queues(using: str | None = None) -> list[str]:
         cursor.execute(f"SELECT {d.now_sql()}", [])
         now = d.to_datetime(cursor.fetchone()[0])
     store = delayed_store(alias)
+    has_destination = getattr(store, "has_destination", None)
     deleted = []
     candidates = QueueRecord.objects.using(alias).filter(auto_delete_on_idle_seconds__isnull=False)
     for record in candidates:
-        last = record.last_activity or record.created_at
-        if last is None or (now - last).total_seconds() < record.auto_delete_on_idle_seconds:
+        if not _idle(record, now):
             continue
-        if isinstance(store, SqlDelayedStore):
-            with connections[alias].cursor() as cursor:
-                cursor.execute(store.dialect.delayed_has_destination(store.table), [record.name])
-                if cursor.fetchone() is not None:
-                    continue  # a scheduled message keeps it alive
-        if _drop_if_unchanged(record, now, alias):
+        if has_destination is not None and has_destination(record.name):
+            continue  # a scheduled message keeps it alive
+        if _drop_if_idle_and_empty(record, now, alias):
             deleted.append(record.name)
     if deleted:
         log.info("deleted idle temporary queue(s): %s", ", ".join(deleted))
     return deleted
 
 
-def _drop_if_unchanged(record: QueueRecord, now, alias: str) -> bool:
+def _idle(record: QueueRecord, now) -> bool:
+    last = record.last_activity or record.created_at
+    return last is not None and (now - last).total_seconds() >= record.auto_delete_on_idle_seconds
+
+
+def _drop_if_idle_and_empty(record: QueueRecord, now, alias: str) -> bool:
     d = Transport(alias).dialect
-    with connections[alias].cursor() as cursor:
-        cursor.execute(d.max_row_version(record.name), [])
-        newest = cursor.fetchone()[0]
     with transaction.atomic(using=alias):
         with connections[alias].cursor() as cursor:
             lock = d.lock_table(record.name)
             if lock:
                 cursor.execute(lock, [])
             cursor.execute(d.max_row_version(record.name), [])
-            if cursor.fetchone()[0] != newest:
-                return False  # something arrived: not idle after all
-            fresh = QueueRecord.objects.using(alias).filter(pk=record.pk).values_list("last_activity", flat=True).first()
-            if fresh is not None and (now - fresh).total_seconds() < record.auto_delete_on_idle_seconds:
+            if cursor.fetchone()[0] is not None:
+                return False  # it holds messages: never dropped with them
+            fresh = QueueRecord.objects.using(alias).filter(pk=record.pk).first()
+            if fresh is None or not _idle(fresh, now):
                 return False
             for sql, params in d.drop_queue_table(record.name):
                 cursor.execute(sql, params)

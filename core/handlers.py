@@ -27,7 +27,7 @@ class Handler(Protocol):
 
 class Sender(Protocol):
     """Where a handler's outgoing messages go: a Transport, or in outbox mode the outbox's
-    collector (core.outbox_ops.OutboxSender), which stores them for phase 2."""
+    collector (core.outbox.OutboxSender), which stores them for phase 2."""
 
     using: str
 

@@ -46,6 +46,15 @@ def drop_broken_connections() -> None:
             conn.close()
 
 
+def discard_connection(alias: str) -> None:
+    """Close this thread's connection to ``alias`` after a database error, unless a
+    transaction is still open on it (its owner rolls back first): the next step then
+    starts on a fresh connection instead of a broken one."""
+    conn = connections[alias]
+    if not conn.in_atomic_block:
+        conn.close()
+
+
 class ThreadRunner:
     """Runs each loop in its own thread until :meth:`stop`."""
 

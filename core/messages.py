@@ -8,9 +8,11 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from core.conf import get_settings
 from core.errors import InvalidHeaders, PoisonMessage
 
 NSB = "NServiceBus."
@@ -53,6 +55,9 @@ class Headers:
     EXPIRED_REASON = "Sluice.DeadLetterReason"
 
 
+#: The stack trace kept in an error-queue message, at most (its end).
+MAX_STACK_TRACE = 16_000
+
 WIRE_TIME_FORMAT = "%Y-%m-%d %H:%M:%S:%f Z"
 
 
@@ -91,6 +96,25 @@ def parse_timespan(text: str) -> float:
     days, hours, minutes, seconds, fraction = match.groups()
     return (int(days or 0) * 86400 + int(hours) * 3600 + int(minutes) * 60 + int(seconds)
             + (int(fraction.ljust(7, "0")) / 10_000_000 if fraction else 0.0))
+
+
+def failure_headers(exc: BaseException, queue: str) -> dict[str, str]:
+    """The error-queue headers that describe ``exc`` (NServiceBus names): what failed,
+    where (``FailedQ``), when and on which endpoint."""
+    stack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    frames = traceback.extract_tb(exc.__traceback__)
+    source = frames[-1].name if frames else ""
+    module = type(exc).__module__
+    exc_type = type(exc).__qualname__ if module == "builtins" else f"{module}.{type(exc).__qualname__}"
+    return {
+        Headers.EXCEPTION_TYPE: exc_type,
+        Headers.EXCEPTION_MESSAGE: str(exc),
+        Headers.EXCEPTION_STACK_TRACE: stack[-MAX_STACK_TRACE:],
+        Headers.EXCEPTION_SOURCE: source,
+        Headers.FAILED_Q: queue,
+        Headers.TIME_OF_FAILURE: wire_time(dt.datetime.now(dt.timezone.utc)),
+        Headers.PROCESSING_ENDPOINT: get_settings().ENDPOINT,
+    }
 
 
 def encode_headers(headers: Mapping[str, Any]) -> str:

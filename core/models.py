@@ -48,7 +48,7 @@ class Lease(models.Model):
         db_table = "sluice_lease"
 
 
-# -- failed messages (core/failures.py) ----------------------------------------------
+# -- failed messages (core/failures/) -------------------------------------------------
 
 
 class FailureStatus(models.TextChoices):

@@ -11,17 +11,10 @@ One step of :class:`MessagePump`:
    rolls back only that message's work; the failure is recorded in the same
    transaction (core.recoverability).
 
-Transaction modes:
-
-- ``sends_atomic_with_receive`` (default): receive, the handler's business writes on
-  the same database and its sends commit together — exactly-once processing.
-- ``receive_only``: the receive runs on a connection of its own; the handler's writes
-  and sends are its own business (autocommit): at-least-once.  SQLite allows one
-  writer at a time, so this mode is refused there.
-- ``outbox``: as ``sends_atomic_with_receive``, but the handler's outgoing messages are
-  stored in the outbox record of the incoming message (phase 1, core.outbox) and
-  dispatched after the commit (phase 2) — to this database, another one
-  (``queue@alias``) or Celery; a copy of a message already processed skips its handler.
+Each received message comes to one :class:`~core.outcomes.MessageOutcome`, decided in
+:meth:`MessagePump._process` and counted in one place (:meth:`receive_and_process`).
+How a handler runs — in a savepoint, on its own, or through the outbox — is the
+transaction mode's (core.transaction_modes, one strategy object per mode).
 """
 from __future__ import annotations
 
@@ -36,14 +29,17 @@ from django.db import DatabaseError, connections, transaction
 
 from core.breakers import RepeatedFailuresOverTimeCircuitBreaker
 from core.conf import get_settings
-from core.db import independent_alias, writer_turn
+from core.db import writer_turn
 from core.errors import ConfigurationError, NoHandler
 from core.expiry import on_expired_receive
-from core.handlers import HandlerContext, HandlerRegistry, handlers as default_handlers
-from core.messages import Headers, Message
-from core.outbox import Outbox
+from core.failures import RETRY_OF, mark_resolved
+from core.handlers import HandlerRegistry, handlers as default_handlers
+from core.loops import discard_connection
+from core.messages import Message
+from core.outcomes import MessageOutcome
 from core.queues import dialect, missing_indexes
-from core.recoverability import Recoverability
+from core.recoverability import FailureOutcome, Recoverability
+from core.transaction_modes import BatchScope, OutboxMode, mode_for
 from core.transport import Transport
 
 log = logging.getLogger("sluice.pump")
@@ -65,6 +61,9 @@ class PumpStats:
     def add(self, other: "PumpStats") -> None:
         for name in self.__dataclass_fields__:
             setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def count(self, outcome: MessageOutcome) -> None:
+        setattr(self, outcome.value, getattr(self, outcome.value) + 1)
 
 
 class _Budget:
@@ -119,29 +118,17 @@ class MessagePump:
             log.info("%s allows one writer at a time: pump %s uses 1 thread, not %d",
                      dialect(self.business_alias).vendor, queue, self.concurrency)
             self.concurrency = 1
-        if self.mode == "receive_only":
-            if not dialect(self.business_alias).supports_concurrent_writers:
-                raise ConfigurationError(
-                    "receive_only needs a second connection writing while the receive is open; "
-                    "SQLite allows one writer at a time — use sends_atomic_with_receive"
-                )
-            self.receive_alias = independent_alias(self.business_alias)
-        elif self.mode in ("sends_atomic_with_receive", "outbox"):
-            self.receive_alias = self.business_alias
-        else:
-            raise ConfigurationError(f"unknown transaction mode {self.mode!r}")
+        self.strategy = mode_for(self.mode, self.business_alias)
+        self.receive_alias = self.strategy.receive_alias
         self.receiver = Transport(self.receive_alias)
-        self.sender = Transport(self.business_alias)
+        self.sender = self.strategy.sender
         self.recoverability = Recoverability(self.receiver, immediate_retries, delayed_retries=delayed_retries)
         self.receive_breaker = RepeatedFailuresOverTimeCircuitBreaker(
             f"pump-receive:{queue}", s.TIME_TO_TRIGGER_RECEIVE_BREAKER)
         self.processing_breaker = RepeatedFailuresOverTimeCircuitBreaker(
             f"pump-processing:{queue}", s.TIME_TO_TRIGGER_RECEIVE_BREAKER)
-        # The outbox lives beside the business data: phase 1 commits with the receive.
-        self.outbox: Outbox | None = None
-        if self.mode == "outbox":
-            self.outbox = Outbox(self.business_alias)
-            self.outbox.store.require()
+        #: The outbox in outbox mode (operators and tests look at it), else None.
+        self.outbox = self.strategy.outbox if isinstance(self.strategy, OutboxMode) else None
         self.stats = PumpStats()
         self._stats_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -153,7 +140,7 @@ class MessagePump:
         try:
             estimate = min(self.receiver.peek_estimate(self.queue), self.max_records_to_peek)
         except DatabaseError as exc:
-            self._discard_connection(self.receive_alias)
+            discard_connection(self.receive_alias)
             return self.receive_breaker.failure(exc)
         self.receive_breaker.success()
         if estimate == 0:
@@ -171,12 +158,6 @@ class MessagePump:
             return self.processing_breaker.failure(failure)
         self.processing_breaker.success()
         return 0.0 if received else self.peek_delay
-
-    @staticmethod
-    def _discard_connection(alias: str) -> None:
-        conn = connections[alias]
-        if not conn.in_atomic_block:
-            conn.close()
 
     def stop(self) -> None:
         """Finish the current batches, take no new ones."""
@@ -211,76 +192,49 @@ class MessagePump:
                 if got < want:
                     break  # another receiver got there first, or the queue is empty: peek again
         except Exception:
-            self._discard_connection(self.receive_alias)
+            discard_connection(self.receive_alias)
             raise
         return received
 
     def receive_and_process(self, limit: int = 1) -> int:
         """Receive up to ``limit`` messages in one transaction and process each."""
         stats = PumpStats()
-        to_dispatch: list[str] = []
         with writer_turn(self.receive_alias), transaction.atomic(using=self.receive_alias):
             messages = self.receiver.receive_batch(self.queue, limit)
-            known = None
-            if self.outbox is not None and messages:  # de-duplication: one look-up per batch
-                known = self.outbox.store.states([self._message_id(m) for m in messages])
+            batch = self.strategy.batch(messages)
             for message in messages:
-                self._process(message, stats, to_dispatch, known)
+                outcome = self._process(message, batch)
+                stats.count(outcome)  # the one place each message's outcome is recorded
         stats.received = len(messages)
         with self._stats_lock:
             self.stats.add(stats)
-        if to_dispatch and self.outbox is not None:
-            self.outbox.after_commit(to_dispatch)  # phase 2; a crash here leaves it to the dispatcher
+        batch.after_commit()
         return len(messages)
 
-    @staticmethod
-    def _message_id(message: Message) -> str:
-        return message.headers.get(Headers.MESSAGE_ID, message.id)
-
-    def _process(self, message: Message, stats: PumpStats, to_dispatch: list[str],
-                 known: dict[str, tuple[bool, bool]] | None = None) -> None:
+    def _process(self, message: Message, batch: BatchScope) -> MessageOutcome:
+        """What one received message comes to, inside the receive's transaction."""
         if message.poison:
             self.recoverability.move_poison(message)
-            stats.poison += 1
-            return
+            return MessageOutcome.POISON
         if message.expired:
             on_expired_receive(self.receiver, message)
-            stats.expired += 1
-            return
+            return MessageOutcome.EXPIRED
         fn = self.handlers.resolve(self.queue, message)
         if fn is None:
             self.recoverability.move_to_error(
                 message, NoHandler(f"no handler on {self.queue} for message type {message.message_type!r}"))
-            stats.errored += 1
-            return
-        context = HandlerContext(message=message, transport=self.sender)
+            return MessageOutcome.ERRORED
         started = time.monotonic()
         try:
-            if self.outbox is not None:
-                message_id = self._message_id(message)
-                result = self.outbox.phase1(
-                    message_id, lambda sender: fn(message, HandlerContext(message=message, transport=sender)), known)
-                if result.needs_dispatch:
-                    to_dispatch.append(message_id)
-                if result.duplicate:
-                    stats.duplicates += 1
-                    log.debug("message %s on %s is a duplicate: handler skipped", message_id, self.queue)
-                    return
-            elif self.mode == "sends_atomic_with_receive":
-                with transaction.atomic(using=self.business_alias):  # a savepoint
-                    fn(message, context)
-            else:
-                fn(message, context)
+            outcome = batch.handle(message, fn)
         except Exception as exc:  # the handler's failure is data, not a crash
-            outcome = self.recoverability.on_failure(message, exc)
-            if outcome == "error":
-                stats.errored += 1
-            else:
-                stats.retried += 1
-            return
-        stats.succeeded += 1
-        if "Sluice.RetryOf" in message.headers:  # a retried failed message succeeded (core.failures.RETRY_OF)
-            from core.failures import mark_resolved
-            mark_resolved(message.headers["Sluice.RetryOf"], using=self.receive_alias)
+            failure = self.recoverability.on_failure(message, exc)
+            return MessageOutcome.ERRORED if failure is FailureOutcome.ERROR else MessageOutcome.RETRIED
+        if outcome is MessageOutcome.DUPLICATE:
+            log.debug("message %s on %s is a duplicate: handler skipped", message.id, self.queue)
+            return outcome
+        if RETRY_OF in message.headers:  # a retried failed message succeeded: its record is resolved
+            mark_resolved(message.headers[RETRY_OF], using=self.receive_alias)
         log.debug("handled %s (%s) on %s in %.1f ms", message.id, message.message_type, self.queue,
                   (time.monotonic() - started) * 1000)
+        return outcome

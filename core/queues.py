@@ -27,14 +27,18 @@ RESERVED_PREFIXES = ("sluice_", "django_", "auth_")
 DEAD_LETTER_SUFFIX = ".deadletter"
 MIN_AUTO_DELETE_SECONDS = 300
 MAX_TTL_SECONDS = 100 * 365 * 24 * 3600
+#: Activity on a temporary queue is written at most this often per process (well under
+#: MIN_AUTO_DELETE_SECONDS, so a queue in use never looks idle).
+ACTIVITY_INTERVAL = 30.0
 
 
-def validate_name(name: Any) -> str:
+def validate_name(name: Any, *, own_table: bool = False) -> str:
     """The queue name if it is allowed; InvalidQueueName saying why otherwise.
 
     Names become table names.  They are always quoted in SQL as well, but a strict
     alphabet keeps them portable across SQLite, PostgreSQL (63-byte identifiers)
-    and SQL Server, and readable in every tool.
+    and SQL Server, and readable in every tool.  ``own_table``: a table of Sluice's
+    own (the delayed store), which may use the reserved ``sluice_`` prefix.
     """
     if not isinstance(name, str) or not name:
         raise InvalidQueueName("queue name must be a non-empty string")
@@ -45,7 +49,7 @@ def validate_name(name: Any) -> str:
             f"queue name {name!r} may contain only letters, digits, '_', '.' and '-' "
             "(and must not start with '.' or '-')"
         )
-    if name.lower().startswith(RESERVED_PREFIXES):
+    if not own_table and name.lower().startswith(RESERVED_PREFIXES):
         raise InvalidQueueName(f"queue name {name!r} uses a reserved prefix ({', '.join(RESERVED_PREFIXES)})")
     return name
 
@@ -126,23 +130,41 @@ class Registry:
         return info
 
     def forget(self, name: str | None = None) -> None:
+        """Drop cached settings (and the activity throttle) for one queue or all."""
         with self._lock:
             if name is None:
                 self._cache.clear()
+                self._touched.clear()
             else:
                 for key in [k for k in self._cache if k[1] == name]:
                     del self._cache[key]
+                for key in [k for k in self._touched if k[1] == name]:
+                    del self._touched[key]
 
-    def touch(self, info: QueueInfo, using: str) -> None:
-        """Record activity on a queue that auto-deletes when idle (throttled per process)."""
+    def record_activity(self, name: str, using: str | None = None) -> None:
+        """Note activity on a queue that auto-deletes when idle.
+
+        Every insert, receive, peek and browse calls this.  The registry row is written
+        *after* the caller's transaction commits (at once outside one) and at most every
+        :data:`ACTIVITY_INTERVAL` seconds per process: written inside a receive it would
+        stay locked for the whole handler batch, serialising every process on the queue.
+        A rolled-back transaction records nothing, which is right: nothing happened.
+        """
+        alias = using or get_settings().DATABASE
+        info = self.get(name, alias)
         if info.auto_delete_on_idle_seconds is None:
             return
-        key = (using, info.name)
+        key = (alias, info.name)
         now = time.monotonic()
-        if now - self._touched.get(key, -1e9) < 30:
-            return
-        self._touched[key] = now
-        QueueRecord.objects.using(using).filter(name=info.name).update(last_activity=Now())
+        with self._lock:
+            if now - self._touched.get(key, -1e9) < ACTIVITY_INTERVAL:
+                return
+            self._touched[key] = now
+        transaction.on_commit(lambda: _write_activity(info.name, alias), using=alias, robust=True)
+
+
+def _write_activity(name: str, alias: str) -> None:
+    QueueRecord.objects.using(alias).filter(name=name).update(last_activity=Now())
 
 
 registry = Registry()
@@ -267,20 +289,24 @@ def list_queues(using: str | None = None) -> list[QueueRecord]:
     return list(QueueRecord.objects.using(_alias(using)).all())
 
 
-_models: dict[str, type[models.Model]] = {}
+_models: dict[tuple[str, str], type[models.Model]] = {}
 _models_lock = threading.Lock()
 
 
-def queue_model(name: str) -> type[models.Model]:
+def queue_model(name: str, using: str | None = None) -> type[models.Model]:
     """An unmanaged Django model for a queue table, made from one definition.
 
     For reading queue rows through the ORM (the dashboard, ad-hoc queries).  Sending and
-    receiving go through core.transport, whose SQL the dialects own.
+    receiving go through core.transport, whose SQL the dialects own.  With
+    ``SLUICE_SCHEMA`` the table is the schema-qualified one of ``using``'s dialect (Django
+    leaves an already quoted name as it is); without, the bare name, so the model
+    compiles for any connection.
     """
     validate_name(name)
+    table = dialect(using).table(name) if get_settings().SCHEMA else name
     with _models_lock:
-        if name in _models:
-            return _models[name]
+        if (name, table) in _models:
+            return _models[(name, table)]
         safe = re.sub(r"[^A-Za-z0-9]", "_", name)
         attrs = {
             "__module__": __name__,
@@ -292,9 +318,9 @@ def queue_model(name: str) -> type[models.Model]:
             "expires": models.DateTimeField(null=True, db_column="Expires"),
             "headers": models.TextField(db_column="Headers"),
             "body": models.BinaryField(null=True, db_column="Body"),
-            "Meta": type("Meta", (), {"managed": False, "db_table": name, "app_label": "sluice",
+            "Meta": type("Meta", (), {"managed": False, "db_table": table, "app_label": "sluice",
                                       "ordering": ["row_version"]}),
         }
         model = type(f"QueueTable_{safe}_{len(_models)}", (models.Model,), attrs)
-        _models[name] = model
+        _models[(name, table)] = model
         return model

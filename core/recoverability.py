@@ -14,35 +14,24 @@ receive, so it survives restarts and spans workers.
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import logging
-import traceback
 
 from core.conf import get_settings
 from core.errors import PoisonMessage
-from core.messages import Headers, Message, wire_time
+from core.messages import Headers, Message, failure_headers, wire_time
+from core.scheduling import DelayedMessage
 from core.transport import Transport
 
 log = logging.getLogger("sluice.recoverability")
 
-MAX_STACK_TRACE = 16_000
 
+class FailureOutcome(str, enum.Enum):
+    """Where a failed message went (a str, so ``outcome == "error"`` still reads)."""
 
-def failure_headers(exc: BaseException, queue: str) -> dict[str, str]:
-    """The error-queue headers that describe ``exc`` (NServiceBus names)."""
-    stack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    frames = traceback.extract_tb(exc.__traceback__)
-    source = frames[-1].name if frames else ""
-    module = type(exc).__module__
-    exc_type = type(exc).__qualname__ if module == "builtins" else f"{module}.{type(exc).__qualname__}"
-    return {
-        Headers.EXCEPTION_TYPE: exc_type,
-        Headers.EXCEPTION_MESSAGE: str(exc),
-        Headers.EXCEPTION_STACK_TRACE: stack[-MAX_STACK_TRACE:],
-        Headers.EXCEPTION_SOURCE: source,
-        Headers.FAILED_Q: queue,
-        Headers.TIME_OF_FAILURE: wire_time(dt.datetime.now(dt.timezone.utc)),
-        Headers.PROCESSING_ENDPOINT: get_settings().ENDPOINT,
-    }
+    RETRY = "retry"                  # back into its queue for an immediate retry
+    DELAYED_RETRY = "delayed-retry"  # into the delayed store
+    ERROR = "error"                  # into the error queue
 
 
 class Recoverability:
@@ -59,34 +48,32 @@ class Recoverability:
                                        else delayed_retry_increase)
         self.error_queue = error_queue or settings.ERROR_QUEUE
 
-    def on_failure(self, message: Message, exc: BaseException) -> str:
-        """Record a failed attempt; returns "retry", "delayed-retry" or "error"."""
+    def on_failure(self, message: Message, exc: BaseException) -> FailureOutcome:
+        """Record a failed attempt; returns where the message went."""
         attempts = message.failed_attempts + 1
         total = message.total_failed_attempts + 1
         if attempts <= self.immediate_retries:
             headers = {**message.headers, Headers.FAILED_ATTEMPTS: str(attempts),
                        Headers.TOTAL_FAILED_ATTEMPTS: str(total)}
-            self.transport.requeue(message.queue, message, headers=headers)
+            self.transport.move(message, message.queue, headers, keep_expiry=True)
             log.warning("message %s on %s failed (attempt %d of %d): %s: %s", message.id, message.queue,
                         attempts, self.immediate_retries + 1, type(exc).__name__, exc)
-            return "retry"
+            return FailureOutcome.RETRY
         done = message.delayed_retries
         if done < self.delayed_retries:
             self.schedule_delayed_retry(message, exc, done + 1, total)
-            return "delayed-retry"
+            return FailureOutcome.DELAYED_RETRY
         self.move_to_error(message, exc, attempts=attempts)
-        return "error"
+        return FailureOutcome.ERROR
 
     def schedule_delayed_retry(self, message: Message, exc: BaseException, number: int, total: int) -> None:
-        from core.delayed import DelayedMessage, delayed_store  # the store builds on recoverability
-
         delay = self.delayed_retry_increase * number
         headers = {**message.headers,
                    Headers.FAILED_ATTEMPTS: "0",  # a new round of immediate retries
                    Headers.TOTAL_FAILED_ATTEMPTS: str(total),
                    Headers.DELAYED_RETRIES: str(number),
                    Headers.DELAYED_RETRIES_TIMESTAMP: wire_time(dt.datetime.now(dt.timezone.utc))}
-        delayed_store(self.transport.using).store(
+        self.transport.delayed.store(
             DelayedMessage(id=headers.get(Headers.MESSAGE_ID, message.id), destination=message.queue,
                            body=message.body, headers=headers), delay=delay)
         log.warning("message %s on %s failed %d time(s); delayed retry %d of %d in %g s: %s: %s",
@@ -99,7 +86,7 @@ class Recoverability:
         headers[Headers.TOTAL_FAILED_ATTEMPTS] = str(message.total_failed_attempts + 1)
         # Error-queue messages wait for an operator: no expiry, no TTL header.
         headers.pop(Headers.TIME_TO_BE_RECEIVED, None)
-        self.transport.requeue(self.error_queue, message, headers=headers, expires=False)
+        self.transport.move(message, self.error_queue, headers)
         log.error("message %s on %s moved to %s after %s attempt(s): %s: %s", message.id, message.queue,
                   self.error_queue, headers[Headers.FAILED_ATTEMPTS], type(exc).__name__, exc)
 
@@ -110,5 +97,5 @@ class Recoverability:
         headers = failure_headers(exc, message.queue)
         headers[Headers.RAW_HEADERS] = message.raw_headers
         headers[Headers.MESSAGE_ID] = message.id
-        self.transport.requeue(self.error_queue, message, headers=headers, expires=False)
+        self.transport.move(message, self.error_queue, headers)
         log.error("poison message %s on %s moved to %s: %s", message.id, message.queue, self.error_queue, exc)

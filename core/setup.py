@@ -10,6 +10,7 @@ from core.handlers import handlers, load_handler_modules
 from core.models import QueueKind
 from core.outbox import OutboxStore, create_outbox_table
 from core.queues import create_queue, missing_indexes
+from core.scheduling import delayed_store
 
 log = logging.getLogger("sluice.setup")
 
@@ -24,8 +25,6 @@ def setup_infrastructure(using: str | None = None) -> list[tuple[str, bool]]:
     load_handler_modules()
     wanted: list[tuple[str, str]] = [(settings.ERROR_QUEUE, QueueKind.ERROR)]
     wanted += [(name, QueueKind.NORMAL) for name in [*handlers.queues(), *settings.QUEUES]]
-    from core.delayed import delayed_store
-
     delayed_store(alias).setup_infrastructure()
     done: list[tuple[str, bool]] = []
     seen: set[str] = set()

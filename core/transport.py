@@ -13,27 +13,35 @@ import json
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Any, Mapping
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping, Sequence
 
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from core.conf import get_settings
 from core.dialects import Dialect, dialect_for
-from core.errors import BodyTooLarge, InvalidMessage, PoisonMessage
-from core.messages import Headers, Message, decode_headers, encode_headers, timespan, wire_time
+from core.errors import BodyTooLarge, InvalidMessage, PoisonMessage, UnknownQueue
+from core.messages import (Headers, Message, decode_headers, encode_headers, parse_timespan, timespan,
+                           wire_time)
 from core.queues import QueueInfo, registry, validate_name, validate_ttl
+from core.scheduling import DelayedMessage, DelayedMessageStore, delayed_store, resolve_due
 
 log = logging.getLogger("sluice.transport")
 
 #: Namespace for turning a non-UUID message id into the table's uuid Id column.
 ID_NAMESPACE = uuid.UUID("5f1a7c2e-8b0d-4f57-9a52-3c1e5d0b7a11")
 MAX_MESSAGE_ID_LENGTH = 200
+#: The most rows one purge statement deletes (SQL Server escalates past 5,000 row locks).
+MAX_PURGE_BATCH = 4000
 
 
 @dataclass(frozen=True)
 class QueueCounts:
     total: int
     expired: int
+    #: False where the dialect counts without locks (SQL Server's NOLOCK): uncommitted
+    #: sends and receives may be counted.
+    exact: bool = True
 
     @property
     def pending(self) -> int:
@@ -42,7 +50,11 @@ class QueueCounts:
 
 @dataclass(frozen=True)
 class OutgoingMessage:
-    """A validated message ready for INSERT (what send builds; the outbox will store it)."""
+    """A row ready for its queue table: what :meth:`Transport.enqueue` inserts.
+
+    Made by :meth:`Transport.build` (a new message, validated), :meth:`Transport.outgoing`
+    (headers already complete: the delayed mover, failed-message retries, the outbox)
+    or :meth:`Transport.move` (a received message into another queue)."""
 
     queue: str
     row_id: str
@@ -50,7 +62,11 @@ class OutgoingMessage:
     body: bytes
     correlation_id: str | None
     reply_to: str | None
+    #: Expires = the database's now + this many seconds (None: see ``expires``).
     ttl_seconds: float | None
+    #: An absolute Expires kept from a received row (an immediate retry keeps its expiry);
+    #: used only when ``ttl_seconds`` is None.  None and no TTL: the row never expires.
+    expires: dt.datetime | None = None
 
     @property
     def message_id(self) -> str:
@@ -70,6 +86,16 @@ def encode_body(body: Any, content_type: str | None) -> tuple[bytes, str]:
         raise InvalidMessage(f"body must be bytes, text or JSON-serialisable: {exc}") from None
 
 
+def validate_message_id(message_id: Any) -> str:
+    """The message id if it is 1–200 printable characters; InvalidMessage otherwise."""
+    if not isinstance(message_id, str) or not message_id.strip() or len(message_id) > MAX_MESSAGE_ID_LENGTH \
+            or any(ord(c) < 32 for c in message_id):
+        raise InvalidMessage(
+            f"message id must be 1–{MAX_MESSAGE_ID_LENGTH} printable characters, not {message_id!r}"
+        )
+    return message_id
+
+
 def row_id_for(message_id: str) -> str:
     """The uuid for the Id column: the message id itself when it is a UUID."""
     try:
@@ -79,14 +105,22 @@ def row_id_for(message_id: str) -> str:
 
 
 class Transport:
-    """Queue-table operations on one database alias."""
+    """Queue-table operations on one database alias.
 
-    def __init__(self, using: str | None = None) -> None:
+    ``delayed`` is the store delayed sends go to (default: the process's configured
+    store, :func:`core.scheduling.delayed_store`)."""
+
+    def __init__(self, using: str | None = None, delayed: DelayedMessageStore | None = None) -> None:
         self.using = using or get_settings().DATABASE
+        self._delayed = delayed
 
     @property
     def dialect(self) -> Dialect:
         return dialect_for(connections[self.using], get_settings().SCHEMA)
+
+    @property
+    def delayed(self) -> DelayedMessageStore:
+        return self._delayed or delayed_store(self.using)
 
     def _queue(self, name: str) -> QueueInfo:
         validate_name(name)
@@ -95,7 +129,7 @@ class Transport:
     def _cursor(self):
         return connections[self.using].cursor()
 
-    # -- sending -------------------------------------------------------------
+    # -- making rows -------------------------------------------------------------
     def build(
         self,
         queue: str,
@@ -109,24 +143,16 @@ class Transport:
         ttl: Any = None,
         content_type: str | None = None,
     ) -> OutgoingMessage:
-        """Validate everything about a message without touching its queue table."""
-        info = self._queue(queue)
+        """Validate everything about a new message without touching its queue table."""
         settings = get_settings()
         data, ctype = encode_body(body, content_type)
         if len(data) > settings.MAX_BODY_BYTES:
             raise BodyTooLarge(
                 f"body is {len(data)} bytes; SLUICE_MAX_BODY_BYTES allows {settings.MAX_BODY_BYTES}"
             )
-        if message_id is None:
-            message_id = str(uuid.uuid4())
-        if not isinstance(message_id, str) or not message_id.strip() or len(message_id) > MAX_MESSAGE_ID_LENGTH \
-                or any(ord(c) < 32 for c in message_id):
-            raise InvalidMessage(
-                f"message id must be 1–{MAX_MESSAGE_ID_LENGTH} printable characters, not {message_id!r}"
-            )
+        message_id = validate_message_id(str(uuid.uuid4()) if message_id is None else message_id)
         if message_type is not None and (not isinstance(message_type, str) or not message_type.strip()):
             raise InvalidMessage(f"message type must be a non-empty string, not {message_type!r}")
-        ttl_seconds = info.effective_ttl(validate_ttl(ttl))
         all_headers: dict[str, str] = {
             Headers.MESSAGE_ID: message_id,
             Headers.CORRELATION_ID: correlation_id or message_id,
@@ -145,20 +171,112 @@ class Transport:
             all_headers[Headers.CORRELATION_ID] = correlation_id
         if reply_to is not None:
             all_headers[Headers.REPLY_TO_ADDRESS] = reply_to
-        if ttl_seconds is not None:
-            all_headers[Headers.TIME_TO_BE_RECEIVED] = timespan(ttl_seconds)
-        else:
-            all_headers.pop(Headers.TIME_TO_BE_RECEIVED, None)
-        return OutgoingMessage(
-            queue=info.name,
-            row_id=row_id_for(message_id),
-            headers=all_headers,
-            body=data,
-            correlation_id=all_headers.get(Headers.CORRELATION_ID),
-            reply_to=all_headers.get(Headers.REPLY_TO_ADDRESS),
-            ttl_seconds=ttl_seconds,
-        )
+        all_headers.pop(Headers.TIME_TO_BE_RECEIVED, None)  # the TTL argument decides
+        return self.outgoing(queue, message_id, all_headers, data, ttl=validate_ttl(ttl))
 
+    def outgoing(self, queue: str, message_id: str, headers: Mapping[str, str], body: bytes, *,
+                 ttl: float | None = None, forever: bool = False) -> OutgoingMessage:
+        """A row for ``queue`` from complete headers.  ``ttl`` (seconds; None: the one in
+        the TimeToBeReceived header, if any) is capped by the queue's default TTL and
+        written back to that header; ``forever`` drops both (error and dead-letter
+        queues keep messages until someone acts).  UnknownQueue for a missing queue."""
+        info = self._queue(queue)
+        headers = dict(headers)
+        if forever:
+            ttl = None
+        else:
+            if ttl is None and Headers.TIME_TO_BE_RECEIVED in headers:
+                try:
+                    ttl = parse_timespan(headers[Headers.TIME_TO_BE_RECEIVED])
+                except ValueError:
+                    ttl = None  # unreadable: the queue's default decides
+            ttl = info.effective_ttl(ttl)
+        if ttl is None:
+            headers.pop(Headers.TIME_TO_BE_RECEIVED, None)
+        else:
+            headers[Headers.TIME_TO_BE_RECEIVED] = timespan(ttl)
+        return OutgoingMessage(queue=info.name, row_id=row_id_for(message_id), headers=headers, body=body,
+                               correlation_id=headers.get(Headers.CORRELATION_ID),
+                               reply_to=headers.get(Headers.REPLY_TO_ADDRESS), ttl_seconds=ttl)
+
+    # -- inserting: every row goes in through enqueue() ----------------------------
+    def enqueue(self, messages: Sequence[OutgoingMessage]) -> None:
+        """Insert rows into their queue tables: THE insert path (send, send_many, the
+        delayed mover, moves to the error / dead-letter queue, the outbox, failed-message
+        retries all end here).
+
+        One executemany per queue and kind of expiry (psycopg pipelines it into a
+        single round trip).  Expires is computed by the database (its now + the TTL),
+        or kept as given (``OutgoingMessage.expires``).  Activity is recorded on each
+        queue (after the transaction commits), so an idle temporary queue that just
+        received a row is not dropped.
+        """
+        groups: dict[tuple[str, bool], list[OutgoingMessage]] = {}
+        for m in messages:
+            groups.setdefault((m.queue, m.ttl_seconds is not None), []).append(m)
+        d = self.dialect
+        with self._cursor() as cursor, self._queue_dropped_is_unknown(groups):
+            for (queue, with_ttl), group in groups.items():
+                if with_ttl:
+                    sql = d.insert_with_ttl(queue)
+                    rows = [[m.row_id, m.correlation_id, m.reply_to, *d.ttl_params(m.ttl_seconds),
+                             encode_headers(m.headers), m.body] for m in group]
+                else:
+                    sql = d.insert_with_expires(queue)
+                    rows = [[m.row_id, m.correlation_id, m.reply_to, d.datetime_param(m.expires),
+                             encode_headers(m.headers), m.body] for m in group]
+                if len(rows) == 1:
+                    cursor.execute(sql, rows[0])
+                else:
+                    cursor.executemany(sql, rows)
+        for queue, _ in groups:
+            registry.record_activity(queue, self.using)
+
+    @contextmanager
+    def _queue_dropped_is_unknown(self, groups: Mapping[tuple[str, bool], Any]) -> Iterator[None]:
+        """A queue dropped since this process cached its settings (an idle temporary queue,
+        say): UnknownQueue, as for a queue that never existed, not a driver error."""
+        try:
+            yield
+        except DatabaseError as exc:
+            if not self.dialect.is_missing_table(exc):
+                raise
+            names = sorted({queue for queue, _ in groups})
+            for name in names:
+                registry.forget(name)
+            raise UnknownQueue(f"queue {' or '.join(map(repr, names))} no longer exists") from exc
+
+    def move(self, message: Message, queue: str, headers: Mapping[str, str], *, keep_expiry: bool = False) -> None:
+        """Put a received message into ``queue`` with ``headers``: back into its own queue
+        for an immediate retry (``keep_expiry``: same Expires), or into an error or
+        dead-letter queue (no expiry).  Same Id and body."""
+        self.enqueue([self.moved(message, queue, headers, keep_expiry=keep_expiry)])
+
+    def moved(self, message: Message, queue: str, headers: Mapping[str, str], *,
+              keep_expiry: bool = False) -> OutgoingMessage:
+        """The row :meth:`move` inserts (for moving many with one :meth:`enqueue`)."""
+        info = self._queue(queue)
+        headers = dict(headers)
+        if not keep_expiry:
+            headers.pop(Headers.TIME_TO_BE_RECEIVED, None)
+        return OutgoingMessage(
+            queue=info.name, row_id=message.id, headers=headers, body=message.body,
+            correlation_id=headers.get(Headers.CORRELATION_ID, message.correlation_id),
+            reply_to=headers.get(Headers.REPLY_TO_ADDRESS, message.reply_to), ttl_seconds=None,
+            expires=message.expires if keep_expiry else None)
+
+    def schedule(self, message: OutgoingMessage, delay: float | None, deliver_at: dt.datetime | None) -> None:
+        """Put a built message into the delayed store instead of its queue (due after
+        ``delay`` seconds by the store's clock, or at ``deliver_at``).  Its TTL starts
+        when the mover puts it in the queue; the queue counts it as activity."""
+        headers = dict(message.headers)
+        estimate = deliver_at or dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=delay or 0)
+        headers[Headers.DELIVER_AT] = wire_time(estimate)
+        self.delayed.store(DelayedMessage(id=message.message_id, destination=message.queue, body=message.body,
+                                          headers=headers, due=deliver_at), delay=delay)
+        registry.record_activity(message.queue, self.using)
+
+    # -- sending -------------------------------------------------------------------
     def send(self, queue: str, body: Any, *, delay: Any = None, deliver_at: Any = None, **options: Any) -> str:
         """Send one message (one INSERT; Expires from the database clock).  Returns its id.
 
@@ -168,66 +286,19 @@ class Transport:
         message in the delayed store instead; its TTL starts when it lands in the queue.
         A zero delay or a time in the past sends at once.
         """
-        from core.delayed import resolve_due, store_outgoing  # delayed builds on transport
-
         wait, when = resolve_due(delay, deliver_at)
         message = self.build(queue, body, **options)
         if wait is None and when is None:
-            self.insert(message)
+            self.enqueue([message])
         else:
-            store_outgoing(message, self.using, wait, when)
+            self.schedule(message, wait, when)
         return message.message_id
-
-    def insert(self, message: OutgoingMessage) -> None:
-        d = self.dialect
-        headers = encode_headers(message.headers)
-        with self._cursor() as cursor:
-            if message.ttl_seconds is None:
-                cursor.execute(d.insert_with_expires(message.queue),
-                               [message.row_id, message.correlation_id, message.reply_to, None, headers, message.body])
-            else:
-                cursor.execute(d.insert_with_ttl(message.queue),
-                               [message.row_id, message.correlation_id, message.reply_to,
-                                *d.ttl_params(message.ttl_seconds), headers, message.body])
-        registry.touch(registry.get(message.queue, self.using), self.using)
 
     def send_many(self, queue: str, bodies: list[Any], **options: Any) -> list[str]:
         """Send several messages with the same options in one executemany."""
         messages = [self.build(queue, body, **options) for body in bodies]
-        self.insert_many(messages)
+        self.enqueue(messages)
         return [m.message_id for m in messages]
-
-    def insert_many(self, messages: list[OutgoingMessage]) -> None:
-        """Insert built messages, one executemany per queue and TTL (psycopg pipelines it
-        into a single round trip)."""
-        groups: dict[tuple[str, float | None], list[OutgoingMessage]] = {}
-        for m in messages:
-            groups.setdefault((m.queue, m.ttl_seconds), []).append(m)
-        d = self.dialect
-        with self._cursor() as cursor:
-            for (queue, ttl), group in groups.items():
-                if ttl is None:
-                    cursor.executemany(d.insert_with_expires(queue), [
-                        [m.row_id, m.correlation_id, m.reply_to, None, encode_headers(m.headers), m.body]
-                        for m in group])
-                else:
-                    cursor.executemany(d.insert_with_ttl(queue), [
-                        [m.row_id, m.correlation_id, m.reply_to, *d.ttl_params(ttl), encode_headers(m.headers),
-                         m.body] for m in group])
-
-    def requeue(self, queue: str, message: Message, headers: Mapping[str, str] | None = None,
-                expires: dt.datetime | None | bool = True) -> None:
-        """Insert a received message (again) as it is: same Id, body and expiry.
-
-        ``headers`` replaces its headers; ``expires=False`` clears its expiry (error and
-        dead-letter queues keep messages until someone acts on them).
-        """
-        d = self.dialect
-        when = message.expires if expires is True else (None if expires is False else expires)
-        text = encode_headers(headers) if headers is not None else (message.raw_headers or encode_headers(message.headers))
-        with self._cursor() as cursor:
-            cursor.execute(d.insert_with_expires(queue), [
-                message.id, message.correlation_id, message.reply_to, d.datetime_param(when), text, message.body])
 
     # -- receiving -------------------------------------------------------------
     def receive_batch(self, queue: str, limit: int) -> list[Message]:
@@ -245,7 +316,7 @@ class Transport:
             rows = cursor.fetchall()
         messages = sorted((self.to_message(queue, d.to_row(raw)) for raw in rows), key=lambda m: m.row_version)
         if messages:
-            registry.touch(info, self.using)
+            registry.record_activity(info.name, self.using)
         return messages
 
     def receive(self, queue: str) -> Message | None:
@@ -267,7 +338,7 @@ class Transport:
     def peek_estimate(self, queue: str) -> int:
         """Roughly how many messages wait (max − min RowVersion); never counts rows."""
         info = self._queue(queue)
-        registry.touch(info, self.using)  # a listening pump keeps a temporary queue alive
+        registry.record_activity(info.name, self.using)  # a listening pump keeps a temporary queue alive
         with self._cursor() as cursor:
             cursor.execute(self.dialect.peek_estimate(queue), [])
             value = cursor.fetchone()[0]
@@ -280,16 +351,18 @@ class Transport:
         with self._cursor() as cursor:
             cursor.execute(d.browse(queue), d.browse_params(after, limit))
             rows = cursor.fetchall()
-        registry.touch(info, self.using)
+        registry.record_activity(info.name, self.using)
         return [self.to_message(queue, d.to_row(raw)) for raw in rows]
 
     def counts(self, queue: str) -> QueueCounts:
-        """Exact total and expired counts (an operator's view; the pump uses peek_estimate)."""
+        """Total and expired counts (an operator's view; the pump uses peek_estimate):
+        exact where the dialect's are (``QueueCounts.exact``)."""
         self._queue(queue)
+        d = self.dialect
         with self._cursor() as cursor:
-            cursor.execute(self.dialect.counts(queue), [])
+            cursor.execute(d.counts(queue), [])
             total, expired = cursor.fetchone()
-        return QueueCounts(int(total), int(expired))
+        return QueueCounts(int(total), int(expired), d.counts_are_exact)
 
     # -- removing -------------------------------------------------------------
     def delete(self, queue: str, message_id: str) -> bool:
@@ -302,9 +375,11 @@ class Transport:
     def purge(self, queue: str, expired_only: bool = False, batch_size: int | None = None,
               max_batches: int | None = None) -> int:
         """Delete messages in batches (each its own transaction), skipping rows receivers
-        hold.  Returns how many were deleted."""
+        hold.  Batches are capped at :data:`MAX_PURGE_BATCH` rows: more row locks than
+        that and SQL Server escalates to a lock on the whole table.  Returns how many
+        were deleted."""
         self._queue(queue)
-        size = batch_size or get_settings().PURGE_BATCH_SIZE
+        size = min(batch_size or get_settings().PURGE_BATCH_SIZE, MAX_PURGE_BATCH)
         sql = self.dialect.purge_expired(queue) if expired_only else self.dialect.purge_all(queue)
         total = batches = 0
         while max_batches is None or batches < max_batches:

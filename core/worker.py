@@ -7,9 +7,12 @@ import logging
 from typing import Any
 
 from core.conf import get_settings
+from core.delayed import DelayedMover
+from core.demo.traffic import DemoTraffic
 from core.handlers import handlers, load_handler_modules
 from core.health import HealthPublisher
 from core.loops import ThreadRunner
+from core.outbox import OutboxDispatcher, worker_loops
 from core.pump import MessagePump
 from core.queues import registry
 
@@ -37,18 +40,12 @@ class WorkerHost:
         self.pumps = [MessagePump(name, concurrency=concurrency) for name in self.queues]
         loops: list[Any] = list(self.pumps)
         if mover:
-            from core.delayed import DelayedMover
-
             loops.append(DelayedMover())
-        from core.outbox import OutboxDispatcher, worker_loops
-
         outbox_loops = [loop for loop in worker_loops()
                         if outbox_cleanup or isinstance(loop, OutboxDispatcher)]
         loops += outbox_loops
         self.dispatchers = [loop for loop in outbox_loops if isinstance(loop, OutboxDispatcher)]
         if demo_traffic:
-            from core.demo.traffic import DemoTraffic
-
             loops.append(DemoTraffic(rate=get_settings().DEMO_RATE))
         loops += list(extra_loops or [])
         if redis_url:

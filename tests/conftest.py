@@ -2,6 +2,7 @@
 PostgreSQL; `make test` runs the suite once on each)."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import secrets
@@ -14,7 +15,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from django.db import connections
+from django.db import connection, connections, transaction
 
 from core.handlers import handlers
 from core.queues import create_queue, delete_queue, registry
@@ -28,13 +29,38 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("DJANGO_SECRET_KEY", "tests-" + secrets.token_urlsafe(40))
 
 
+#: DATABASE_URL scheme → the database the suite runs on.
+SCHEMES = {"sqlite": "sqlite", "postgres": "postgresql", "postgresql": "postgresql", "pgsql": "postgresql",
+           "mssql": "mssql"}
+#: Marker → the databases its tests run on (skipped, with the reason, on the others).
+#: ``row_locking``: a server database where concurrent transactions lock rows and skip
+#: rows others hold (SKIP LOCKED / READPAST) — what scale-out and concurrency tests need;
+#: ``postgresql`` / ``mssql``: tests that use that database's own SQL or features.
+DATABASE_MARKERS = {
+    "postgresql": {"postgresql"},
+    "mssql": {"mssql"},
+    "row_locking": {"postgresql", "mssql"},
+}
+
+
+def database_vendor(url: str | None = None) -> str:
+    """sqlite, postgresql or mssql, from DATABASE_URL."""
+    url = url if url is not None else os.environ.get("DATABASE_URL", "sqlite:")
+    scheme = url.split(":", 1)[0].lower()
+    try:
+        return SCHEMES[scheme]
+    except KeyError:
+        raise pytest.UsageError(f"DATABASE_URL scheme {scheme!r} is not one the tests know") from None
+
+
 def pytest_collection_modifyitems(config, items):
-    url = os.environ.get("DATABASE_URL", "sqlite:")
-    on_postgres = url.startswith(("postgres://", "postgresql://"))
-    skip = pytest.mark.skip(reason="needs PostgreSQL (run with DATABASE_URL=postgresql://…)")
+    vendor = database_vendor()
     for item in items:
-        if "postgresql" in item.keywords and not on_postgres:
-            item.add_marker(skip)
+        for marker, vendors in DATABASE_MARKERS.items():
+            if marker in item.keywords and vendor not in vendors:
+                item.add_marker(pytest.mark.skip(
+                    reason=f"needs {' or '.join(sorted(vendors))} (DATABASE_URL is {vendor})"))
+                break
 
 
 OTHER = "other"
@@ -256,6 +282,14 @@ def database_url(alias: str = "default") -> str:
     auth = quote(s["USER"] or "")
     if s.get("PASSWORD"):
         auth += ":" + quote(s["PASSWORD"])
+    if conn.vendor == "microsoft":  # back through sluice.dburl's mssql:// form
+        options = s.get("OPTIONS", {})
+        query = [("driver", options.get("driver", "ODBC Driver 18 for SQL Server"))]
+        if options.get("python_driver"):
+            query.append(("python_driver", options["python_driver"]))
+        query += [tuple(p.split("=", 1)) for p in (options.get("extra_params") or "").split(";") if "=" in p]
+        return (f"mssql://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 1433}/{s['NAME']}?"
+                + "&".join(f"{k}={quote(v)}" for k, v in query))
     return f"postgresql://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
 
 
@@ -319,3 +353,28 @@ def wait_for(predicate, timeout: float = 30, interval: float = 0.05, what: str =
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+@contextlib.contextmanager
+def open_transaction(work, timeout: float = 10):
+    """Run ``work()`` in a transaction on another thread (another connection) and keep
+    that transaction open — its locks held — until the block ends; then it commits."""
+    ready, release = threading.Event(), threading.Event()
+
+    def run() -> None:
+        try:
+            with transaction.atomic():
+                work()
+                ready.set()
+                release.wait(timeout)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        assert ready.wait(timeout), "the other transaction did not start"
+        yield
+    finally:
+        release.set()
+        thread.join(timeout)

@@ -246,7 +246,6 @@ def test_database_outage_while_messages_are_due(empty_store):
             delivered_after = time.monotonic() - restored_at
             wait_for(lambda: all(_lines(worker, f"circuit breaker {name}: ", "→ closed") for name in (fetch, receive)),
                      timeout=15, what="fetch and receive breakers closed again")
-            time.sleep(1.0)  # anything delivered twice would show up now
             _assert_exactly_once(ids)
             assert empty_store.list()[0] == []
             assert Transport().counts("demo").total == 0
@@ -254,6 +253,7 @@ def test_database_outage_while_messages_are_due(empty_store):
         finally:
             code = _terminate(worker)
     assert code == 0, _output(worker)[-4000:]
+    _assert_exactly_once(ids)  # again once the worker has finished all it had in flight
     if os.environ.get("SLUICE_FAULT_VERBOSE"):
         print(_output(worker))
     triggered_names = sorted({m.group(1) for m in re.finditer(r"circuit breaker (\S+) TRIGGERED", _output(worker))})
@@ -315,7 +315,6 @@ def test_worker_killed_while_moving_a_batch_loses_and_duplicates_nothing(empty_s
                  and Transport().counts("demo").total == 0, timeout=max(deadline - time.monotonic(), 20),
                  what=f"all {n} pings handled after {len(kills)} kill(s)")
         finished_after = time.monotonic() - restarted
-        time.sleep(0.5)
         assert _terminate(final) == 0, _output(final)[-4000:]
     finally:
         _kill_all(procs)
@@ -332,7 +331,7 @@ def test_worker_killed_while_moving_a_batch_loses_and_duplicates_nothing(empty_s
 
 # -- 3. two movers, one store: leader election and hand-over --------------------------------
 
-@pytest.mark.postgresql
+@pytest.mark.row_locking
 @pytest.mark.timeout(120)
 def test_two_movers_elect_one_leader_and_hand_over_on_graceful_stop(empty_store):
     """Two workers on one PostgreSQL store; 500 Pings fall due over ~2 s.  Exactly once,
@@ -350,7 +349,6 @@ def test_two_movers_elect_one_leader_and_hand_over_on_graceful_stop(empty_store)
         ids = _send_delayed(500, delay=lambda i: 2.0 + 2.0 * i / 500)
         wait_for(lambda: sum(_pings(ids).values()) >= 500 and _store_count() == 0, timeout=40,
                  what="500 delayed pings delivered")
-        time.sleep(0.5)
         _assert_exactly_once(ids)
         assert LeaseRecord.objects.filter(name=_mover_lease_name()).count() == 1
         assert _lease_holder_pid() == leader_pid, "leadership changed hands while both workers ran"
@@ -391,11 +389,10 @@ def test_two_movers_elect_one_leader_and_hand_over_on_graceful_stop(empty_store)
         assert _lease_holder_pid() == follower.pid
         assert _store_count() == 0
         assert _moved_by(follower) == 100 and _moved_by(leader) == 500
-        time.sleep(0.5)
-        _assert_exactly_once(ids + early + late)
         assert _terminate(follower) == 0, _output(follower)[-4000:]
     finally:
         _kill_all(workers)
+    _assert_exactly_once(ids + early + late)  # with both stopped: nothing left in flight
     assert _store_count() == 0
     print(f"\n[leader] lease {lease_seconds:g} s: leader pid {leader_pid} moved 500, follower 0; after SIGTERM, "
           f"seconds past the due time (upper bounds): "
@@ -404,7 +401,7 @@ def test_two_movers_elect_one_leader_and_hand_over_on_graceful_stop(empty_store)
 
 # -- 4. SKIP LOCKED: two concurrent fetches take disjoint rows ---------------------------------
 
-@pytest.mark.postgresql
+@pytest.mark.row_locking
 @pytest.mark.timeout(60)
 def test_fetch_due_in_two_concurrent_transactions_returns_disjoint_rows(empty_store):
     store = SqlDelayedStore()
@@ -416,7 +413,6 @@ def test_fetch_due_in_two_concurrent_transactions_returns_disjoint_rows(empty_st
         stored.add(message_id)
 
     got: dict[str, list[str]] = {}
-    took: dict[str, float] = {}
     errors: list[BaseException] = []
     first_holds = threading.Event()
     second_done = threading.Event()
@@ -438,9 +434,7 @@ def test_fetch_due_in_two_concurrent_transactions_returns_disjoint_rows(empty_st
         try:
             assert first_holds.wait(20)
             with transaction.atomic():
-                started = time.monotonic()
                 got["second"] = [m.id for m in SqlDelayedStore().fetch_due(15)]
-                took["second"] = time.monotonic() - started
                 transaction.set_rollback(True)
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
@@ -458,7 +452,8 @@ def test_fetch_due_in_two_concurrent_transactions_returns_disjoint_rows(empty_st
     assert len(a) == 15 and len(b) == 5, (len(a), len(b))
     assert not set(a) & set(b), "both transactions were handed the same row"
     assert set(a) | set(b) == stored
-    assert took["second"] < 1.0, f"the second fetch waited {took['second']:.1f} s on the first's locks"
+    # (No clock needed: the first holds its rows until the second has finished, so a second
+    # fetch that waited for those locks would never finish — "second fetch never finished".)
     # Both rolled back: every row is still there and fetchable.
     with transaction.atomic():
         assert {m.id for m in store.fetch_due(100)} == stored

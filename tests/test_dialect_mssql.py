@@ -177,6 +177,9 @@ def _statements(d: MSSQLDialect, name: str) -> list[Stmt]:
     out.append(Stmt("receive_expired", d.receive_expired(name), 1, None))                  # [limit]
     out.append(Stmt("max_row_version", d.max_row_version(name), 0, None))
     out.append(Stmt("lock_table", d.lock_table(name), 0, None))
+    # SqlDelayedStore.setup_infrastructure: the old default store name to the new one.
+    for i, (sql, params) in enumerate(d.rename_delayed_table(name, name + "_new")):
+        out.append(Stmt(f"rename_delayed_table[{i}]", sql, len(params), params))
     return out
 
 
@@ -185,7 +188,8 @@ NAMED = ["create_queue_table", "ddl_lock", "drop_queue_table", "existing_indexes
          "delete_by_id", "purge_expired", "purge_all",
          "create_delayed_table", "delayed_insert_at", "delayed_insert_after", "delayed_fetch_due",
          "delayed_remove", "delayed_increment_failure", "delayed_list", "delayed_deliver_now", "delayed_next",
-         "delayed_has_destination", "receive_expired", "max_row_version", "lock_table", "delayed_remove_many"]
+         "delayed_has_destination", "receive_expired", "max_row_version", "lock_table", "delayed_remove_many",
+         "rename_delayed_table"]
 
 
 def not_parseable(stmt: Stmt) -> bool:
@@ -196,22 +200,20 @@ def not_parseable(stmt: Stmt) -> bool:
       next statement);
     - the CREATE SCHEMA step: ``IF … EXEC('CREATE SCHEMA ' + @P2)`` — sqlglot takes
       ``EXEC`` for an alias and the parenthesis for an expression, not dynamic SQL;
-    - purge_expired / purge_all: sqlglot reads ``DELETE TOP (n) FROM t`` as a DELETE
-      from a table named TOP.
     """
-    return (stmt.what in ("ddl_lock", "purge_expired", "purge_all")
-            or stmt.sql.startswith("IF SCHEMA_ID("))
+    return (stmt.what in ("ddl_lock",) or stmt.sql.startswith("IF SCHEMA_ID("))
 
 
 def test_every_named_statement_is_covered():
     covered = {stmt.what.split("[")[0] for stmt in _statements(MSSQLDialect(), NAME)}
     assert covered == set(NAMED)
     # Every public statement-making method of the dialect is in the list (a new one must be added).
-    from core.dialects.base import DelayedSQL, Dialect
+    from core.dialects.base import Dialect
+    from core.dialects.delayed_sql import DelayedSQL
 
     helpers = {"quote", "table", "index_names", "delayed_time_index", "create_schema", "to_row", "to_datetime", "datetime_param",
                "ttl_params", "browse_params", "now_sql", "expires_after_ttl_sql", "expired_sql",
-               "delayed_insert_params", "delayed_fetch_params", "notify"}
+               "delayed_insert_params", "delayed_fetch_params", "notify", "error_codes", "is_transient", "is_missing_table"}
     public = {n for cls in (Dialect, DelayedSQL) for n, v in vars(cls).items()
               if callable(v) and not n.startswith("_")} - helpers
     # The outbox's statements are checked by tests/test_outbox_mssql_sql.py, the dashboard's
@@ -233,11 +235,11 @@ def test_placeholders_match_params_and_sql_parses_as_tsql(schema, name):
             continue
         trees = parse(bound)
         tables = [t for tree in trees for t in tree.find_all(exp.Table)
-                  if t.name not in ("indexes", "message")]  # sys.indexes, receive's CTE
+                  if t.name not in ("indexes", "message", "sp_rename")]  # sys.indexes, receive's CTE
         for table in tables:                              # the queue table, schema-qualified
             assert_table(table, name, schema or "dbo")
         if not tables:                                    # it names the table in a param (OBJECT_ID)
-            assert stmt.params == [d.table(name)], stmt.what
+            assert stmt.params[0] == d.table(name), stmt.what
 
 
 # -- identifiers ------------------------------------------------------------------
@@ -496,18 +498,20 @@ def test_peek_estimates_from_rowversion_and_never_counts():
     for table in tree.find_all(exp.Table):
         assert_table(table, NAME)
         assert hints(table) == ["NOLOCK"]        # an estimate need not wait for receivers
-    assert "ISNULL(" in sql and sql.endswith("+ 1, 0)")  # empty queue → 0
+    assert "COALESCE(" in sql and sql.endswith("+ 1, 0)")  # empty queue → 0
+    assert sql.count("WITH (NOLOCK)") == 2  # an estimate does not wait for receivers
 
 
 def test_browse_pages_oldest_first_without_taking():
     d = MSSQLDialect()
     sql = d.browse(NAME)
     params = d.browse_params(after_row_version=41, limit=50)
-    assert params == [50, 41]                     # TOP comes first in the T-SQL
+    assert params == [41, 50]                     # the limit last: OFFSET 0 ROWS FETCH NEXT @P2
     tree = parse_one(bind(sql, len(params)))
-    assert param_name(tree.args["limit"].expression) == "P1"
+    assert param_name(tree.args["limit"].args["count"]) == "P2"
+    assert tree.args["offset"].expression.this == "0"
     where = tree.args["where"].this
-    assert isinstance(where, exp.GT) and param_name(where.expression) == "P2"
+    assert isinstance(where, exp.GT) and param_name(where.expression) == "P1"
     assert_column(where.this, "RowVersion")
     for node, column in zip(tree.expressions, MESSAGE_COLUMNS):
         assert_column(node, column)
@@ -572,19 +576,28 @@ def test_delete_by_id_skips_a_message_a_receiver_holds():
 
 
 @pytest.mark.parametrize("which", ["purge_expired", "purge_all"])
-def test_purge_deletes_a_batch_with_readpast(which):
-    # sqlglot reads ``DELETE TOP (n) FROM t`` as a DELETE from a table named TOP,
-    # so the TOP clause is checked as text and the rest is parsed without it.
+def test_purge_deletes_a_batch_row_locked_in_the_receives_order(which):
+    """Defect 4: READPAST alone let SQL Server take page locks.  The purge takes rows as
+    the receive does — UPDLOCK, READPAST, ROWLOCK through a TOP (n) CTE in RowVersion
+    order — so it never escalates past row locks (batches ≤ 4,000) and never locks in an
+    order opposite to a receive's."""
     d = MSSQLDialect()
     sql = getattr(d, which)(NAME)
     assert placeholders(sql) == 1                 # transport.purge passes [batch size]
-    prefix = "DELETE TOP (%s) FROM [dbo].[orders] WITH (READPAST)"
-    assert sql.startswith(prefix)
-    tree = parse_one(sql.replace("DELETE TOP (%s) FROM", "DELETE FROM"))
-    assert isinstance(tree, exp.Delete)
-    assert_table(tree.this, NAME)
-    assert hints(tree.this) == ["READPAST"]
-    where = tree.args.get("where")
+    assert "SET NOCOUNT" not in sql               # transport.purge reads the rowcount
+    (delete,) = parse(bind(sql, 1))
+    assert isinstance(delete, exp.Delete) and delete.this.name == "message"
+    cte = delete.args["with_"].expressions[0]
+    select = cte.this
+    assert param_name(select.args["limit"].expression) == "P1"          # TOP (@P1)
+    table = select.args["from_"].this
+    assert_table(table, NAME)
+    assert hints(table) == ["UPDLOCK", "READPAST", "ROWLOCK"]
+    (order,) = select.args["order"].expressions
+    assert_column(order.this, "RowVersion")                             # the receive's order
+    receive_order = parse(bind(d.receive(NAME), 1))[1].args["with_"].expressions[0].this.args["order"]
+    assert order.this == receive_order.expressions[0].this
+    where = select.args.get("where")
     if which == "purge_all":
         assert where is None
         return
@@ -594,6 +607,60 @@ def test_purge_deletes_a_batch_with_readpast(which):
     assert_column(cond.this.this.this, "Expires")
     assert isinstance(cond.expression, exp.LTE) and is_getutcdate(cond.expression.expression)
     assert_column(cond.expression.this, "Expires")
+
+
+def test_lock_table_reads_a_row_so_the_table_lock_is_taken():
+    """Defect 2: ``TOP 0`` may be answered without opening the table (no lock at all)."""
+    tree = parse_one(MSSQLDialect().lock_table(NAME))
+    assert isinstance(tree, exp.Select)
+    assert tree.args["limit"].expression.name == "1"                    # TOP (1), not TOP 0
+    table = tree.args["from_"].this
+    assert_table(table, NAME)
+    assert hints(table) == ["TABLOCKX", "HOLDLOCK"]
+
+
+def test_counts_say_they_are_not_exact_on_sql_server():
+    """Defect 11: counts() reads WITH (NOLOCK), so the dialect says they are not exact."""
+    from core.dialects.postgresql import PostgreSQLDialect
+    from core.dialects.sqlite import SQLiteDialect
+
+    assert "NOLOCK" in MSSQLDialect().counts(NAME) and MSSQLDialect.counts_are_exact is False
+    assert PostgreSQLDialect.counts_are_exact and SQLiteDialect.counts_are_exact
+
+
+def test_remove_many_statements_fit_sql_servers_parameter_limit():
+    """Defect 11: at most 2,100 parameters per statement on SQL Server."""
+    d = MSSQLDialect()
+    assert d.max_parameters <= 2100
+    sql = d.delayed_remove_many(NAME, d.max_parameters)
+    assert placeholders(sql) == d.max_parameters
+    tree = parse_one(bind(sql, d.max_parameters))
+    assert isinstance(tree, exp.Delete) and len(tree.args["where"].this.expressions) == d.max_parameters
+
+
+@pytest.mark.parametrize("args, transient", [
+    (("40001", "[40001] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]Transaction (Process ID 61) was "
+               "deadlocked on lock resources with another process and has been chosen as the deadlock victim. "
+               "Rerun the transaction. (1205) (SQLExecDirectW)"), True),
+    (("HY000", "[HY000] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]Lock request time out period "
+               "exceeded. (1222) (SQLExecDirectW)"), True),
+    (("23000", "[23000] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]Violation of PRIMARY KEY "
+               "constraint 'PK_x'. Cannot insert duplicate key in object 'dbo.x'. (2627) (SQLExecDirectW)"), False),
+    (("42S02", "[42S02] [Microsoft][ODBC Driver 18 for SQL Server][SQL Server]Invalid object name "
+               "'dbo.nope'. (208) (SQLExecDirectW)"), False),
+])
+def test_transient_errors_are_read_from_the_driver_error(args, transient):
+    """Defect 5: SQL Server's deadlock victim and lock time-out are the database's fault,
+    a constraint violation or a missing table the statement's; Django wraps the driver
+    error, so the cause is read too."""
+    from django.db import DatabaseError
+
+    driver_error = Exception(*args)
+    wrapped = DatabaseError(*args)
+    wrapped.__cause__ = driver_error
+    assert MSSQLDialect().is_transient(driver_error) is transient
+    assert MSSQLDialect().is_transient(wrapped) is transient
+    assert MSSQLDialect().is_missing_table(wrapped) is ("(208)" in args[1])
 
 
 # -- TTL and datetimes ---------------------------------------------------------------
@@ -727,7 +794,6 @@ def _queue_info(name: str, using: str | None = None) -> QueueInfo:
 def no_registry(monkeypatch):
     """The queue registry is a Django model on the real database: keep it out."""
     monkeypatch.setattr(registry, "get", _queue_info)
-    monkeypatch.setattr(registry, "touch", lambda *a, **k: None)
 
 
 class _FakeMSSQLTransport(Transport):
@@ -784,7 +850,7 @@ def test_transport_statements_reach_the_driver_with_matching_params(mssql_connec
     t.send(NAME, b"raw")                                          # no TTL
     t.send_many(NAME, ["a", "b"], ttl=dt.timedelta(days=3650))
     (received,) = t.receive_batch(NAME, 5)
-    t.requeue(NAME, received)
+    t.move(received, NAME, received.headers, keep_expiry=True)
     assert t.peek_estimate(NAME) == 3
     (browsed,) = t.browse(NAME, limit=50, after=41)
     assert browsed.id == received.id and browsed.headers == {"NServiceBus.MessageId": "m1"}
@@ -820,7 +886,7 @@ def test_transport_statements_reach_the_driver_with_matching_params(mssql_connec
     requeued = _bound_values(requeue[1], requeue[2])
     assert requeued["Id"] == received.id and requeued["Body"] == b"body"
     assert requeued["Expires"] == dt.datetime(2030, 1, 1) and requeued["Expires"].tzinfo is None
-    assert peek[2] == () and browse[2] == (50, 41) and delete[2] == (row_id_for(message_id),)
+    assert peek[2] == () and browse[2] == (41, 50) and delete[2] == (row_id_for(message_id),)
 
 
 def test_purge_and_counts_reach_the_driver(mssql_connection, no_registry):
@@ -831,7 +897,7 @@ def test_purge_and_counts_reach_the_driver(mssql_connection, no_registry):
 
     t = _FakeMSSQLTransport(mssql_connection, rows_for=lambda sql: [(5, 2)])
     counts = t.counts(NAME)
-    assert (counts.total, counts.expired) == (5, 2)
+    assert (counts.total, counts.expired, counts.exact) == (5, 2, False)  # NOLOCK: not exact
     assert t.log == [("execute", MSSQLDialect().counts(NAME), ())]
 
 
@@ -859,3 +925,21 @@ def test_mssql_database_url_gives_mssql_django_a_usable_connection_string(mssql_
     assert parts["PWD"].strip("{}") == "p@ss"
     assert parts["TrustServerCertificate"] == "yes"
     assert "DRIVER" not in parts  # mssql-python bundles its own driver
+
+
+def test_a_dialect_must_define_every_sql_fragment():
+    """The generic statements are written once from the fragments; a dialect that leaves
+    one out fails when it is made, not with broken SQL later."""
+    from core.dialects.base import FRAGMENTS
+
+    class Incomplete(MSSQLDialect):
+        nolock_hint = None
+
+    with pytest.raises(TypeError, match="nolock_hint"):
+        Incomplete()
+    d = MSSQLDialect()
+    assert all(isinstance(getattr(d, f), str) for f in FRAGMENTS)
+    # The generic forms carry SQL Server's fragments: hints after the table, the limit last.
+    assert d.delayed_fetch_due(NAME).endswith("ORDER BY [Time] OFFSET 0 ROWS FETCH NEXT %s ROWS ONLY")
+    assert "[dbo].[orders] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE" in d.delayed_fetch_due(NAME)
+    assert d.delayed_fetch_params("at", 10) == ["at", 10]

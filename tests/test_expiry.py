@@ -7,12 +7,14 @@ import time
 
 import pytest
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from core.delayed import SqlDelayedStore
 from core.expiry import delete_idle_queues, purge_expired_messages
 from core.messages import Headers
 from core.models import QueueRecord
 from core.transport import Transport
+from tests.conftest import open_transaction
 
 
 @pytest.fixture(autouse=True)
@@ -47,19 +49,22 @@ def test_purge_dead_letters_where_the_queue_asks(transport, make_queue):
     assert [m.body for m in transport.browse(name)] == [b"fine"]
 
 
-@pytest.mark.postgresql
+@pytest.mark.row_locking
 def test_purge_skips_rows_a_receiver_holds_instead_of_waiting(transport, queue):
     for i in range(10):
         transport.send(queue, str(i), ttl=0)
     held = threading.Event()
     release = threading.Event()
+    released_in_time: list[bool] = []
 
     def receiver() -> None:
         try:
             with transaction.atomic():
                 Transport().receive_batch(queue, 3)  # locks (deletes) the three oldest rows
                 held.set()
-                release.wait(10)
+                # Set only once the purge has returned: a purge that waited for these
+                # rows would leave this to time out.
+                released_in_time.append(release.wait(10))
                 raise RuntimeError("roll back: the rows come back")
         except RuntimeError:
             pass
@@ -69,12 +74,11 @@ def test_purge_skips_rows_a_receiver_holds_instead_of_waiting(transport, queue):
     thread = threading.Thread(target=receiver)
     thread.start()
     assert held.wait(10)
-    started = time.monotonic()
     removed = purge_expired_messages(batch_size=4)
-    assert time.monotonic() - started < 2  # did not wait for the receiver
-    assert removed[queue] == 7
     release.set()
-    thread.join(10)
+    thread.join(15)
+    assert released_in_time == [True]  # the purge finished while the receiver held its rows
+    assert removed[queue] == 7
     assert transport.counts(queue).total == 3  # the receiver's rows came back, untouched
 
 
@@ -109,3 +113,83 @@ def test_activity_keeps_a_temporary_queue(transport, make_queue):
     registry._touched.clear()  # the per-process throttle: let the next send record activity
     transport.send(name, "fresh")
     assert delete_idle_queues() == []
+
+
+# -- defect 1: a temporary queue is never dropped with messages in it ---------------------
+
+def test_send_many_records_activity_on_a_temporary_queue(transport, make_queue):
+    from core.queues import registry
+
+    name = make_queue(auto_delete_on_idle=300)
+    age(name, 400)
+    registry.forget()  # the per-process throttle too: the next insert records activity
+    transport.send_many(name, ["a", "b"])
+    last = QueueRecord.objects.get(name=name).last_activity
+    assert (dt.datetime.now(dt.timezone.utc) - last).total_seconds() < 60
+
+
+def test_a_temporary_queue_with_messages_in_it_is_not_dropped(transport, make_queue):
+    """The delayed-delivery case: the message lands long after the queue's last recorded
+    activity; the idle sweep must keep the queue while it holds a message."""
+    name = make_queue(auto_delete_on_idle=300)
+    transport.send_many(name, ["waiting"])
+    age(name, 600)
+    assert delete_idle_queues() == []
+    assert [m.body for m in transport.browse(name)] == [b"waiting"]
+    transport.purge(name)
+    assert delete_idle_queues() == [name]  # empty and idle: now it goes
+
+
+@pytest.mark.row_locking
+def test_a_send_in_flight_during_the_idle_sweep_keeps_the_queue(transport, make_queue):
+    """A send whose transaction is open when the sweep starts: the sweep's table lock
+    waits for it, then finds the row and keeps the queue."""
+    name = make_queue(auto_delete_on_idle=300)
+    age(name, 600)
+    result: list[list[str]] = []
+    sweep = threading.Thread(target=lambda: (result.append(delete_idle_queues()), connection.close()))
+    with open_transaction(lambda: Transport().send(name, "in flight")):
+        sweep.start()
+        sweep.join(0.5)
+        assert sweep.is_alive()  # waiting on the sender's lock, not dropping the table under it
+    sweep.join(10)
+    assert result == [[]]
+    assert [m.body for m in transport.browse(name)] == [b"in flight"]
+
+
+# -- defect 9: dead-lettering in batches ---------------------------------------------------
+
+def test_dead_lettering_moves_batches_with_one_log_line_each(transport, make_queue, caplog, monkeypatch):
+    import core.expiry
+
+    name = make_queue(dead_letter_on_expiry=True)
+    transport.send_many(name, [f"late {i:03d}" for i in range(250)], ttl=0)
+    transport.send(name, "fine")
+    # Bound each batch by bytes: 1,000 bytes of bodies (8 bytes each) ends a batch at 125 rows.
+    monkeypatch.setattr(core.expiry, "DEAD_LETTER_BYTES_PER_BATCH", 1000)
+    with caplog.at_level("INFO", logger="sluice.expiry"), \
+            CaptureQueriesContext(connection) as queries:
+        assert purge_expired_messages(batch_size=4000) == {name: 250}
+    batch_lines = [r for r in caplog.records if r.name == "sluice.expiry" and "dead-lettered" in r.getMessage()]
+    assert len(batch_lines) == 2  # 125 + 125 by bytes, not one line per message
+    inserts = [q for q in queries.captured_queries if q["sql"].startswith("INSERT")]
+    assert len(inserts) <= 6  # one executemany per statement of ≤ 100 rows, not one per message
+    dead = transport.browse(name + ".deadletter", limit=500)
+    assert sorted(m.body for m in dead) == [f"late {i:03d}".encode() for i in range(250)]
+    assert all(m.headers[Headers.EXPIRED_REASON] == "TTLExpiredException" and m.expires is None for m in dead)
+    assert [m.body for m in transport.browse(name)] == [b"fine"]
+
+
+def test_a_send_to_a_queue_dropped_meanwhile_fails_clearly(transport, make_queue):
+    """Defect 1: a process whose registry cache still has a temporary queue that another
+    process's sweep dropped gets UnknownQueue, not a driver error about a missing table."""
+    from core.errors import UnknownQueue
+
+    name = make_queue(auto_delete_on_idle=300)
+    transport.send(name, "first")  # this process has the queue's settings cached now
+    transport.purge(name)
+    with connection.cursor() as cursor:  # what another process's idle sweep does
+        for sql, params in transport.dialect.drop_queue_table(name):
+            cursor.execute(sql, params)
+    with pytest.raises(UnknownQueue, match="no longer exists"):
+        transport.send_many(name, ["too late"])

@@ -99,6 +99,32 @@ def test_ingestion_creates_one_record_per_message_with_all_fields(failing_queue,
     assert {record(i).exception_message for i in ids} == {"bad order 1", "bad order 2", "bad order 3"}
 
 
+def test_ingestion_writes_a_batch_in_a_constant_number_of_statements(error_queue, transport):
+    """Issue 11, defect 9: one INSERT for the new records and one UPDATE for the known ones
+    per batch, not one statement per message."""
+    from django.test.utils import CaptureQueriesContext
+
+    def to_error_queue(*ids):
+        for message_id in ids:
+            transport.send(error_queue, {"id": message_id}, message_id=message_id, message_type="PlaceOrder",
+                           headers={Headers.FAILED_Q: "orders", Headers.EXCEPTION_TYPE: "ValueError",
+                                    Headers.EXCEPTION_MESSAGE: f"bad {message_id}"})
+
+    to_error_queue(*[f"e-{i}" for i in range(5)])
+    assert ingest_errors() == 5
+    to_error_queue(*[f"e-{i}" for i in range(10)])  # five fail again, five are new
+    table = FailedMessage._meta.db_table
+    with CaptureQueriesContext(connection) as queries:
+        assert ingest_errors(batch_size=10, max_batches=1) == 10
+    writes = [q["sql"] for q in queries.captured_queries
+              if table in q["sql"] and q["sql"].lstrip().upper().startswith(("INSERT", "UPDATE"))]
+    assert len(writes) == 2, writes
+    assert FailedMessage.objects.count() == 10
+    assert sorted(FailedMessage.objects.values_list("failure_count", flat=True)) == [1] * 5 + [2] * 5
+    assert record("e-3").history[-1]["message"] == "bad e-3" and len(record("e-3").history) == 2
+    assert record("e-7").status == FailureStatus.UNRESOLVED and record("e-7").exception_type == "ValueError"
+
+
 def test_ingestor_loop_steps_again_at_once_while_batches_are_full(failing_queue, error_queue, transport):
     failing_queue({}, {}, {})
     ingestor = ErrorIngestor(batch_size=2, interval=1.0)
@@ -233,13 +259,13 @@ def test_progress_is_visible_per_batch(failing_queue, monkeypatch):
     ingest_errors()
     op = retry(ids)
     seen = []
-    real = failures._send_back
+    real = failures.bulk.send_back
 
     def spy(record, *args):
         seen.append(BulkOperation.objects.values_list("status", "done").get(pk=op.pk))
         return real(record, *args)
 
-    monkeypatch.setattr(failures, "_send_back", spy)
+    monkeypatch.setattr(failures.bulk, "send_back", spy)
     run_retry(op.pk, batch_size=2)
     assert seen == [("running", 0), ("running", 0), ("running", 2), ("running", 2), ("running", 4)]
 
@@ -350,17 +376,22 @@ def test_edit_and_retry_with_a_new_body(make_queue, temp_handlers, error_queue, 
         edit_and_retry(mid, b"{}", {"Tenant": 7})
     assert record(mid).status == FailureStatus.UNRESOLVED
 
-    r = edit_and_retry(mid, b'{"fixed": true}', requested_by="dave")
-    assert r.status == FailureStatus.RETRY_PENDING
-    assert bytes(record(mid).body) == b'{"fixed": true}'
+    copy = edit_and_retry(mid, b'{"fixed": true}', requested_by="dave")
+    # The original is resolved and keeps what failed; the copy has an id of its own, linked back.
+    assert copy.message_id != mid and copy.record.status == FailureStatus.RESOLVED
+    assert json.loads(bytes(record(mid).body)) == {"fixed": False}
     last = record(mid).history[-1]
-    assert last["event"] == "retry" and last["edited"] is True and last["by"] == "dave"
-    assert "body" in last["message"]
+    assert last["event"] == "resolved" and last["edited"] is True and last["by"] == "dave"
+    assert last["new_message_id"] == copy.message_id and "body" in last["message"]
     (queued,) = transport.browse(name)
     assert queued.body == b'{"fixed": true}' and queued.headers["Tenant"] == "acme"
+    assert queued.headers[Headers.MESSAGE_ID] == copy.message_id
+    assert queued.headers[Headers.CORRELATION_ID] == mid and queued.headers[failures.EDIT_OF] == mid
     assert queued.headers[failures.RETRY_OF] == mid and Headers.EXCEPTION_TYPE not in queued.headers
-    with pytest.raises(RetryRefused, match="retry pending"):
+    with pytest.raises(RetryRefused, match="resolved"):
         edit_and_retry(mid, b"{}")
+    with pytest.raises(RetryRefused, match="no failed message"):
+        edit_and_retry("no-such-id", b"{}")
 
     drain(pump_for(name))
     assert seen == [({"fixed": True}, "acme")]
@@ -373,13 +404,13 @@ def test_edit_and_retry_with_new_headers(failing_queue, transport):
     stored = failures.headers_of(record(mid))
     new = {k: v for k, v in stored.items() if not k.startswith("NServiceBus.ExceptionInfo")}
     new["Tenant"] = "globex"
-    edit_and_retry(mid, b'{"site": "a"}', new)
+    copy = edit_and_retry(mid, b'{"site": "a"}', new)
     (queued,) = transport.browse(failing_queue.queue)
-    assert queued.headers["Tenant"] == "globex" and queued.headers[Headers.MESSAGE_ID] == mid
+    assert queued.headers["Tenant"] == "globex" and queued.headers[Headers.MESSAGE_ID] == copy.message_id
     assert Headers.FAILED_Q not in queued.headers
     assert "headers added: Tenant" in record(mid).history[-1]["message"]
-    kept = failures.headers_of(record(mid))  # the edited message part, the failure description kept
-    assert kept["Tenant"] == "globex" and kept[Headers.EXCEPTION_TYPE] == "ValueError"
+    kept = failures.headers_of(record(mid))  # the record keeps the original as it failed
+    assert "Tenant" not in kept and kept[Headers.EXCEPTION_TYPE] == "ValueError"
 
 
 # -- poison rows and crashes --------------------------------------------------------------------------
@@ -410,15 +441,15 @@ def test_poison_rows_become_records(make_queue, temp_handlers, error_queue, tran
     assert op.failed == 1 and "poison" in op.error
     with pytest.raises(RetryRefused, match="poison"):
         edit_and_retry(moved.message_id, b"fixed")
-    edit_and_retry(moved.message_id, b"fixed", {"NServiceBus.EnclosedMessageTypes": "Fixed"})
+    copy = edit_and_retry(moved.message_id, b"fixed", {"NServiceBus.EnclosedMessageTypes": "Fixed"})
     (queued,) = transport.browse(name)
-    assert queued.body == b"fixed" and queued.id == moved.message_id
+    assert queued.body == b"fixed" and queued.headers[Headers.MESSAGE_ID] == copy.message_id
     assert Headers.RAW_HEADERS not in queued.headers
 
 
 def test_a_crash_during_ingestion_loses_nothing(failing_queue, error_queue, transport, monkeypatch):
     failing_queue({}, {}, {})
-    real = failures._ingest_message
+    real = failures.ingestion.apply_failure
     calls = []
 
     def crash_after_first(*args):
@@ -427,12 +458,12 @@ def test_a_crash_during_ingestion_loses_nothing(failing_queue, error_queue, tran
             raise RuntimeError("worker killed mid-batch")
         return real(*args)
 
-    monkeypatch.setattr(failures, "_ingest_message", crash_after_first)
+    monkeypatch.setattr(failures.ingestion, "apply_failure", crash_after_first)
     with pytest.raises(RuntimeError):
         ingest_errors()
     assert transport.counts(error_queue).total == 3  # the receive rolled back with the records
     assert FailedMessage.objects.count() == 0
-    monkeypatch.setattr(failures, "_ingest_message", real)
+    monkeypatch.setattr(failures.ingestion, "apply_failure", real)
     assert ingest_errors() == 3
     assert FailedMessage.objects.count() == 3 and transport.counts(error_queue).total == 0
 

@@ -11,7 +11,7 @@ from core.demo.models import PingRecord
 from core.errors import ConfigurationError, InvalidMessage, InvalidTTL, UnknownQueue
 from core.messages import Headers
 from core.outbox import Outbox, OutboxDispatcher, UnknownDestination
-from core.outbox_ops import OutboxSender
+from core.outbox import OutboxSender
 from core.pump import MessagePump
 from core.queues import dialect
 from core.transport import Transport
@@ -173,10 +173,15 @@ def test_messages_to_another_database_and_duplicates_absorbed_there(outbox, othe
         real_mark(ids)
 
     monkeypatch.setattr(type(pump.outbox.store), "mark_dispatched", lambda self, ids: crash_once(ids))
+    pump.outbox.dispatch_lease = 0.3
     drain(pump)
     assert outbox.store.stats().undispatched == 1
-    OutboxDispatcher(grace=0).step()  # re-dispatches: the other database gets the message again
-    assert outbox.store.stats().undispatched == 0
+    dispatcher = OutboxDispatcher(grace=0)
+    deadline = time.monotonic() + 10
+    while outbox.store.stats().undispatched:  # after the lease the other database gets it again
+        assert time.monotonic() < deadline, "the record was not re-dispatched after its lease"
+        dispatcher.step()
+        time.sleep(0.05)
     arrived = ids_in(remote, OTHER)
     assert len(arrived) == 2 and arrived[0] == arrived[1]  # two copies, one message id
     assert transport.counts(source).total == 0
@@ -227,7 +232,7 @@ def test_bad_outgoing_messages_fail_in_the_handler_and_roll_back(outbox, demo, p
 
 
 def test_unserializable_operations_fail_at_send_time(outbox):
-    from core.outbox_ops import register_destination
+    from core.outbox import register_destination
 
     register_destination("test-probe", lambda op: None)
     sender = OutboxSender("default")

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
 
 import pytest
@@ -73,9 +72,11 @@ def celery_queue(outbox):
             proc.kill()
 
 
-def session_script(ping: str, celery_queue: str, fail: bool = False) -> str:
-    """What a view would do: a business write and a task, in one transaction."""
-    return (
+def session_script(ping: str, celery_queue: str, fail: bool = False, kill_at: str = "") -> str:
+    """What a view would do: a business write and a task, in one transaction.  ``kill_at``:
+    the process dies at that point of the outbox (tests/outbox_faults.py)."""
+    prelude = f"from tests.outbox_faults import install\ninstall({kill_at!r})\n" if kill_at else ""
+    return prelude + (
         "from django.db import transaction\n"
         "from core.demo.models import PingRecord\n"
         "from core.outbox import OutboxSession\n"
@@ -91,6 +92,14 @@ def pings(message_id: str) -> int:
     return PingRecord.objects.filter(message_id=message_id).count()
 
 
+def assert_never_published(ping: str, celery_queue: str) -> None:
+    """A task published after ``ping`` would have been, on the same queue, has run; ``ping`` has not."""
+    marker = f"marker-after-{ping}"
+    manage("shell", "-c", session_script(marker, celery_queue), env=child_env(), check=True)
+    wait_for(lambda: pings(marker) == 1, timeout=30, what="the marker task to run")
+    assert pings(ping) == 0
+
+
 def test_a_task_is_published_only_when_the_transaction_commits(celery_queue):
     manage("shell", "-c", session_script("committed", celery_queue), env=child_env(), check=True)
     wait_for(lambda: pings("committed") == 1, timeout=30, what="the task to run")
@@ -98,18 +107,17 @@ def test_a_task_is_published_only_when_the_transaction_commits(celery_queue):
 
     result = manage("shell", "-c", session_script("rolled-back", celery_queue, fail=True), env=child_env())
     assert result.returncode == 3
-    time.sleep(1.5)  # time enough for a published task to have run
-    assert pings("rolled-back") == 0 and pings("view-rolled-back") == 0
+    assert pings("view-rolled-back") == 0
+    assert_never_published("rolled-back", celery_queue)
 
 
 def test_a_task_survives_a_process_killed_after_the_commit(celery_queue, outbox):
-    result = manage("shell", "-c", session_script("survivor", celery_queue),
-                    env=child_env(SLUICE_TEST_KILL_AT="after_commit"))
+    result = manage("shell", "-c", session_script("survivor", celery_queue, kill_at="after_commit"),
+                    env=child_env())
     assert result.returncode == -signal.SIGKILL, result.stderr.decode()
     assert pings("view-survivor") == 1  # committed
     assert outbox.store.stats().undispatched == 1
-    time.sleep(1)
-    assert pings("survivor") == 0  # and not published: the process died first
+    assert_never_published("survivor", celery_queue)  # the process died before phase 2
 
     # Any worker process's background dispatcher publishes it.
     create_queue("error")

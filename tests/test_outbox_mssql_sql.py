@@ -31,8 +31,11 @@ def test_every_outbox_statement_is_valid_tsql(d):
         (d.outbox_insert(TABLE, dispatched=False), ["id", "v", "ops"]),
         (d.outbox_insert(TABLE, dispatched=True), ["id", "v", "ops"]),
         (d.outbox_store_operations(TABLE, dispatched=False), ["ops", "id"]),
-        (d.outbox_claim(TABLE, 3), ["a", "b", "c"]),
-        (d.outbox_claim(TABLE, 1, include_quarantined=True), ["a"]),
+        (d.outbox_claim_lease(TABLE, 3), [*d.ttl_params(30), "a", "b", "c"]),
+        (d.outbox_claim_lease(TABLE, 1, include_quarantined=True), [*d.ttl_params(30), "a"]),
+        (d.outbox_release(TABLE, 2), ["a", "b"]),
+        (d.outbox_add_lease_column(TABLE), []),
+        d.outbox_lease_column_exists(TABLE),
         (d.outbox_mark_dispatched(TABLE, 2), ["ops", "a", "b"]),
         (d.outbox_set_error(TABLE, quarantine=True), ["error", "id"]),
         (d.outbox_due(TABLE), [*d.before_now_params(5), 100]),
@@ -73,11 +76,25 @@ def test_schema_creation_comes_first(d):
     assert "[messaging].[sluice_outbox_sales.orders]" in statements[1][0]
 
 
-def test_phase_two_claims_with_updlock_readpast(d):
-    sql = d.outbox_claim(TABLE, 2)
-    assert "WITH (UPDLOCK, READPAST, ROWLOCK)" in sql
+def test_phase_two_leases_records_with_row_locks_and_read_past(d):
+    sql = d.outbox_claim_lease(TABLE, 2)
+    assert sql.startswith(f"UPDATE [dbo].[{TABLE}] WITH (ROWLOCK, READPAST) SET [DispatchingUntil] = "
+                          "DATEADD(millisecond, %s, DATEADD(minute, %s, GETUTCDATE()))")
     assert "[MessageId] IN (%s, %s) AND [Dispatched] = 0 AND [Quarantined] = 0" in sql
-    assert "[Quarantined]" not in d.outbox_claim(TABLE, 1, include_quarantined=True)
+    assert sql.endswith("AND ([DispatchingUntil] IS NULL OR [DispatchingUntil] <= GETUTCDATE())")
+    update = parse(sql, [*d.ttl_params(30), "a", "b"])
+    assert isinstance(update, exp.Update)
+    returned = [e.sql(dialect="tsql") for e in update.args["returning"].expressions]
+    assert returned == ["inserted.[MessageId]", "inserted.[Operations]", "inserted.[CreatedAt]", "GETUTCDATE()"]
+    assert "[Quarantined]" not in d.outbox_claim_lease(TABLE, 1, include_quarantined=True)
+
+
+def test_tables_made_before_the_lease_get_its_column(d):
+    sql, params = d.outbox_lease_column_exists(TABLE)
+    assert params == [f"[dbo].[{TABLE}]"] and "COL_LENGTH(%s, 'DispatchingUntil') IS NOT NULL" in sql
+    alter = parse(d.outbox_add_lease_column(TABLE), [])
+    assert isinstance(alter, exp.Alter)
+    assert alter.sql(dialect="tsql") == f"ALTER TABLE [dbo].[{TABLE}] ADD [DispatchingUntil] DATETIME2 NULL"
 
 
 def test_cleanup_deletes_a_bounded_batch_and_skips_locked_rows(d):

@@ -8,7 +8,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from django.db import transaction
+from django.db import connections, transaction
 
 from core.conf import SluiceSettings
 from core.demo.models import PingRecord
@@ -23,7 +23,6 @@ from core.outbox import (
     outbox_table,
     retention_warnings,
 )
-from core.outbox_ops import resolve_deliver_at
 from core.queues import dialect
 from core.transport import Transport
 
@@ -215,7 +214,7 @@ def test_cleanup_loop_runs_every_interval_and_can_be_disabled(outbox, settings):
 
 
 def test_retention_shorter_than_the_retry_window_is_warned_about(settings):
-    delayed = SimpleNamespace(IMMEDIATE_RETRIES=5, PEEK_DELAY=1.0, DELAYED_RETRIES=3,
+    delayed = SimpleNamespace(IMMEDIATE_RETRIES=5, PEEK_DELAY=1.0, DELAYED_RETRIES=3, DELAYED_RETRY_INCREASE=10.0,
                               OUTBOX_KEEP_DEDUPLICATION_DATA_FOR=60.0)
     # 10 + 20 + 30 s of delayed retries, and a peek delay for each of 6 × 4 attempts.
     assert longest_retry_window(delayed) == 60 + 24
@@ -240,32 +239,39 @@ def test_outbox_settings_are_validated(settings):
 # -- delayed destinations -----------------------------------------------------------------
 
 
-def test_a_delay_is_stored_as_the_instant_it_ends():
-    now = dt.datetime(2030, 1, 1, 12, 0, tzinfo=dt.timezone.utc)
-    assert resolve_deliver_at(delay=90, now=now) == now + dt.timedelta(seconds=90)
-    assert resolve_deliver_at(delay=dt.timedelta(minutes=1), now=now) == now + dt.timedelta(minutes=1)
+def test_a_delay_is_stored_as_a_delay_and_a_delivery_time_as_given(outbox, queue, crash_after_commit):
+    from core.outbox import decode_operations
+
     berlin = dt.timezone(dt.timedelta(hours=1))
-    assert resolve_deliver_at(deliver_at=dt.datetime(2030, 1, 1, 13, 0, tzinfo=berlin)) == now
-    assert resolve_deliver_at() is None and resolve_deliver_at(delay=0) is None
-    with pytest.raises(ValueError, match="timezone-aware"):
-        resolve_deliver_at(deliver_at=dt.datetime(2030, 1, 1))
+    with OutboxSession() as session:
+        session.send(queue, "a", delay=90)
+        session.send(queue, "b", delay=dt.timedelta(minutes=1))
+        session.send(queue, "c", deliver_at=dt.datetime(2030, 1, 1, 13, 0, tzinfo=berlin))
+        session.send(queue, "d", delay=0)
+        with pytest.raises(InvalidMessage, match="timezone-aware"):
+            session.send(queue, "e", deliver_at=dt.datetime(2030, 1, 1))
+    ops = decode_operations(outbox.store.records(undispatched_only=True)[0].operations)
+    assert [(op["delay"], op["deliver_at"]) for op in ops] == [
+        (90.0, None), (60.0, None), (None, "2030-01-01T12:00:00+00:00"), (None, None)]
 
 
-def test_a_delayed_message_goes_to_the_delayed_store_at_the_instant_computed_at_send_time(
-        outbox, queue, crash_after_commit):
+def test_a_delay_counts_from_the_records_creation_not_from_a_late_dispatch(outbox, queue, crash_after_commit):
     from core.delayed import delayed_store
-    from core.outbox_ops import decode_operations
 
     store = delayed_store()
     store.setup_infrastructure()
     with OutboxSession() as session:
-        session.send(queue, "later", delay=3600)
-    due = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=3600)
+        message_id = session.send(queue, "later", delay=3600)
     record = outbox.store.records(undispatched_only=True)[0]
-    stored = dt.datetime.fromisoformat(decode_operations(record.operations)[0]["deliver_at"])
-    assert abs((stored - due).total_seconds()) < 5
-    time.sleep(0.2)  # a late dispatch does not move the due time
+    # The dispatch comes ten minutes late (a crash, say): the record was stored back then.
+    d = outbox.store.dialect
+    created = record.created_at - dt.timedelta(minutes=10)
+    with connections[outbox.using].cursor() as cursor:
+        cursor.execute(f"UPDATE {d.table(outbox.store.table)} SET {d.quote('CreatedAt')} = %s "
+                       f"WHERE {d.quote('MessageId')} = %s", [d.datetime_param(created), record.message_id])
     assert outbox.dispatch([record.message_id]).dispatched == [record.message_id]
     assert Transport().counts(queue).total == 0  # waiting in the delayed store, not in the queue
-    due_next = store.next()  # (other tests may have left earlier messages in the store)
-    assert due_next is not None and (due_next - stored).total_seconds() < 1
+    stored, _ = store.list()
+    due = [m.due for m in stored if m.id == message_id]
+    store.delete(message_id)  # its queue is dropped after the test
+    assert len(due) == 1 and abs((due[0] - created).total_seconds() - 3600) < 1

@@ -232,3 +232,17 @@ def test_graceful_stop_finishes_the_current_batch(transport, queue, pump_for, te
     # The in-flight message finished and committed; no new batch was taken.
     assert pump.stats.succeeded == 1
     assert transport.counts(queue).total == 4
+
+
+def test_each_transaction_mode_is_its_own_strategy_and_an_unknown_one_is_refused(transactional_db, queue):
+    from core.transaction_modes import SendsAtomicWithReceive
+
+    pump = MessagePump(queue, transaction_mode="sends_atomic_with_receive", peek_delay=0.1)
+    try:
+        assert isinstance(pump.strategy, SendsAtomicWithReceive) and pump.outbox is None
+        assert pump.receive_alias == pump.business_alias  # sends share the receive's transaction
+    finally:
+        pump.close()
+    with pytest.raises(ConfigurationError, match="unknown transaction mode 'bogus'"):
+        MessagePump(queue, transaction_mode="bogus")
+

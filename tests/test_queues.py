@@ -123,3 +123,59 @@ def test_each_queue_table_has_a_django_model(transport, queue):
     assert [bytes(r.body) for r in rows] == [b"a", b"b"]
     assert rows[0].expires is None and rows[1].expires is not None
     assert model._meta.managed is False
+
+
+@pytest.mark.row_locking
+def test_a_receive_transaction_does_not_hold_the_registry_row(make_queue):
+    """Defect 10: activity on a temporary queue is recorded after the receive commits, so
+    the registry row is never locked across a handler batch."""
+    import threading
+
+    from django.db import connection, transaction
+    from core.models import QueueRecord
+    from core.queues import registry
+
+    name = make_queue(auto_delete_on_idle=300)
+    Transport().send(name, "x")
+    registry.forget()  # cache and activity throttle: the receive below records activity
+    registry._touched.clear()
+    outcome: list[str] = []
+    with transaction.atomic():
+        assert Transport().receive_batch(name, 10)
+
+        def other() -> None:
+            try:
+                with transaction.atomic():
+                    QueueRecord.objects.select_for_update(nowait=True).get(name=name)
+                outcome.append("free")
+            except Exception as exc:  # noqa: BLE001 — the lock error is the finding
+                outcome.append(type(exc).__name__)
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join(10)
+    assert outcome == ["free"]
+    last = QueueRecord.objects.get(name=name).last_activity
+    assert last is not None  # and it was recorded, after the commit
+
+
+@pytest.mark.postgresql
+def test_queue_model_reads_the_table_in_the_configured_schema(transactional_db, settings):
+    """Defect 11: with SLUICE_SCHEMA the queue tables live in that schema; the ORM model
+    must read them there."""
+    import uuid
+
+    settings.SLUICE_SCHEMA = f"sluice_s_{uuid.uuid4().hex[:6]}"
+    name = f"q_{uuid.uuid4().hex[:10]}"
+    create_queue(name)
+    try:
+        Transport().send(name, "in a schema")
+        model = queue_model(name)
+        assert [row.body.tobytes() if hasattr(row.body, "tobytes") else bytes(row.body)
+                for row in model.objects.all()] == [b"in a schema"]
+    finally:
+        delete_queue(name)
+        with connection.cursor() as cursor:
+            cursor.execute(f'DROP SCHEMA IF EXISTS "{settings.SLUICE_SCHEMA}" CASCADE')

@@ -134,6 +134,14 @@ def test_purge_in_batches_and_expired_only(transport, queue):
     assert transport.counts(queue).total == 0
 
 
+def test_a_purge_batch_never_exceeds_4000_rows(transport, queue):
+    """Defect 4: more row locks than that and SQL Server escalates to a table lock; the
+    generic purge caps whatever batch size it is given."""
+    transport.send_many(queue, [""] * 4005)
+    assert transport.purge(queue, batch_size=10_000, max_batches=1) == 4000
+    assert transport.counts(queue).total == 5
+
+
 def test_expired_flag_is_computed_by_the_database(transport, queue):
     transport.send(queue, "dead", ttl=0)
     transport.send(queue, "alive", ttl=3600)

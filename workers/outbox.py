@@ -16,7 +16,11 @@ process dies first, the background dispatcher publishes it::
         send_task_via_outbox(context, "shop.tasks.email_receipt", args=[...])
 
 The task id is fixed when the task is stored, so a task published twice (a crash
-between publishing and marking the record dispatched) arrives twice with the same id.
+between publishing and marking the record dispatched; core.outbox.dispatch) arrives
+twice with the same id.  The task id is its idempotency key: Celery does not drop a
+repeated id, so a task that must run once does its work in
+``OutboxSession(message_id=f"task-{self.request.id}")`` (a bound task), or checks the id
+itself.
 
 Importing this module registers the ``celery`` destination; core imports it by name
 when it first needs it (SLUICE_OUTBOX_DESTINATION_MODULES), never directly.

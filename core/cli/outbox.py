@@ -6,8 +6,7 @@ from typing import Any
 
 from core.cli.base import CommandError, Group, command_group, positive
 from core.conf import get_settings
-from core.outbox import Outbox
-from core.outbox_ops import UnreadableOperations, decode_operations, describe
+from core.outbox import Outbox, UnreadableOperations, decode_operations, describe
 
 
 def outbox_record_json(row) -> dict[str, Any]:

@@ -1,12 +1,16 @@
-"""The dialect interface: capability flags and named SQL for queue tables.
+"""The dialect interface: capability flags, SQL fragments and named SQL for queue tables.
 
 Column order of every statement that returns messages is :data:`MESSAGE_COLUMNS`
 followed by an ``expired`` flag computed by the database's own clock.
+
+Statements that differ between databases only in how they limit rows and take locks
+are written once here from :data:`FRAGMENTS`, which every dialect must define (one
+missing fails at construction); statements whose shape differs (a DELETE that returns
+rows, DDL) are abstract and each dialect writes its own.
 """
 from __future__ import annotations
 
 import abc
-
 import datetime as dt
 import hashlib
 import uuid
@@ -16,15 +20,16 @@ from typing import Any, NamedTuple
 COLUMNS = ("Id", "CorrelationId", "ReplyToAddress", "Recoverable", "Expires", "Headers", "Body", "RowVersion")
 #: Columns a receive / browse returns, in this order, then the expired flag.
 MESSAGE_COLUMNS = ("Id", "CorrelationId", "ReplyToAddress", "Expires", "Headers", "Body", "RowVersion")
-#: Columns of an outbox table.  The first five are the outbox's own (MessageId, the
-#: incoming message or session id, is the primary key); CreatedAt ages stuck records,
-#: Quarantined/LastError keep a record that cannot be dispatched visible instead of lost.
-OUTBOX_COLUMNS = ("MessageId", "Dispatched", "DispatchedAt", "PersistenceVersion", "Operations",
-                  "CreatedAt", "Quarantined", "LastError")
 
-
-#: Columns of the delayed-message store, in the order its SELECTs return them.
-DELAYED_COLUMNS = ("Id", "Destination", "State", "Time", "Headers", "RetryCount")
+#: SQL fragments every dialect defines (a class attribute each, "" where it needs none):
+#: - ``limit``: ends an ordered SELECT, taking the row limit as its last parameter
+#:   (`` LIMIT %s``; SQL Server `` OFFSET 0 ROWS FETCH NEXT %s ROWS ONLY``);
+#: - ``readpast_hint``: after a table name, read past rows others hold (SQL Server READPAST);
+#: - ``nolock_hint``: after a table name, read without locks (an estimate or a listing);
+#: - ``lock_skip_hint``: after a table name, lock the rows read and skip rows others hold;
+#: - ``skip_locked_suffix``: the same at the end of the statement (PostgreSQL's
+#:   ``FOR UPDATE SKIP LOCKED``; "" where one writer at a time needs no row locks).
+FRAGMENTS = ("limit", "readpast_hint", "nolock_hint", "lock_skip_hint", "skip_locked_suffix")
 
 
 class Row(NamedTuple):
@@ -40,30 +45,13 @@ class Row(NamedTuple):
     expired: bool
 
 
-class OutboxRow(NamedTuple):
-    """An outbox record as the database returned it (:data:`OUTBOX_COLUMNS` order)."""
-
-    message_id: str
-    dispatched: bool
-    dispatched_at: dt.datetime | None
-    persistence_version: str
-    operations: str
-    created_at: dt.datetime | None
-    quarantined: bool
-    last_error: str | None
-
-
 class Dialect(abc.ABC):
-    """Base class: shared helpers; subclasses fill in flags and SQL (DelayedSQL is mixed in
-    by each dialect)."""
+    """Base class: flags, fragments, shared helpers and the statements written once; each
+    dialect fills in the rest (and mixes in DelayedSQL and OutboxSQL)."""
 
     vendor: str = ""
-    #: A receive can skip rows locked by another receiver (row-level locking).
-    supports_skip_locked: bool = True
     #: Several connections can write at once (False: one writer at a time, SQLite).
     supports_concurrent_writers: bool = True
-    #: Indexes may carry a WHERE clause (filtered / partial index).
-    supports_partial_indexes: bool = True
     #: Queue tables may live in a named schema.
     supports_schemas: bool = True
     #: RowVersion is the table's integer primary key, so it needs no index of its own.
@@ -72,11 +60,29 @@ class Dialect(abc.ABC):
     #: (PostgreSQL LISTEN/NOTIFY); otherwise movers poll every ``wake_poll_interval`` s.
     supports_notify: bool = False
     wake_poll_interval: float = 0.5
-    #: Suffix of a SELECT that locks its rows and skips rows others hold ("" when the
-    #: database has one writer at a time and needs no row locks).
-    skip_locked_suffix: str = ""
+    # The fragments (see FRAGMENTS): None here, so a dialect that forgets one fails.
+    limit: str | None = None
+    readpast_hint: str | None = None
+    nolock_hint: str | None = None
+    lock_skip_hint: str | None = None
+    skip_locked_suffix: str | None = None
+    #: The most parameters one statement may carry (SQL Server allows 2,100; SQLite
+    #: 32,766; PostgreSQL 65,535): statements with one parameter per row are cut to fit.
+    max_parameters: int = 30_000
+    #: :meth:`counts` reads committed data (False: it reads without locks, SQL Server's
+    #: NOLOCK, so it may count rows of uncommitted sends and receives).
+    counts_are_exact: bool = True
+    #: Error codes (:meth:`error_codes`) of failures that are the database's passing state
+    #: — deadlock, lock timeout, serialization failure, lost connection — rather than the
+    #: statement's: the work is retried later and no message is blamed for it.
+    transient_errors: frozenset[str] = frozenset()
+    #: Error codes of "the table does not exist" (a queue dropped meanwhile).
+    missing_table_errors: frozenset[str] = frozenset()
 
     def __init__(self, schema: str | None = None) -> None:
+        missing = [f for f in FRAGMENTS if getattr(self, f) is None]
+        if missing:
+            raise TypeError(f"{type(self).__name__} does not define the SQL fragment(s) {', '.join(missing)}")
         if schema is not None and not self.supports_schemas:
             raise ValueError(f"{self.vendor} has no schemas: SLUICE_SCHEMA must be empty")
         self.schema = schema
@@ -138,6 +144,28 @@ class Dialect(abc.ABC):
         """Parameters of :meth:`expires_after_ttl_sql` for a TTL in seconds."""
         return [ttl_seconds]
 
+    # -- errors -----------------------------------------------------------------
+    @abc.abstractmethod
+    def error_codes(self, exc: BaseException) -> set[str]:
+        """The driver's codes for one exception (SQLSTATE, vendor error number)."""
+
+    def is_transient(self, exc: BaseException) -> bool:
+        """True when ``exc`` (or the driver error Django wrapped in it) is one of
+        :attr:`transient_errors`."""
+        return self._has_code(exc, self.transient_errors)
+
+    def is_missing_table(self, exc: BaseException) -> bool:
+        """True when ``exc`` says a table does not exist (:attr:`missing_table_errors`)."""
+        return self._has_code(exc, self.missing_table_errors)
+
+    def _has_code(self, exc: BaseException, codes: frozenset[str]) -> bool:
+        seen: BaseException | None = exc
+        while seen is not None:
+            if self.error_codes(seen) & codes:
+                return True
+            seen = seen.__cause__
+        return False
+
     # -- named SQL: subclasses provide these -----------------------------------
     def create_schema(self) -> list[tuple[str, list[Any]]]:
         """Statements that create the configured schema if it is missing (none without one);
@@ -172,8 +200,10 @@ class Dialect(abc.ABC):
     def expires_after_ttl_sql(self) -> str:
         """SQL expression: now + a TTL given by :meth:`ttl_params`."""
 
-    def expired_sql(self, column: str = '"Expires"') -> str:
-        """SQL expression that is 1/true when the row's expiry has passed."""
+    def expired_sql(self, column: str | None = None) -> str:
+        """SQL expression that is 1/true when the row's expiry (``column``, default the
+        Expires column) has passed."""
+        column = column or self._col("Expires")
         return f"CASE WHEN {column} IS NOT NULL AND {column} <= {self.now_sql()} THEN 1 ELSE 0 END"
 
     def _col(self, name: str) -> str:
@@ -209,24 +239,30 @@ class Dialect(abc.ABC):
         """Delete and return up to %s oldest messages not locked by other receivers."""
 
     def peek_estimate(self, name: str) -> str:
-        """An estimate of the queue length without counting rows (max − min RowVersion)."""
-        t = self.table(name)
+        """An estimate of the queue length without counting rows (max − min RowVersion);
+        it need not wait for receivers, so it reads without locks where it can."""
+        t = f"{self.table(name)}{self.nolock_hint}"
         rv = self._col("RowVersion")
         return (
             f"SELECT COALESCE((SELECT MAX({rv}) FROM {t}) - (SELECT MIN({rv}) FROM {t}) + 1, 0)"
         )
 
-    @abc.abstractmethod
     def browse(self, name: str) -> str:
-        """Up to %s messages after RowVersion %s, oldest first, without taking them.
-        Params: after_row_version, limit."""
+        """Up to %s messages after RowVersion %s, oldest first, without taking them (rows
+        receivers hold are passed over).  Params: :meth:`browse_params`."""
+        rv = self._col("RowVersion")
+        return (
+            f"SELECT {self._message_columns()}, {self.expired_sql()} FROM {self.table(name)}{self.readpast_hint} "
+            f"WHERE {rv} > %s ORDER BY {rv}{self.limit}"
+        )
 
     def browse_params(self, after_row_version: int, limit: int) -> list[Any]:
         return [after_row_version, limit]
 
     def counts(self, name: str) -> str:
-        """One row: (total, expired)."""
-        t = self.table(name)
+        """One row: (total, expired).  Exact unless :attr:`counts_are_exact` is False
+        (read without locks: uncommitted rows may be counted)."""
+        t = f"{self.table(name)}{self.nolock_hint}"
         exp = self._col("Expires")
         return (
             f"SELECT (SELECT COUNT(*) FROM {t}), "
@@ -252,7 +288,7 @@ class Dialect(abc.ABC):
         exp, rv = self._col("Expires"), self._col("RowVersion")
         return (
             f"DELETE FROM {t} WHERE {rv} IN (SELECT {rv} FROM {t} WHERE {exp} IS NOT NULL "
-            f"AND {exp} <= {self.now_sql()} ORDER BY {exp} LIMIT %s{self.skip_locked_suffix}) "
+            f"AND {exp} <= {self.now_sql()} ORDER BY {exp}{self.limit}{self.skip_locked_suffix}) "
             f"RETURNING {self._message_columns()}, {self.expired_sql()}"
         )
 
@@ -265,183 +301,6 @@ class Dialect(abc.ABC):
         (None: the transaction's own lock already does, as SQLite's BEGIN IMMEDIATE)."""
         return None
 
-    # -- outbox tables (core/outbox.py) ------------------------------------------
-    # Booleans are compared as ``= TRUE`` / ``= 1`` (never ``NOT col``) so a query's
-    # predicate matches the partial indexes' WHERE clauses word for word.
-
-    def outbox_index_names(self, name: str) -> dict[str, str]:
-        """{'dispatched_at': …, 'undispatched': …}: the clean-up index and the stuck-record index."""
-        digest = hashlib.sha1(name.encode()).hexdigest()[:12]
-        return {"dispatched_at": f"sluice_obd_{digest}", "undispatched": f"sluice_obu_{digest}"}
-
-    @abc.abstractmethod
-    def create_outbox_table(self, name: str) -> list[tuple[str, list[Any]]]:
-        """Idempotent statements that create an outbox table and its two indexes."""
-
-    @abc.abstractmethod
-    def before_now_sql(self) -> str:
-        """SQL expression: the database's now minus the seconds given by :meth:`before_now_params`."""
-
-    def before_now_params(self, seconds: float) -> list[Any]:
-        return [seconds]
-
-    def to_outbox_row(self, raw: tuple[Any, ...]) -> OutboxRow:
-        mid, dispatched, dispatched_at, version, operations, created_at, quarantined, error = raw
-        return OutboxRow(str(mid), bool(dispatched), self.to_datetime(dispatched_at), str(version),
-                         operations if isinstance(operations, str) else bytes(operations).decode("utf-8", "replace"),
-                         self.to_datetime(created_at), bool(quarantined), error)
-
-    def _outbox_columns(self) -> str:
-        return ", ".join(self._col(c) for c in OUTBOX_COLUMNS)
-
-    def _is(self, column: str, value: bool) -> str:
-        return f"{self._col(column)} = {self.true_literal if value else self.false_literal}"
-
-    def outbox_states(self, name: str, count: int) -> str:
-        """(MessageId, Dispatched, Quarantined) of the records among ``count`` ids (%s each)."""
-        c = self._col
-        return (f"SELECT {c('MessageId')}, {c('Dispatched')}, {c('Quarantined')} FROM {self.table(name)} "
-                f"WHERE {c('MessageId')} IN ({', '.join(['%s'] * count)})")
-
-    def outbox_insert(self, name: str, dispatched: bool) -> str:
-        """INSERT a record.  Params: message_id, persistence_version, operations.  A record
-        with nothing to send is stored dispatched at once: it is only de-duplication data."""
-        c = self._col
-        now = self.now_sql()
-        return (
-            f"INSERT INTO {self.table(name)} ({c('MessageId')}, {c('Dispatched')}, {c('DispatchedAt')}, "
-            f"{c('PersistenceVersion')}, {c('Operations')}, {c('CreatedAt')}, {c('Quarantined')}) "
-            f"VALUES (%s, {self.true_literal if dispatched else self.false_literal}, "
-            f"{now if dispatched else 'NULL'}, %s, %s, {now}, {self.false_literal})"
-        )
-
-    def outbox_store_operations(self, name: str, dispatched: bool) -> str:
-        """Fill in the operations of a record inserted first (pessimistic mode).
-        Params: operations, message_id."""
-        c = self._col
-        return (
-            f"UPDATE {self.table(name)} SET {c('Operations')} = %s, {self._is('Dispatched', dispatched)}, "
-            f"{c('DispatchedAt')} = {self.now_sql() if dispatched else 'NULL'} WHERE {c('MessageId')} = %s"
-        )
-
-    @abc.abstractmethod
-    def outbox_claim(self, name: str, count: int, include_quarantined: bool = False) -> str:
-        """(MessageId, Operations) of the undispatched records among ``count`` ids (%s each),
-        locked for this transaction; records another dispatcher holds are skipped."""
-
-    def _claim_where(self, count: int, include_quarantined: bool) -> str:
-        where = (f"{self._col('MessageId')} IN ({', '.join(['%s'] * count)}) "
-                 f"AND {self._is('Dispatched', False)}")
-        if not include_quarantined:
-            where += f" AND {self._is('Quarantined', False)}"
-        return where
-
-    def outbox_mark_dispatched(self, name: str, count: int) -> str:
-        """Set ``count`` records dispatched; their operations are replaced by %s (an empty
-        list: a dispatched record is only de-duplication data).  Params: operations, ids."""
-        c = self._col
-        return (
-            f"UPDATE {self.table(name)} SET {self._is('Dispatched', True)}, {c('DispatchedAt')} = {self.now_sql()}, "
-            f"{c('Operations')} = %s, {self._is('Quarantined', False)}, {c('LastError')} = NULL "
-            f"WHERE {c('MessageId')} IN ({', '.join(['%s'] * count)})"
-        )
-
-    def outbox_set_error(self, name: str, quarantine: bool) -> str:
-        """Record why a dispatch failed (and quarantine the record).  Params: error, message_id."""
-        c = self._col
-        quarantined = f", {self._is('Quarantined', True)}" if quarantine else ""
-        return f"UPDATE {self.table(name)} SET {c('LastError')} = %s{quarantined} WHERE {c('MessageId')} = %s"
-
-    def outbox_due(self, name: str, include_failed: bool = True) -> str:
-        """Ids of undispatched, unquarantined records created at least %s seconds ago
-        (:meth:`before_now_params`), oldest first, at most %s."""
-        c = self._col
-        failed = "" if include_failed else f" AND {c('LastError')} IS NULL"
-        return (
-            f"SELECT {c('MessageId')} FROM {self.table(name)} WHERE {self._is('Dispatched', False)} "
-            f"AND {self._is('Quarantined', False)}{failed} AND {c('CreatedAt')} <= {self.before_now_sql()} "
-            f"ORDER BY {c('CreatedAt')} LIMIT %s"
-        )
-
-    @abc.abstractmethod
-    def outbox_cleanup(self, name: str) -> str:
-        """Delete up to a batch of dispatched records older than the retention, skipping
-        locked rows; rowcount = records deleted.  Params: :meth:`outbox_cleanup_params`."""
-
-    def outbox_cleanup_params(self, keep_seconds: float, batch_size: int) -> list[Any]:
-        return [*self.before_now_params(keep_seconds), batch_size]
-
-    def outbox_records(self, name: str, undispatched_only: bool) -> str:
-        """Up to %s records: the undispatched ones oldest first, or all newest first."""
-        where = f"WHERE {self._is('Dispatched', False)} " if undispatched_only else ""
-        order = "ASC" if undispatched_only else "DESC"
-        return (f"SELECT {self._outbox_columns()} FROM {self.table(name)} {where}"
-                f"ORDER BY {self._col('CreatedAt')} {order} LIMIT %s")
-
-    def outbox_record(self, name: str) -> str:
-        """The record with MessageId %s."""
-        return f"SELECT {self._outbox_columns()} FROM {self.table(name)} WHERE {self._col('MessageId')} = %s"
-
-    def outbox_stats(self, name: str) -> str:
-        """One row: (records, undispatched, quarantined, oldest undispatched CreatedAt, now)."""
-        t = self.table(name)
-        undispatched = self._is("Dispatched", False)
-        return (
-            f"SELECT (SELECT COUNT(*) FROM {t}), (SELECT COUNT(*) FROM {t} WHERE {undispatched}), "
-            f"(SELECT COUNT(*) FROM {t} WHERE {undispatched} AND {self._is('Quarantined', True)}), "
-            f"(SELECT MIN({self._col('CreatedAt')}) FROM {t} WHERE {undispatched}), {self.now_sql()}"
-        )
-
-    @abc.abstractmethod
-    def outbox_size(self, name: str) -> tuple[str, list[Any]]:
-        """One value: the bytes the table and its indexes take."""
-
-    def outbox_data_size(self, name: str) -> tuple[str, list[Any]]:
-        """One value: the bytes of the records' data (a fallback when the storage size is unknown)."""
-        c = self._col
-        return (
-            f"SELECT COALESCE(SUM(LENGTH({c('MessageId')}) + LENGTH({c('Operations')}) + "
-            f"COALESCE(LENGTH({c('LastError')}), 0) + LENGTH({c('PersistenceVersion')}) + 24), 0) "
-            f"FROM {self.table(name)}",
-            [],
-        )
-
-    # -- dashboard statistics (bounded: never a full count of a big table) ---------------
-    def queue_stats(self, names: list[str]) -> str:
-        """One row per queue of ``names`` (UNION ALL): (position, min RowVersion, max RowVersion,
-        rows counted up to a cap, expired rows counted up to a cap, Headers of the oldest row,
-        now).  Params: :meth:`queue_stats_params`."""
-        rv, exp = self._col("RowVersion"), self._col("Expires")
-        parts = []
-        for name in names:
-            t = self.table(name)
-            parts.append(
-                f"SELECT %s, (SELECT MIN({rv}) FROM {t}), (SELECT MAX({rv}) FROM {t}), "
-                f"(SELECT COUNT(*) FROM (SELECT 1 AS x FROM {t} LIMIT %s) c), "
-                f"(SELECT COUNT(*) FROM (SELECT 1 AS x FROM {t} WHERE {exp} IS NOT NULL AND {exp} <= {self.now_sql()} "
-                f"LIMIT %s) e), (SELECT {self._col('Headers')} FROM {t} ORDER BY {rv} LIMIT 1), {self.now_sql()}")
-        return " UNION ALL ".join(parts)
-
-    def queue_stats_params(self, count: int, cap: int) -> list[Any]:
-        return [v for i in range(count) for v in (i, cap, cap)]
-
-    def failed_search_expression(self) -> str | None:
-        """An SQL expression over a sluice_failed_message row that free-text search matches
-        with ``LIKE '%TEXT%'`` (upper case), when the database can index it; None: search
-        compares the columns one by one."""
-        return None
-
-    def failed_search_indexes(self) -> list[tuple[str, list[Any]]]:
-        """Statements that index :meth:`failed_search_expression` (none without one)."""
-        return []
-
-    def delayed_stats(self, name: str) -> str:
-        """Per destination among the %s earliest delayed messages: (destination, due now, all)."""
-        c = self._col
-        return (f"SELECT {c('Destination')}, SUM(CASE WHEN {c('Time')} <= {self.now_sql()} THEN 1 ELSE 0 END), "
-                f"COUNT(*) FROM (SELECT {c('Destination')}, {c('Time')} FROM {self.table(name)} "
-                f"ORDER BY {c('Time')} LIMIT %s) d GROUP BY {c('Destination')}")
-
 
 def _is_uuid(value: Any) -> bool:
     if isinstance(value, uuid.UUID):
@@ -451,90 +310,3 @@ def _is_uuid(value: Any) -> bool:
     except ValueError:
         return False
     return True
-
-
-class DelayedSQL:
-    """Named SQL of the delayed-message store (table ``Id, Destination, State, Time,
-    Headers, RetryCount`` with an index on Time).  Mixed into every dialect; the
-    generic forms below are overridden where a database differs."""
-
-    # Provided by Dialect.
-    table: Any
-    quote: Any
-    now_sql: Any
-    skip_locked_suffix: str
-
-    def _delayed_columns(self) -> str:
-        return ", ".join(self.quote(c) for c in DELAYED_COLUMNS)
-
-    @abc.abstractmethod
-    def create_delayed_table(self, name: str) -> list[tuple[str, list[Any]]]:
-        """Idempotent statements that create the store table and its index on Time."""
-
-    def delayed_insert_at(self, name: str) -> str:
-        """Store a message due at an explicit time, unless its Id is already stored.
-        Params: id, destination, state, time, headers.  Returns the stored Time (no row
-        when the Id was already there)."""
-        return (
-            f"INSERT INTO {self.table(name)} ({self._delayed_columns()}) VALUES (%s, %s, %s, %s, %s, 0) "
-            f"ON CONFLICT ({self.quote('Id')}) DO NOTHING RETURNING {self.quote('Time')}"
-        )
-
-    def delayed_insert_after(self, name: str) -> str:
-        """Like delayed_insert_at, due at database now + a delay given by ttl_params."""
-        return (
-            f"INSERT INTO {self.table(name)} ({self._delayed_columns()}) "
-            f"VALUES (%s, %s, %s, {self.expires_after_ttl_sql()}, %s, 0) "
-            f"ON CONFLICT ({self.quote('Id')}) DO NOTHING RETURNING {self.quote('Time')}"
-        )
-
-    def delayed_insert_params(self, id_: str, destination: str, state: bytes, time_params: list[Any],
-                              headers: str) -> list[Any]:
-        return [id_, destination, state, *time_params, headers]
-
-    def delayed_fetch_due(self, name: str) -> str:
-        """Up to N messages due at a time (NULL: the database's now), earliest first,
-        locked against other movers.  Params: delayed_fetch_params(at, limit)."""
-        time = self.quote("Time")
-        return (
-            f"SELECT {self._delayed_columns()} FROM {self.table(name)} "
-            f"WHERE {time} <= COALESCE(%s, {self.now_sql()}) ORDER BY {time} LIMIT %s{self.skip_locked_suffix}"
-        )
-
-    def delayed_fetch_params(self, at: Any, limit: int) -> list[Any]:
-        return [at, limit]
-
-    def delayed_remove(self, name: str) -> str:
-        return f"DELETE FROM {self.table(name)} WHERE {self.quote('Id')} = %s"
-
-    def delayed_remove_many(self, name: str, count: int) -> str:
-        """Delete ``count`` stored messages by Id in one statement.  Params: the ids."""
-        marks = ", ".join(["%s"] * count)
-        return f"DELETE FROM {self.table(name)} WHERE {self.quote('Id')} IN ({marks})"
-
-    def delayed_increment_failure(self, name: str) -> str:
-        rc = self.quote("RetryCount")
-        return f"UPDATE {self.table(name)} SET {rc} = {rc} + 1 WHERE {self.quote('Id')} = %s"
-
-    def delayed_next(self, name: str) -> str:
-        """One row: (earliest due time or NULL, the database's now)."""
-        return f"SELECT (SELECT MIN({self.quote('Time')}) FROM {self.table(name)}), {self.now_sql()}"
-
-    def delayed_list(self, name: str) -> str:
-        """Up to %s stored messages by due time, with the database's now.  Not locked."""
-        return (
-            f"SELECT {self._delayed_columns()}, {self.now_sql()} FROM {self.table(name)} "
-            f"ORDER BY {self.quote('Time')}, {self.quote('Id')} LIMIT %s"
-        )
-
-    def delayed_deliver_now(self, name: str) -> str:
-        """Make one stored message due now.  Params: id."""
-        return f"UPDATE {self.table(name)} SET {self.quote('Time')} = {self.now_sql()} WHERE {self.quote('Id')} = %s"
-
-    def delayed_has_destination(self, name: str) -> str:
-        """A row when some stored message is for destination %s."""
-        return f"SELECT 1 FROM {self.table(name)} WHERE {self.quote('Destination')} = %s"
-
-    def notify(self) -> str | None:
-        """A statement that wakes listeners on channel %s with payload %s at commit."""
-        return None

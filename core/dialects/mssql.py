@@ -11,15 +11,47 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import Any
 
-from core.dialects.base import DelayedSQL, Dialect
+from core.dialects.base import Dialect
+from core.dialects.delayed_sql import DelayedSQL
+from core.dialects.dashboard_sql import DashboardSQL
+from core.dialects.outbox_sql import OutboxSQL
 
 
-class MSSQLDialect(DelayedSQL, Dialect):
+class MSSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
     vendor = "microsoft"
+    # OFFSET … FETCH rather than TOP (%s): the limit stays the last parameter, as LIMIT's.
+    limit = " OFFSET 0 ROWS FETCH NEXT %s ROWS ONLY"
+    readpast_hint = " WITH (READPAST)"
+    nolock_hint = " WITH (NOLOCK)"
+    # The receive's hints (and the ORM's select_for_update(skip_locked=True)).
+    lock_skip_hint = " WITH (UPDLOCK, READPAST, ROWLOCK)"
+    skip_locked_suffix = ""
     # No cross-process wake-up here: movers poll for newly stored early messages.
     wake_poll_interval = 1.0
+    # SQL Server refuses a statement with more than 2,100 parameters; keep a margin for
+    # the few fixed ones a statement carries besides its list.
+    max_parameters = 2_000
+    # counts() reads WITH (NOLOCK): an operator's view must not wait behind receivers.
+    counts_are_exact = False
+    # 1205 deadlock victim, 1222 lock request time-out, 3960 snapshot update conflict,
+    # 40001 / HYT00 / 08S01 (SQLSTATEs: serialization, timeout, link failure), and the
+    # Azure SQL "try again" errors 40197, 40501, 40613.
+    transient_errors = frozenset({"1205", "1222", "3960", "40001", "HYT00", "08S01", "40197", "40501", "40613"})
+    missing_table_errors = frozenset({"208"})  # Invalid object name
+
+    def error_codes(self, exc: BaseException) -> set[str]:
+        # pyodbc / mssql-python: args = (SQLSTATE, "[SQLSTATE] [driver]… message (number) (SQLExecDirectW)").
+        codes: set[str] = set()
+        for arg in getattr(exc, "args", ()):
+            if not isinstance(arg, str):
+                continue
+            if re.fullmatch(r"[0-9A-Z]{5}", arg):
+                codes.add(arg)
+            codes.update(re.findall(r"\((\d{3,5})\)", arg))
+        return codes
 
     def quote(self, name: str) -> str:
         return "[" + name.replace("]", "]]") + "]"
@@ -128,38 +160,20 @@ class MSSQLDialect(DelayedSQL, Dialect):
             f"{self.expired_sql('deleted.[Expires]')};"
         )
 
-    def peek_estimate(self, name: str) -> str:
-        # NOLOCK: an estimate need not wait for receivers; it never counts rows.
-        t = self.table(name)
-        return (
-            f"SELECT ISNULL((SELECT MAX([RowVersion]) FROM {t} WITH (NOLOCK)) - "
-            f"(SELECT MIN([RowVersion]) FROM {t} WITH (NOLOCK)) + 1, 0)"
-        )
-
-    def browse(self, name: str) -> str:
-        return (
-            f"SELECT TOP (%s) {self._message_columns()}, {self.expired_sql('[Expires]')} "
-            f"FROM {self.table(name)} WITH (READPAST) WHERE [RowVersion] > %s ORDER BY [RowVersion]"
-        )
-
-    def browse_params(self, after_row_version: int, limit: int) -> list[Any]:
-        return [limit, after_row_version]
-
-
-    def counts(self, name: str) -> str:
-        t = self.table(name)
-        return (
-            f"SELECT (SELECT COUNT(*) FROM {t} WITH (NOLOCK)), "
-            f"(SELECT COUNT(*) FROM {t} WITH (NOLOCK) WHERE [Expires] IS NOT NULL AND [Expires] <= GETUTCDATE())"
-        )
-
     def delete_by_id(self, name: str) -> str:
         return f"DELETE FROM {self.table(name)} WITH (ROWLOCK, READPAST) WHERE [Id] = %s"
 
     def purge_expired(self, name: str) -> str:
+        # The receive's shape: ROWLOCK so no page locks (batches stay ≤ 4,000 rows, under
+        # the 5,000 at which SQL Server escalates to a table lock), READPAST so rows a
+        # receiver holds are passed over, and rows taken in RowVersion order — the
+        # receive's order — so a purge and a receive never lock in opposite orders.
+        return self._delete_top(name, "WHERE [Expires] IS NOT NULL AND [Expires] <= GETUTCDATE() ")
+
+    def _delete_top(self, name: str, where: str) -> str:
         return (
-            f"DELETE TOP (%s) FROM {self.table(name)} WITH (READPAST) "
-            "WHERE [Expires] IS NOT NULL AND [Expires] <= GETUTCDATE()"
+            f"WITH message AS (SELECT TOP (%s) * FROM {self.table(name)} WITH (UPDLOCK, READPAST, ROWLOCK) "
+            f"{where}ORDER BY [RowVersion]) DELETE FROM message"
         )
 
     def receive_expired(self, name: str) -> str:
@@ -173,13 +187,14 @@ class MSSQLDialect(DelayedSQL, Dialect):
         )
 
     def lock_table(self, name: str) -> str:
-        return f"SELECT TOP 0 1 FROM {self.table(name)} WITH (TABLOCKX, HOLDLOCK)"
-
-    def delayed_has_destination(self, name: str) -> str:
-        return f"SELECT TOP 1 1 FROM {self.table(name)} WITH (NOLOCK) WHERE [Destination] = %s"
+        # TOP (1), not TOP 0: for TOP 0 the optimizer may answer from a constant scan
+        # without opening the table, and then takes no lock at all.  Reading (at most)
+        # one row makes it open the table under TABLOCKX; HOLDLOCK keeps the exclusive
+        # table lock to the end of the transaction, so a concurrent send waits for it.
+        return f"SELECT TOP (1) 1 FROM {self.table(name)} WITH (TABLOCKX, HOLDLOCK)"
 
     def purge_all(self, name: str) -> str:
-        return f"DELETE TOP (%s) FROM {self.table(name)} WITH (READPAST)"
+        return self._delete_top(name, "")  # see purge_expired
 
     # -- delayed-message store (the layout of the transport's SQL Server store) ---------
     def create_delayed_table(self, name: str) -> list[tuple[str, list[Any]]]:
@@ -193,6 +208,11 @@ class MSSQLDialect(DelayedSQL, Dialect):
              f"CREATE NONCLUSTERED INDEX {self.quote(self.delayed_time_index(name))} ON {t} ([Time] ASC)",
              [self.delayed_time_index(name), t]),
         ]
+
+    def rename_delayed_table(self, old: str, new: str) -> list[tuple[str, list[Any]]]:
+        # sp_rename takes the qualified old name and the bare new one; the index is
+        # named Index_Time on every store table, so it needs no renaming.
+        return [("EXEC sp_rename %s, %s", [self.table(old), new])]
 
     def delayed_insert_at(self, name: str) -> str:
         # Params: id, destination, state, time, headers — then id again for the existence check.
@@ -217,21 +237,6 @@ class MSSQLDialect(DelayedSQL, Dialect):
                               headers: str) -> list[Any]:
         # The id again at the end, for the NOT EXISTS check.
         return [id_, destination, state, *time_params, headers, id_]
-
-    def delayed_fetch_due(self, name: str) -> str:
-        return (
-            f"SELECT TOP (%s) {self._delayed_columns()} FROM {self.table(name)} WITH (UPDLOCK, READPAST, ROWLOCK) "
-            "WHERE [Time] <= COALESCE(%s, GETUTCDATE()) ORDER BY [Time]"
-        )
-
-    def delayed_fetch_params(self, at: Any, limit: int) -> list[Any]:
-        return [limit, at]
-
-    def delayed_list(self, name: str) -> str:
-        return (
-            f"SELECT TOP (%s) {self._delayed_columns()}, GETUTCDATE() FROM {self.table(name)} WITH (NOLOCK) "
-            "ORDER BY [Time], [Id]"
-        )
 
     # -- outbox -------------------------------------------------------------------
     def outbox_index_names(self, name: str) -> dict[str, str]:
@@ -279,20 +284,6 @@ class MSSQLDialect(DelayedSQL, Dialect):
     def before_now_params(self, seconds: float) -> list[Any]:
         return self.ttl_params(seconds)
 
-    def outbox_claim(self, name: str, count: int, include_quarantined: bool = False) -> str:
-        # UPDLOCK + READPAST: hold the records being dispatched, pass over ones another
-        # dispatcher holds (the SKIP LOCKED of SQL Server).
-        return (f"SELECT [MessageId], [Operations] FROM {self.table(name)} WITH (UPDLOCK, READPAST, ROWLOCK) "
-                f"WHERE {self._claim_where(count, include_quarantined)}")
-
-    def outbox_due(self, name: str, include_failed: bool = True) -> str:
-        failed = "" if include_failed else " AND [LastError] IS NULL"
-        return (
-            f"SELECT [MessageId] FROM {self.table(name)} WITH (READPAST) WHERE [Dispatched] = 0 "
-            f"AND [Quarantined] = 0{failed} AND [CreatedAt] <= {self.before_now_sql()} "
-            "ORDER BY [CreatedAt] OFFSET 0 ROWS FETCH NEXT %s ROWS ONLY"
-        )
-
     def outbox_cleanup(self, name: str) -> str:
         return (
             f"DELETE TOP (%s) FROM {self.table(name)} WITH (ROWLOCK, READPAST) "
@@ -301,21 +292,6 @@ class MSSQLDialect(DelayedSQL, Dialect):
 
     def outbox_cleanup_params(self, keep_seconds: float, batch_size: int) -> list[Any]:
         return [batch_size, *self.before_now_params(keep_seconds)]
-
-    def outbox_records(self, name: str, undispatched_only: bool) -> str:
-        where = "WHERE [Dispatched] = 0 " if undispatched_only else ""
-        order = "ASC" if undispatched_only else "DESC"
-        return (f"SELECT {self._outbox_columns()} FROM {self.table(name)} WITH (READPAST) {where}"
-                f"ORDER BY [CreatedAt] {order} OFFSET 0 ROWS FETCH NEXT %s ROWS ONLY")
-
-    def outbox_stats(self, name: str) -> str:
-        t = self.table(name)
-        return (
-            f"SELECT (SELECT COUNT(*) FROM {t} WITH (NOLOCK)), "
-            f"(SELECT COUNT(*) FROM {t} WITH (NOLOCK) WHERE [Dispatched] = 0), "
-            f"(SELECT COUNT(*) FROM {t} WITH (NOLOCK) WHERE [Dispatched] = 0 AND [Quarantined] = 1), "
-            f"(SELECT MIN([CreatedAt]) FROM {t} WITH (NOLOCK) WHERE [Dispatched] = 0), GETUTCDATE()"
-        )
 
     def outbox_size(self, name: str) -> tuple[str, list[Any]]:
         return ("SELECT ISNULL(SUM(reserved_page_count), 0) * 8192 FROM sys.dm_db_partition_stats "
@@ -328,6 +304,21 @@ class MSSQLDialect(DelayedSQL, Dialect):
             f"FROM {self.table(name)} WITH (NOLOCK)",
             [],
         )
+
+    # -- outbox phase-2 lease (core-b; see Dialect.outbox_claim_lease) -------------------
+    def outbox_lease_column_exists(self, name: str) -> tuple[str, list[Any]]:
+        return ("SELECT 1 WHERE COL_LENGTH(%s, 'DispatchingUntil') IS NOT NULL", [self.table(name)])
+
+    def outbox_add_lease_column(self, name: str) -> str:
+        return f"ALTER TABLE {self.table(name)} ADD [DispatchingUntil] datetime2 NULL"
+
+    def outbox_claim_lease(self, name: str, count: int, include_quarantined: bool = False) -> str:
+        # ROWLOCK + READPAST: take row locks only, pass over records another dispatcher is
+        # claiming (the SKIP LOCKED of SQL Server); OUTPUT returns what was leased.
+        return (f"UPDATE {self.table(name)} WITH (ROWLOCK, READPAST) "
+                f"SET [DispatchingUntil] = {self.expires_after_ttl_sql()} "
+                f"OUTPUT inserted.[MessageId], inserted.[Operations], inserted.[CreatedAt], {self.now_sql()} "
+                f"WHERE {self._claim_where(count, include_quarantined)} AND {self._lease_free()}")
 
     # -- dashboard statistics (TOP instead of LIMIT; NOLOCK: estimates never wait) -----------
     def queue_stats(self, names: list[str]) -> str:

@@ -4,18 +4,33 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.dialects.base import DelayedSQL, Dialect
+from core.dialects.base import Dialect
+from core.dialects.delayed_sql import DelayedSQL
+from core.dialects.dashboard_sql import DashboardSQL
+from core.dialects.outbox_sql import OutboxSQL
 
 # pg_advisory_xact_lock key for Sluice's DDL ("sluice" as an int).
 DDL_LOCK_KEY = 0x736C7569
 
 
-class PostgreSQLDialect(DelayedSQL, Dialect):
+class PostgreSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
     vendor = "postgresql"
     true_literal = "TRUE"
     false_literal = "FALSE"
     supports_notify = True
+    limit = " LIMIT %s"
+    readpast_hint = nolock_hint = lock_skip_hint = ""  # MVCC: readers never wait for writers
     skip_locked_suffix = " FOR UPDATE SKIP LOCKED"
+    max_parameters = 60_000
+    # serialization_failure, deadlock_detected, lock_not_available (lock_timeout),
+    # query_canceled (statement_timeout), connection exceptions, admin/crash shutdown.
+    transient_errors = frozenset({"40001", "40P01", "55P03", "57014", "08000", "08003", "08006",
+                                  "57P01", "57P02", "57P03"})
+    missing_table_errors = frozenset({"42P01"})  # undefined_table
+
+    def error_codes(self, exc: BaseException) -> set[str]:
+        code = getattr(exc, "sqlstate", None)  # psycopg errors
+        return {code} if code else set()
 
     def ddl_lock(self) -> tuple[str, list[Any]]:
         return ("SELECT pg_advisory_xact_lock(%s)", [DDL_LOCK_KEY])
@@ -74,7 +89,8 @@ class PostgreSQLDialect(DelayedSQL, Dialect):
     def expires_after_ttl_sql(self) -> str:
         return "statement_timestamp() + make_interval(secs => %s)"
 
-    def expired_sql(self, column: str = '"Expires"') -> str:
+    def expired_sql(self, column: str | None = None) -> str:
+        column = column or self._col("Expires")
         return f"({column} IS NOT NULL AND {column} <= statement_timestamp())"
 
     def receive(self, name: str) -> str:
@@ -83,12 +99,6 @@ class PostgreSQLDialect(DelayedSQL, Dialect):
             f'DELETE FROM {t} WHERE "RowVersion" IN '
             f'(SELECT "RowVersion" FROM {t} ORDER BY "RowVersion" LIMIT %s FOR UPDATE SKIP LOCKED) '
             f"RETURNING {self._message_columns()}, {self.expired_sql()}"
-        )
-
-    def browse(self, name: str) -> str:
-        return (
-            f"SELECT {self._message_columns()}, {self.expired_sql()} FROM {self.table(name)} "
-            'WHERE "RowVersion" > %s ORDER BY "RowVersion" LIMIT %s'
         )
 
     def delete_by_id(self, name: str) -> str:
@@ -161,11 +171,6 @@ class PostgreSQLDialect(DelayedSQL, Dialect):
     def before_now_sql(self) -> str:
         return "statement_timestamp() - make_interval(secs => %s)"
 
-    def outbox_claim(self, name: str, count: int, include_quarantined: bool = False) -> str:
-        # SKIP LOCKED: a record another process is dispatching right now is theirs to finish.
-        return (f'SELECT "MessageId", "Operations" FROM {self.table(name)} '
-                f"WHERE {self._claim_where(count, include_quarantined)} FOR UPDATE SKIP LOCKED")
-
     def outbox_cleanup(self, name: str) -> str:
         t = self.table(name)
         return (
@@ -176,6 +181,23 @@ class PostgreSQLDialect(DelayedSQL, Dialect):
 
     def outbox_size(self, name: str) -> tuple[str, list[Any]]:
         return ("SELECT COALESCE(pg_total_relation_size(to_regclass(%s)), 0)", [self.table(name)])
+
+    # -- outbox phase-2 lease (core-b; see Dialect.outbox_claim_lease) -------------------
+    def outbox_lease_column_exists(self, name: str) -> tuple[str, list[Any]]:
+        return ("SELECT 1 FROM information_schema.columns WHERE table_name = %s "
+                "AND column_name = 'DispatchingUntil' AND table_schema = COALESCE(%s, current_schema())",
+                [name, self.schema])
+
+    def outbox_add_lease_column(self, name: str) -> str:
+        return f'ALTER TABLE {self.table(name)} ADD COLUMN IF NOT EXISTS "DispatchingUntil" timestamptz NULL'
+
+    def outbox_claim_lease(self, name: str, count: int, include_quarantined: bool = False) -> str:
+        # SKIP LOCKED: a record another transaction is claiming right now is not waited for.
+        t = self.table(name)
+        return (f'UPDATE {t} SET "DispatchingUntil" = {self.expires_after_ttl_sql()} WHERE "MessageId" IN '
+                f'(SELECT "MessageId" FROM {t} WHERE {self._claim_where(count, include_quarantined)} '
+                f"AND {self._lease_free()} FOR UPDATE SKIP LOCKED) "
+                f'RETURNING "MessageId", "Operations", "CreatedAt", {self.now_sql()}')
 
     # -- dashboard: free-text search over failed messages through a trigram index -------------
     def failed_search_expression(self) -> str:

@@ -10,15 +10,33 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from core.dialects.base import DelayedSQL, Dialect
+from core.dialects.base import Dialect
+from core.dialects.delayed_sql import DelayedSQL
+from core.dialects.dashboard_sql import DashboardSQL
+from core.dialects.outbox_sql import OutboxSQL
 
 
-class SQLiteDialect(DelayedSQL, Dialect):
+class SQLiteDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
     vendor = "sqlite"
-    supports_skip_locked = False
     supports_concurrent_writers = False
     supports_schemas = False
     rowversion_is_primary_key = True
+    limit = " LIMIT %s"
+    # One writer at a time (BEGIN IMMEDIATE) and readers that never block: no hints, no row locks.
+    readpast_hint = nolock_hint = lock_skip_hint = skip_locked_suffix = ""
+    max_parameters = 30_000
+    # SQLITE_BUSY and SQLITE_LOCKED (primary codes): another writer held the database
+    # past the busy timeout.
+    transient_errors = frozenset({"5", "6"})
+    # SQLite reports a missing table as a generic SQLITE_ERROR (1): only its text tells.
+    missing_table_errors = frozenset({"no such table"})
+
+    def error_codes(self, exc: BaseException) -> set[str]:
+        code = getattr(exc, "sqlite_errorcode", None)  # sqlite3 errors (Python 3.11+)
+        codes = {str(code & 0xFF)} if isinstance(code, int) else set()
+        if isinstance(code, int) and str(exc).startswith("no such table"):
+            codes.add("no such table")
+        return codes
 
     def create_queue_table(self, name: str) -> list[tuple[str, list[Any]]]:
         t = self.table(name)
@@ -76,12 +94,6 @@ class SQLiteDialect(DelayedSQL, Dialect):
             f"RETURNING {self._message_columns()}, {self.expired_sql()}"
         )
 
-    def browse(self, name: str) -> str:
-        return (
-            f"SELECT {self._message_columns()}, {self.expired_sql()} FROM {self.table(name)} "
-            'WHERE "RowVersion" > %s ORDER BY "RowVersion" LIMIT %s'
-        )
-
     def delete_by_id(self, name: str) -> str:
         return f'DELETE FROM {self.table(name)} WHERE "Id" = %s'
 
@@ -135,11 +147,6 @@ class SQLiteDialect(DelayedSQL, Dialect):
     def before_now_params(self, seconds: float) -> list[Any]:
         return [f"-{seconds:.3f} seconds"]
 
-    def outbox_claim(self, name: str, count: int, include_quarantined: bool = False) -> str:
-        # No row locks: the transaction began with BEGIN IMMEDIATE, so it is the only writer.
-        return (f'SELECT "MessageId", "Operations" FROM {self.table(name)} '
-                f"WHERE {self._claim_where(count, include_quarantined)}")
-
     def outbox_cleanup(self, name: str) -> str:
         t = self.table(name)
         return (
@@ -153,3 +160,16 @@ class SQLiteDialect(DelayedSQL, Dialect):
         idx = self.outbox_index_names(name)
         return ("SELECT COALESCE(SUM(pgsize), 0) FROM dbstat WHERE name IN (%s, %s, %s, %s)",
                 [name, idx["dispatched_at"], idx["undispatched"], f"sqlite_autoindex_{name}_1"])
+
+    # -- outbox phase-2 lease (core-b; see Dialect.outbox_claim_lease) -------------------
+    def outbox_lease_column_exists(self, name: str) -> tuple[str, list[Any]]:
+        return ("SELECT 1 FROM pragma_table_info(%s) WHERE name = 'DispatchingUntil'", [name])
+
+    def outbox_add_lease_column(self, name: str) -> str:
+        return f'ALTER TABLE {self.table(name)} ADD COLUMN "DispatchingUntil" TEXT NULL'
+
+    def outbox_claim_lease(self, name: str, count: int, include_quarantined: bool = False) -> str:
+        # No row locks: the claim's transaction began with BEGIN IMMEDIATE (the only writer).
+        return (f'UPDATE {self.table(name)} SET "DispatchingUntil" = {self.expires_after_ttl_sql()} '
+                f"WHERE {self._claim_where(count, include_quarantined)} AND {self._lease_free()} "
+                f'RETURNING "MessageId", "Operations", "CreatedAt", {self.now_sql()}')

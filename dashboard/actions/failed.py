@@ -2,20 +2,16 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
-import uuid
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from django.db import transaction
 from django.utils import timezone
 
 from core import failures
 from core.conf import get_settings
-from core.errors import InvalidHeaders, SluiceError
+from core.errors import InvalidHeaders, InvalidMessage, SluiceError
 from core.messages import Headers, encode_headers
-from core.models import BulkOperation, BulkOperationStatus, FailedMessage, FailureStatus
-from core.transport import OutgoingMessage, Transport, row_id_for
+from core.models import BulkOperation, BulkOperationStatus, FailedMessage
 
 from dashboard.actions import validate
 from dashboard.actions.audit import acting, describe_ids
@@ -29,8 +25,6 @@ PROTECTED_HEADERS = frozenset({
     Headers.MESSAGE_ID, Headers.CORRELATION_ID, Headers.CONVERSATION_ID, Headers.ORIGINATING_ENDPOINT,
     Headers.TIME_SENT, failures.RETRY_OF, failures.RETRIED_AT, "NServiceBus.RelatedTo",
 })
-#: Header on an edited copy: the failed message it replaces.
-EDIT_OF = "Sluice.EditOf"
 SELECTION_KEYS = ("ids", "message_ids", "group", "all")
 
 
@@ -196,59 +190,29 @@ def _edited_headers(stored: dict[str, str], new_headers: Any) -> dict[str, str]:
 
 
 def edit_and_retry(user: Any, record_id: Any, body: Any, headers: Any = None, *, via: str = "") -> ActionResult:
-    """Send an edited copy of a failed message to its queue, in one transaction with marking
-    the original resolved.  The copy gets a new message id and carries the original's id as
-    its correlation id (and in ``Sluice.EditOf``); ``headers`` (optional) replace the
-    non-protected headers.  ActionError 404 / 409 / 400 for a missing record, a record that
-    is not unresolved or archived, bad body or headers."""
+    """Send an edited copy of a failed message to its queue and mark the original resolved
+    (core.failures.edit_and_retry: one transaction; the copy gets a new message id and the
+    original's as its correlation id).  ``headers`` (optional) replace the non-protected
+    headers.  ActionError 404 / 409 / 400 for a missing record, one that cannot be retried
+    (resolved, queue gone), bad body or headers."""
     with acting(user, "edit_and_retry", via, target=f"failed message {record_id}") as audit:
         (pk,) = validate.int_ids([record_id], "failed message id")
         if not isinstance(body, str):
             raise ActionError("body must be text")
-        data = body.encode("utf-8")
-        if len(data) > get_settings().MAX_BODY_BYTES:
-            raise ActionError(f"body is {len(data)} bytes; SLUICE_MAX_BODY_BYTES allows "
-                              f"{get_settings().MAX_BODY_BYTES}")
         using = get_settings().DATABASE
-        with transaction.atomic(using=using):
-            record = FailedMessage.objects.using(using).select_for_update().filter(pk=pk).first()
-            if record is None:
-                raise ActionError(f"failed message {pk} does not exist", 404)
-            audit.target, audit.ids = f"failed message {record.message_id}", [str(pk)]
-            if record.status not in (FailureStatus.UNRESOLVED, FailureStatus.ARCHIVED):
-                raise ActionError(f"failed message {record.message_id} is {record.get_status_display()}; only "
-                                  "unresolved or archived messages can be edited and retried", 409)
-            queue = (record.original_queue or "").split("@")[0]
-            if not queue:
-                raise ActionError("the original queue is unknown (no NServiceBus.FailedQ header)", 409)
-            try:
-                info = validate.queue(queue, using)
-            except ActionError:
-                raise ActionError(f"the original queue {queue!r} no longer exists", 409) from None
-            try:
-                stored = json.loads(record.headers or "{}")
-            except ValueError:
-                stored = {}
-            if not isinstance(stored, dict):
-                stored = {}
-            now = timezone.now()
-            new_id = str(uuid.uuid4())
-            out = failures.retry_headers(_edited_headers(stored, headers), record.message_id, now)
-            out.update({Headers.MESSAGE_ID: new_id, Headers.CORRELATION_ID: record.message_id,
-                        EDIT_OF: record.message_id})
-            out.pop(Headers.RAW_HEADERS, None)
-            ttl = info.effective_ttl(None)
-            Transport(using).insert(OutgoingMessage(
-                queue=info.name, row_id=row_id_for(new_id), headers=out, body=data,
-                correlation_id=record.message_id, reply_to=out.get(Headers.REPLY_TO_ADDRESS), ttl_seconds=ttl))
-            record.status = FailureStatus.RESOLVED
-            record.resolved_at = now
-            record.archived_at = None
-            event = {"at": now.isoformat(), "event": "resolved", "by": getattr(user, "username", ""),
-                     "message": f"edited and retried as a copy, message id {new_id}", "edited": True,
-                     "new_message_id": new_id, "queue": info.name, "exception_type": record.exception_type}
-            record.history = [*(record.history or []), event][-failures.HISTORY_LIMIT:]
-            record.save(using=using, update_fields=["status", "resolved_at", "archived_at", "history"])
-        audit.detail = f"copy {new_id} sent to {info.name}; original resolved"
-    return ActionResult("edit_and_retry", 1, f"edited copy sent to {info.name} as message {new_id}",
-                        audit_id=audit.entry_id, message_id=new_id)
+        record = FailedMessage.objects.using(using).filter(pk=pk).first()
+        if record is None:
+            raise ActionError(f"failed message {pk} does not exist", 404)
+        audit.target, audit.ids = f"failed message {record.message_id}", [str(pk)]
+        edited = None if headers is None else _edited_headers(failures.headers_of(record), headers)
+        try:
+            copy = failures.edit_and_retry(record.message_id, body, edited,
+                                           requested_by=getattr(user, "username", ""), using=using)
+        except failures.RetryRefused as exc:
+            raise ActionError(str(exc), 409) from None
+        except (InvalidHeaders, InvalidMessage) as exc:
+            raise ActionError(str(exc)) from None
+        queue = copy.record.original_queue
+        audit.detail = f"copy {copy.message_id} sent to {queue}; original resolved"
+    return ActionResult("edit_and_retry", 1, f"edited copy sent to {queue} as message {copy.message_id}",
+                        audit_id=audit.entry_id, message_id=copy.message_id)

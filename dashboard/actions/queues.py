@@ -6,7 +6,8 @@ from typing import Any, Sequence
 from django.db import transaction
 
 from core.conf import get_settings
-from core.messages import Message
+from core.errors import PoisonMessage
+from core.messages import Message, decode_headers
 from core.queues import queue_model
 from core.transport import Transport, row_id_for
 
@@ -65,10 +66,15 @@ def move_message(user: Any, queue: str, message_id: str, to_queue: str, *, via: 
             # Rows never change after the INSERT: the DELETE confirms this transaction owns it.
             if not transport.delete(source.name, message_id):
                 raise ActionError(f"message {message_id} is being processed; try again", 409)
-            message = Message(id=str(row.message_id), headers={}, body=bytes(row.body or b""), queue=target.name,
-                              row_version=0, expires=row.expires, correlation_id=row.correlation_id,
-                              reply_to=row.reply_to_address, raw_headers=row.headers)
-            transport.requeue(target.name, message)
+            try:
+                headers = decode_headers(row.headers)
+            except PoisonMessage:
+                raise ActionError(f"message {message_id} has unreadable headers (a poison message); "
+                                  "it cannot be moved", 409) from None
+            message = Message(id=str(row.message_id), headers=headers, body=bytes(row.body or b""),
+                              queue=target.name, row_version=0, expires=row.expires,
+                              correlation_id=row.correlation_id, reply_to=row.reply_to_address)
+            transport.move(message, target.name, headers, keep_expiry=True)
         audit.detail = f"moved to {target.name}"
     return ActionResult("move_message", 1, f"message moved from {source.name} to {target.name}",
                         audit_id=audit.entry_id, message_id=message_id)

@@ -1,0 +1,204 @@
+"""The SQL delayed-message store: one table per endpoint (default ``<endpoint>_delayed``;
+Id, Destination, State, Time, Headers, RetryCount, index on Time) in the Sluice
+database, any dialect.  Due times come from the database clock."""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from typing import Any
+
+from django.db import DatabaseError, connections, transaction
+
+from core.breakers import RepeatedFailuresOverTimeCircuitBreaker
+from core.conf import get_settings
+from core.delayed.wake import NOTIFY_CHANNEL, notify_payload, wake_hub
+from core.dialects import Dialect, dialect_for
+from core.errors import SluiceError
+from core.messages import decode_headers, encode_headers
+from core.queues import validate_name
+from core.scheduling import DelayedMessage
+
+log = logging.getLogger("sluice.delayed")
+
+
+class DelayedStoreUnavailable(SluiceError):
+    """The store failed just now and pauses, as its circuit breaker asks, before the next try."""
+
+
+class SqlDelayedStore:
+    """The delayed store in a table of the Sluice database (any dialect)."""
+
+    def __init__(self, using: str | None = None, table: str | None = None) -> None:
+        settings = get_settings()
+        self.using = using or settings.DATABASE
+        self.table = validate_name(table or settings.delayed_table, own_table=True)
+        #: The table of the old default name ("<endpoint>.delayed") that setup renames.
+        self.legacy_table = None if (table or settings.DELAYED_TABLE) else f"{settings.ENDPOINT}.delayed"
+        self.store_breaker = RepeatedFailuresOverTimeCircuitBreaker(
+            f"delayed-store:{self.table}", settings.TIME_TO_TRIGGER_STORE_BREAKER)
+        self._paused_until = 0.0  # monotonic
+
+    @property
+    def dialect(self) -> Dialect:
+        return dialect_for(connections[self.using], get_settings().SCHEMA)
+
+    def _cursor(self):
+        return connections[self.using].cursor()
+
+    def setup_infrastructure(self) -> None:
+        """Create the table and its index.  A table of the old default name
+        (``<endpoint>.delayed``, which read like a schema-qualified name) is renamed to
+        the new one, its messages kept, when the new one does not exist yet."""
+        d = self.dialect
+        with transaction.atomic(using=self.using), self._cursor() as cursor:
+            lock = d.ddl_lock()
+            if lock:
+                cursor.execute(*lock)
+            if self.legacy_table and self._exists(cursor, self.legacy_table):
+                if self._exists(cursor, self.table):
+                    log.warning("both %s and the old %s exist; the old table is left alone (move its "
+                                "rows by hand, then drop it)", self.table, self.legacy_table)
+                else:
+                    for sql, params in d.rename_delayed_table(self.legacy_table, self.table):
+                        cursor.execute(sql, params)
+                    log.warning("renamed the delayed store %s to %s", self.legacy_table, self.table)
+            for sql, params in d.create_delayed_table(self.table):
+                cursor.execute(sql, params)
+
+    def _exists(self, cursor, table: str) -> bool:
+        cursor.execute(*self.dialect.table_exists(table))
+        return cursor.fetchone() is not None
+
+    # -- storing ---------------------------------------------------------------------
+    def store(self, message: DelayedMessage, delay: float | None = None) -> None:
+        d = self.dialect
+        headers = encode_headers(message.headers)
+        if delay is not None:
+            sql = d.delayed_insert_after(self.table)
+            params = d.delayed_insert_params(message.id, message.destination, message.body,
+                                             d.ttl_params(delay), headers)
+        else:
+            sql = d.delayed_insert_at(self.table)
+            params = d.delayed_insert_params(message.id, message.destination, message.body,
+                                             [d.datetime_param(message.due)], headers)
+        wait = self._paused_until - time.monotonic()
+        if wait > 0:
+            raise DelayedStoreUnavailable(
+                f"the delayed store {self.table} is pausing {wait:.1f} s after failing "
+                f"({self.store_breaker.last_error}); the message was not stored")
+        try:
+            with transaction.atomic(using=self.using), self._cursor() as cursor:
+                cursor.execute(sql, params)
+                row = cursor.fetchone()
+                if row is None:
+                    log.info("delayed message %s is already stored; kept the first", message.id)
+                    return
+                due = d.to_datetime(row[0])
+                message.due = due
+                if d.supports_notify:
+                    cursor.execute(d.notify(), [NOTIFY_CHANNEL, notify_payload(self.table, due.timestamp())])
+                transaction.on_commit(lambda: wake_hub.wake(self.table, due.timestamp()), using=self.using)
+        except DatabaseError as exc:
+            # The pause the breaker asks for is honoured by failing fast until it ends:
+            # sleeping here would hold the caller's transaction (a pump's batch) open.
+            self._paused_until = time.monotonic() + self.store_breaker.failure(exc)
+            raise
+        self.store_breaker.success()
+
+    # -- the mover's side --------------------------------------------------------------------
+    def _message(self, raw: tuple[Any, ...]) -> DelayedMessage:
+        id_, destination, state, when, headers, retry_count = raw[:6]
+        d = self.dialect
+        text = headers if isinstance(headers, str) else bytes(headers).decode("utf-8", "replace")
+        try:
+            parsed = decode_headers(text)
+            poison = None
+        except Exception as exc:  # noqa: BLE001 — kept raw, sent to the error queue by the mover
+            parsed, poison = {}, str(exc)
+        message = DelayedMessage(id=str(id_), destination=destination, body=bytes(state or b""),
+                                 headers=parsed, due=d.to_datetime(when), retry_count=int(retry_count))
+        if poison:
+            message.extra.update(poison=poison, raw_headers=text)
+        return message
+
+    def fetch_due(self, limit: int, at: dt.datetime | None = None) -> list[DelayedMessage]:
+        """Up to ``limit`` due messages, earliest first, locked until the transaction ends.
+        ``at`` None means the database's own now."""
+        d = self.dialect
+        with self._cursor() as cursor:
+            cursor.execute(d.delayed_fetch_due(self.table), d.delayed_fetch_params(d.datetime_param(at), limit))
+            return [self._message(raw) for raw in cursor.fetchall()]
+
+    def fetch_next_due(self, at: dt.datetime) -> DelayedMessage | None:
+        batch = self.fetch_due(1, at)
+        return batch[0] if batch else None
+
+    def remove(self, message: DelayedMessage) -> bool:
+        with self._cursor() as cursor:
+            cursor.execute(self.dialect.delayed_remove(self.table), [message.id])
+            return cursor.rowcount == 1
+
+    def remove_many(self, messages: list[DelayedMessage]) -> int:
+        """Forget forwarded messages, in as few statements as the database's parameter
+        limit allows; returns how many were there."""
+        d = self.dialect
+        removed = 0
+        with self._cursor() as cursor:
+            for start in range(0, len(messages), d.max_parameters):
+                chunk = messages[start:start + d.max_parameters]
+                cursor.execute(d.delayed_remove_many(self.table, len(chunk)), [m.id for m in chunk])
+                removed += cursor.rowcount
+        return removed
+
+    def increment_failure_count(self, message: DelayedMessage) -> bool:
+        with self._cursor() as cursor:
+            cursor.execute(self.dialect.delayed_increment_failure(self.table), [message.id])
+            return cursor.rowcount == 1
+
+    def next_and_now(self) -> tuple[dt.datetime | None, dt.datetime]:
+        """(earliest due time or None, the database's now) in one round trip."""
+        d = self.dialect
+        with self._cursor() as cursor:
+            cursor.execute(d.delayed_next(self.table), [])
+            nxt, now = cursor.fetchone()
+        return d.to_datetime(nxt), d.to_datetime(now)
+
+    def next(self) -> dt.datetime | None:
+        return self.next_and_now()[0]
+
+    # -- operators ----------------------------------------------------------------------
+    def list(self, limit: int = 1000) -> tuple[list[DelayedMessage], dt.datetime]:
+        """Stored messages by due time, and the database's now (to tell due from scheduled)."""
+        d = self.dialect
+        with self._cursor() as cursor:
+            cursor.execute(d.delayed_list(self.table), [limit])
+            rows = cursor.fetchall()
+            if rows:
+                now = d.to_datetime(rows[0][6])
+            else:
+                cursor.execute(d.delayed_next(self.table), [])
+                now = d.to_datetime(cursor.fetchone()[1])
+        return [self._message(raw) for raw in rows], now
+
+    def deliver_now(self, message_id: str) -> bool:
+        d = self.dialect
+        with transaction.atomic(using=self.using), self._cursor() as cursor:
+            cursor.execute(d.delayed_deliver_now(self.table), [message_id])
+            found = cursor.rowcount == 1
+            if found and d.supports_notify:
+                cursor.execute(d.notify(), [NOTIFY_CHANNEL, notify_payload(self.table, 0.0)])
+            if found:
+                transaction.on_commit(lambda: wake_hub.wake(self.table, 0.0), using=self.using)
+        return found
+
+    def has_destination(self, queue: str) -> bool:
+        """Whether some stored message is for ``queue`` (it keeps a temporary queue alive)."""
+        with self._cursor() as cursor:
+            cursor.execute(self.dialect.delayed_has_destination(self.table), [queue])
+            return cursor.fetchone() is not None
+
+    def delete(self, message_id: str) -> bool:
+        with self._cursor() as cursor:
+            cursor.execute(self.dialect.delayed_remove(self.table), [message_id])
+            return cursor.rowcount == 1

@@ -1,0 +1,45 @@
+"""Named SQL the dashboard's statistics and failed-message search read (dashboard/stats.py,
+core/failures): mixed into every dialect.  Bounded: never a full count of a big table."""
+from __future__ import annotations
+
+from typing import Any
+
+
+class DashboardSQL:
+    """The dashboard's statements; the fragments and helpers come from :class:`Dialect`."""
+
+    def queue_stats(self, names: list[str]) -> str:
+        """One row per queue of ``names`` (UNION ALL): (position, min RowVersion, max RowVersion,
+        rows counted up to a cap, expired rows counted up to a cap, Headers of the oldest row,
+        now).  Params: :meth:`queue_stats_params`."""
+        rv, exp = self._col("RowVersion"), self._col("Expires")
+        parts = []
+        for name in names:
+            t = self.table(name)
+            parts.append(
+                f"SELECT %s, (SELECT MIN({rv}) FROM {t}), (SELECT MAX({rv}) FROM {t}), "
+                f"(SELECT COUNT(*) FROM (SELECT 1 AS x FROM {t} LIMIT %s) c), "
+                f"(SELECT COUNT(*) FROM (SELECT 1 AS x FROM {t} WHERE {exp} IS NOT NULL AND {exp} <= {self.now_sql()} "
+                f"LIMIT %s) e), (SELECT {self._col('Headers')} FROM {t} ORDER BY {rv} LIMIT 1), {self.now_sql()}")
+        return " UNION ALL ".join(parts)
+
+    def queue_stats_params(self, count: int, cap: int) -> list[Any]:
+        return [v for i in range(count) for v in (i, cap, cap)]
+
+    def failed_search_expression(self) -> str | None:
+        """An SQL expression over a sluice_failed_message row that free-text search matches
+        with ``LIKE '%TEXT%'`` (upper case), when the database can index it; None: search
+        compares the columns one by one."""
+        return None
+
+    def failed_search_indexes(self) -> list[tuple[str, list[Any]]]:
+        """Statements that index :meth:`failed_search_expression` (none without one)."""
+        return []
+
+    def delayed_stats(self, name: str) -> str:
+        """Per destination among the %s earliest delayed messages: (destination, due now, all)."""
+        c = self._col
+        return (f"SELECT {c('Destination')}, SUM(CASE WHEN {c('Time')} <= {self.now_sql()} THEN 1 ELSE 0 END), "
+                f"COUNT(*) FROM (SELECT {c('Destination')}, {c('Time')} FROM {self.table(name)} "
+                f"ORDER BY {c('Time')} LIMIT %s) d GROUP BY {c('Destination')}")
+

@@ -1,0 +1,212 @@
+"""Named SQL of the outbox tables (core/outbox): mixed into every dialect.
+
+Booleans are compared as ``= TRUE`` / ``= 1`` (never ``NOT col``) so a query's predicate
+matches the partial indexes' WHERE clauses word for word.
+"""
+from __future__ import annotations
+
+import abc
+import datetime as dt
+import hashlib
+from typing import Any, NamedTuple
+
+#: Columns of an outbox table.  The first five are the outbox's own (MessageId, the
+#: incoming message or session id, is the primary key); CreatedAt ages stuck records,
+#: Quarantined/LastError keep a record that cannot be dispatched visible instead of lost.
+OUTBOX_COLUMNS = ("MessageId", "Dispatched", "DispatchedAt", "PersistenceVersion", "Operations",
+                  "CreatedAt", "Quarantined", "LastError")
+
+
+class OutboxRow(NamedTuple):
+    """An outbox record as the database returned it (:data:`OUTBOX_COLUMNS` order)."""
+
+    message_id: str
+    dispatched: bool
+    dispatched_at: dt.datetime | None
+    persistence_version: str
+    operations: str
+    created_at: dt.datetime | None
+    quarantined: bool
+    last_error: str | None
+
+
+class OutboxSQL(abc.ABC):
+    """The outbox's statements; the fragments and helpers come from :class:`Dialect`."""
+
+    # Provided by Dialect.
+    table: Any
+    quote: Any
+    _col: Any
+    now_sql: Any
+    to_datetime: Any
+    ttl_params: Any
+    true_literal: str
+    false_literal: str
+    limit: str
+    readpast_hint: str
+    nolock_hint: str
+    lock_skip_hint: str
+    skip_locked_suffix: str
+
+    def outbox_index_names(self, name: str) -> dict[str, str]:
+        """{'dispatched_at': …, 'undispatched': …}: the clean-up index and the stuck-record index."""
+        digest = hashlib.sha1(name.encode()).hexdigest()[:12]
+        return {"dispatched_at": f"sluice_obd_{digest}", "undispatched": f"sluice_obu_{digest}"}
+
+    @abc.abstractmethod
+    def create_outbox_table(self, name: str) -> list[tuple[str, list[Any]]]:
+        """Idempotent statements that create an outbox table and its two indexes."""
+
+    @abc.abstractmethod
+    def before_now_sql(self) -> str:
+        """SQL expression: the database's now minus the seconds given by :meth:`before_now_params`."""
+
+    def before_now_params(self, seconds: float) -> list[Any]:
+        return [seconds]
+
+    def to_outbox_row(self, raw: tuple[Any, ...]) -> OutboxRow:
+        mid, dispatched, dispatched_at, version, operations, created_at, quarantined, error = raw
+        return OutboxRow(str(mid), bool(dispatched), self.to_datetime(dispatched_at), str(version),
+                         operations if isinstance(operations, str) else bytes(operations).decode("utf-8", "replace"),
+                         self.to_datetime(created_at), bool(quarantined), error)
+
+    def _outbox_columns(self) -> str:
+        return ", ".join(self._col(c) for c in OUTBOX_COLUMNS)
+
+    def _is(self, column: str, value: bool) -> str:
+        return f"{self._col(column)} = {self.true_literal if value else self.false_literal}"
+
+    def outbox_states(self, name: str, count: int) -> str:
+        """(MessageId, Dispatched, Quarantined) of the records among ``count`` ids (%s each)."""
+        c = self._col
+        return (f"SELECT {c('MessageId')}, {c('Dispatched')}, {c('Quarantined')} FROM {self.table(name)} "
+                f"WHERE {c('MessageId')} IN ({', '.join(['%s'] * count)})")
+
+    def outbox_insert(self, name: str, dispatched: bool) -> str:
+        """INSERT a record.  Params: message_id, persistence_version, operations.  A record
+        with nothing to send is stored dispatched at once: it is only de-duplication data."""
+        c = self._col
+        now = self.now_sql()
+        return (
+            f"INSERT INTO {self.table(name)} ({c('MessageId')}, {c('Dispatched')}, {c('DispatchedAt')}, "
+            f"{c('PersistenceVersion')}, {c('Operations')}, {c('CreatedAt')}, {c('Quarantined')}) "
+            f"VALUES (%s, {self.true_literal if dispatched else self.false_literal}, "
+            f"{now if dispatched else 'NULL'}, %s, %s, {now}, {self.false_literal})"
+        )
+
+    def outbox_store_operations(self, name: str, dispatched: bool) -> str:
+        """Fill in the operations of a record inserted first (pessimistic mode).
+        Params: operations, message_id."""
+        c = self._col
+        return (
+            f"UPDATE {self.table(name)} SET {c('Operations')} = %s, {self._is('Dispatched', dispatched)}, "
+            f"{c('DispatchedAt')} = {self.now_sql() if dispatched else 'NULL'} WHERE {c('MessageId')} = %s"
+        )
+
+    def _claim_where(self, count: int, include_quarantined: bool) -> str:
+        where = (f"{self._col('MessageId')} IN ({', '.join(['%s'] * count)}) "
+                 f"AND {self._is('Dispatched', False)}")
+        if not include_quarantined:
+            where += f" AND {self._is('Quarantined', False)}"
+        return where
+
+    def outbox_mark_dispatched(self, name: str, count: int) -> str:
+        """Set ``count`` records dispatched; their operations are replaced by %s (an empty
+        list: a dispatched record is only de-duplication data).  Params: operations, ids."""
+        c = self._col
+        return (
+            f"UPDATE {self.table(name)} SET {self._is('Dispatched', True)}, {c('DispatchedAt')} = {self.now_sql()}, "
+            f"{c('Operations')} = %s, {self._is('Quarantined', False)}, {c('LastError')} = NULL "
+            f"WHERE {c('MessageId')} IN ({', '.join(['%s'] * count)})"
+        )
+
+    def outbox_set_error(self, name: str, quarantine: bool) -> str:
+        """Record why a dispatch failed (and quarantine the record).  Params: error, message_id."""
+        c = self._col
+        quarantined = f", {self._is('Quarantined', True)}" if quarantine else ""
+        return f"UPDATE {self.table(name)} SET {c('LastError')} = %s{quarantined} WHERE {c('MessageId')} = %s"
+
+    def outbox_due(self, name: str, include_failed: bool = True) -> str:
+        """Ids of undispatched, unquarantined records created at least %s seconds ago
+        (:meth:`before_now_params`), oldest first, at most %s."""
+        c = self._col
+        failed = "" if include_failed else f" AND {c('LastError')} IS NULL"
+        return (
+            f"SELECT {c('MessageId')} FROM {self.table(name)}{self.readpast_hint} WHERE {self._is('Dispatched', False)} "
+            f"AND {self._is('Quarantined', False)}{failed} AND {c('CreatedAt')} <= {self.before_now_sql()} "
+            f"ORDER BY {c('CreatedAt')}{self.limit}"
+        )
+
+    @abc.abstractmethod
+    def outbox_cleanup(self, name: str) -> str:
+        """Delete up to a batch of dispatched records older than the retention, skipping
+        locked rows; rowcount = records deleted.  Params: :meth:`outbox_cleanup_params`."""
+
+    def outbox_cleanup_params(self, keep_seconds: float, batch_size: int) -> list[Any]:
+        return [*self.before_now_params(keep_seconds), batch_size]
+
+    def outbox_records(self, name: str, undispatched_only: bool) -> str:
+        """Up to %s records: the undispatched ones oldest first, or all newest first."""
+        where = f"WHERE {self._is('Dispatched', False)} " if undispatched_only else ""
+        order = "ASC" if undispatched_only else "DESC"
+        return (f"SELECT {self._outbox_columns()} FROM {self.table(name)}{self.readpast_hint} {where}"
+                f"ORDER BY {self._col('CreatedAt')} {order}{self.limit}")
+
+    def outbox_record(self, name: str) -> str:
+        """The record with MessageId %s."""
+        return f"SELECT {self._outbox_columns()} FROM {self.table(name)} WHERE {self._col('MessageId')} = %s"
+
+    def outbox_stats(self, name: str) -> str:
+        """One row: (records, undispatched, quarantined, oldest undispatched CreatedAt, now)."""
+        t = f"{self.table(name)}{self.nolock_hint}"
+        undispatched = self._is("Dispatched", False)
+        return (
+            f"SELECT (SELECT COUNT(*) FROM {t}), (SELECT COUNT(*) FROM {t} WHERE {undispatched}), "
+            f"(SELECT COUNT(*) FROM {t} WHERE {undispatched} AND {self._is('Quarantined', True)}), "
+            f"(SELECT MIN({self._col('CreatedAt')}) FROM {t} WHERE {undispatched}), {self.now_sql()}"
+        )
+
+    @abc.abstractmethod
+    def outbox_size(self, name: str) -> tuple[str, list[Any]]:
+        """One value: the bytes the table and its indexes take."""
+
+    def outbox_data_size(self, name: str) -> tuple[str, list[Any]]:
+        """One value: the bytes of the records' data (a fallback when the storage size is unknown)."""
+        c = self._col
+        return (
+            f"SELECT COALESCE(SUM(LENGTH({c('MessageId')}) + LENGTH({c('Operations')}) + "
+            f"COALESCE(LENGTH({c('LastError')}), 0) + LENGTH({c('PersistenceVersion')}) + 24), 0) "
+            f"FROM {self.table(name)}",
+            [],
+        )
+
+    # -- outbox phase-2 lease (core/outbox/dispatch.py; core-b, issue 11 defect 3) ----------
+    # Phase 2 claims records by setting DispatchingUntil (database now + a short lease) in
+    # a transaction of its own, publishes with no transaction open, then marks them
+    # dispatched.  A claim passes over records whose lease has not run out, so a record
+    # is published again only when its dispatcher died (or took longer than the lease).
+
+    @abc.abstractmethod
+    def outbox_lease_column_exists(self, name: str) -> tuple[str, list[Any]]:
+        """SELECT returning a row when the outbox table has its DispatchingUntil column."""
+
+    @abc.abstractmethod
+    def outbox_add_lease_column(self, name: str) -> str:
+        """ALTER TABLE adding the nullable DispatchingUntil column (tables made before it)."""
+
+    @abc.abstractmethod
+    def outbox_claim_lease(self, name: str, count: int, include_quarantined: bool = False) -> str:
+        """Lease the undispatched records among ``count`` ids whose lease is unset or over:
+        DispatchingUntil = now + the lease, skipping rows other transactions hold.  Params:
+        ``ttl_params(lease seconds)``, then the ids.  Returns (MessageId, Operations,
+        CreatedAt, the database's now) of each record leased."""
+
+    def _lease_free(self) -> str:
+        c = self._col
+        return f"({c('DispatchingUntil')} IS NULL OR {c('DispatchingUntil')} <= {self.now_sql()})"
+
+    def outbox_release(self, name: str, count: int) -> str:
+        """End the lease of ``count`` records (%s each): a failed dispatch may be retried at once."""
+        c = self._col
+        return (f"UPDATE {self.table(name)} SET {c('DispatchingUntil')} = NULL "
+                f"WHERE {c('MessageId')} IN ({', '.join(['%s'] * count)})")

@@ -1,0 +1,51 @@
+"""Collecting a handler's or session's outgoing messages instead of sending them."""
+from __future__ import annotations
+
+from typing import Any
+
+from core.outbox.destinations import destination, parse_address
+from core.outbox.operations import encode_operations, queue_operation, serialize_operation
+from core.scheduling import resolve_due
+from core.transport import Transport
+
+
+class OutboxSender:
+    """Collects outgoing operations instead of sending them.
+
+    It stands in for the :class:`~core.transport.Transport` of a handler's context (same
+    ``send`` signature, same ``using``) and is what a transactional session sends with.
+    Every operation is validated and serialized when it is added, so bad input raises in
+    the caller's transaction and rolls its business writes back with it.
+    """
+
+    def __init__(self, using: str) -> None:
+        self.using = using
+        self.operations: list[dict[str, Any]] = []
+        self._serialized: list[str] = []
+
+    def send(self, queue: str, body: Any, **options: Any) -> str:
+        """Like :meth:`Transport.send`, plus ``queue@alias`` (another configured database)
+        and ``delay`` (seconds) / ``deliver_at`` (aware datetime) for delayed delivery.
+        A delay is stored as it is and counted from the record's CreatedAt by the
+        database's clock, so neither this process's clock nor a late dispatch moves it.
+        Returns the message id."""
+        name, alias = parse_address(queue)
+        delay, deliver_at = resolve_due(options.pop("delay", None), options.pop("deliver_at", None))
+        message = Transport(alias or self.using).build(name, body, **options)  # unknown queue, bad headers, …
+        self._append(queue_operation(message, alias if alias != self.using else None, delay, deliver_at))
+        return message.message_id
+
+    def add(self, kind: str, op: dict[str, Any]) -> None:
+        """Add an operation for a registered destination kind (e.g. ``celery``)."""
+        found = destination(kind)
+        op = {**op, "kind": kind}
+        if found.validate is not None:
+            found.validate(op)
+        self._append(op)
+
+    def _append(self, op: dict[str, Any]) -> None:
+        self._serialized.append(serialize_operation(op))
+        self.operations.append(op)
+
+    def encode(self) -> str:
+        return encode_operations(self._serialized)
