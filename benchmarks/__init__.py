@@ -18,4 +18,6 @@ BENCHMARKS: dict[str, str] = {
     "delayed": "benchmarks.delayed",
     "purge": "benchmarks.purge",
     "outbox": "benchmarks.outbox",
+    "pipeline": "benchmarks.pipeline",
+
 }

@@ -151,3 +151,7 @@ class BulkOperation(models.Model):
         if self.status == BulkOperationStatus.FINISHED:
             return 1.0
         return min((self.done + self.failed) / self.total, 1.0) if self.total else 0.0
+
+
+# -- processing records and the analytics pipeline (core/records/) -------------------------
+from core.records.models import ExportWatermark, MetricWindow, PipelineRun, ProcessingRecord  # noqa: E402,F401

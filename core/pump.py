@@ -44,6 +44,7 @@ from core.messages import Headers, Message
 from core.outbox import Outbox
 from core.queues import dialect, missing_indexes
 from core.recoverability import Recoverability
+from core.records.writer import RecordBatch, NoRecords, now_us, start_batch
 from core.transport import Transport
 
 log = logging.getLogger("sluice.pump")
@@ -219,13 +220,15 @@ class MessagePump:
         """Receive up to ``limit`` messages in one transaction and process each."""
         stats = PumpStats()
         to_dispatch: list[str] = []
+        records = start_batch()
         with writer_turn(self.receive_alias), transaction.atomic(using=self.receive_alias):
             messages = self.receiver.receive_batch(self.queue, limit)
             known = None
             if self.outbox is not None and messages:  # de-duplication: one look-up per batch
                 known = self.outbox.store.states([self._message_id(m) for m in messages])
             for message in messages:
-                self._process(message, stats, to_dispatch, known)
+                self._process(message, stats, to_dispatch, known, records)
+            records.write(self.receive_alias)  # processing records: one INSERT per batch, this transaction
         stats.received = len(messages)
         with self._stats_lock:
             self.stats.add(stats)
@@ -238,23 +241,28 @@ class MessagePump:
         return message.headers.get(Headers.MESSAGE_ID, message.id)
 
     def _process(self, message: Message, stats: PumpStats, to_dispatch: list[str],
-                 known: dict[str, tuple[bool, bool]] | None = None) -> None:
+                 known: dict[str, tuple[bool, bool]] | None = None,
+                 records: RecordBatch | NoRecords | None = None) -> None:
+        records = records or NoRecords()
         if message.poison:
             self.recoverability.move_poison(message)
+            records.to_error_queue(message)
             stats.poison += 1
             return
         if message.expired:
-            on_expired_receive(self.receiver, message)
+            records.expired(message, on_expired_receive(self.receiver, message))
             stats.expired += 1
             return
         fn = self.handlers.resolve(self.queue, message)
         if fn is None:
             self.recoverability.move_to_error(
                 message, NoHandler(f"no handler on {self.queue} for message type {message.message_type!r}"))
+            records.to_error_queue(message)
             stats.errored += 1
             return
         context = HandlerContext(message=message, transport=self.sender)
         started = time.monotonic()
+        started_us = now_us()
         try:
             if self.outbox is not None:
                 message_id = self._message_id(message)
@@ -273,11 +281,13 @@ class MessagePump:
                 fn(message, context)
         except Exception as exc:  # the handler's failure is data, not a crash
             outcome = self.recoverability.on_failure(message, exc)
+            records.handler_failed(message, outcome, started_us)
             if outcome == "error":
                 stats.errored += 1
             else:
                 stats.retried += 1
             return
+        records.processed(message, started_us)
         stats.succeeded += 1
         if "Sluice.RetryOf" in message.headers:  # a retried failed message succeeded (core.failures.RETRY_OF)
             from core.failures import mark_resolved
