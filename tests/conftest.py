@@ -26,9 +26,15 @@ def pytest_collection_modifyitems(config, items):
     url = os.environ.get("DATABASE_URL", "sqlite:")
     on_postgres = url.startswith(("postgres://", "postgresql://"))
     skip = pytest.mark.skip(reason="needs PostgreSQL (run with DATABASE_URL=postgresql://…)")
+    # Spark-only tests never touch the database: running them on both passes of `make test`
+    # would only double their minutes.  They run in the SQLite pass (SLUICE_TEST_SPARK_ONLY=always: every pass).
+    spark_pass = not on_postgres or os.environ.get("SLUICE_TEST_SPARK_ONLY") == "always"
+    skip_spark = pytest.mark.skip(reason="Spark only, no database: runs in the SQLite pass of make test")
     for item in items:
         if "postgresql" in item.keywords and not on_postgres:
             item.add_marker(skip)
+        if "spark_only" in item.keywords and not spark_pass:
+            item.add_marker(skip_spark)
 
 
 OTHER = "other"
@@ -67,6 +73,20 @@ def _independent_alias(django_db_setup):
     from core.db import independent_alias
 
     independent_alias("default")
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session for the whole test session (its JVM takes seconds to start):
+    two cores, a small heap, no UI, logs at WARN."""
+    from pipeline import job
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    session = job.session("local[2]", app_name="sluice-tests", ui=False, driver_memory="1g",
+                          extra={"spark.sql.shuffle.partitions": "2"})
+    yield session
+    session.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -3,7 +3,7 @@
 Layout (pipeline.schema): ``<SLUICE_RECORDS_PATH>/date=YYYY-MM-DD/records-<first id>.parquet``,
 one file per run and UTC date of ``ended``.  A run:
 
-1. fixes its range: ids above the watermark, up to the newest record that ended at least
+1. fixes its range: ids above the watermark, below the first record that ended less than
    ``SLUICE_RECORDS_EXPORT_DELAY`` ago (a record whose receive batch may still be
    committing could otherwise get an id below one already exported);
 2. streams the range in chunks of :data:`CHUNK` rows (memory stays flat) into hidden
@@ -71,10 +71,18 @@ class Export:
         self._renames: list[tuple[str, str]] = []
 
     def _upper_id(self) -> int | None:
-        """The id of the newest record that ended at least ``delay`` ago (None: nothing)."""
+        """The last id of the run: just below the first record that ended less than
+        ``delay`` ago, else the highest.  Both are index look-ups (recent records are few).
+
+        Why it is safe: a record still uncommitted now belongs to a receive batch that is
+        still open, so (if batches commit within ``delay`` of their records' end) every
+        record inserted after it has not ended ``delay`` ago either: the run stops before."""
+        records = ProcessingRecord.objects.using(self.using)
         cutoff = now_us() - int(self.delay * 1_000_000)
-        return (ProcessingRecord.objects.using(self.using).filter(ended_us__lte=cutoff)
-                .order_by("-ended_us", "-id").values_list("id", flat=True).first())
+        recent = records.filter(ended_us__gt=cutoff).order_by("id").values_list("id", flat=True).first()
+        if recent is not None:
+            return recent - 1
+        return records.order_by("-id").values_list("id", flat=True).first()
 
     def write(self) -> ExportResult:
         """Write the run's files under their final names; the watermark is not moved yet."""

@@ -93,8 +93,9 @@ def run_pipeline(since: dt.datetime | None = None, *, master: str | None = None,
             run.since = hour_floor(start)
             _stage(run, lease, "job", 30)
             output = location(settings.METRICS_PATH).spark_uri
-            _spark_job(master, location(settings.RECORDS_PATH).spark_uri, output, run.since,
-                       settings.SPARK_DRIVER_MEMORY)
+            master = _spark_job(master, location(settings.RECORDS_PATH).spark_uri, output, run.since,
+                                settings.SPARK_DRIVER_MEMORY)
+            run.spark_master = master
             _stage(run, lease, "load", 80)
             windows = load_path(settings.METRICS_PATH, run.since, using)
         _stage(run, lease, "retention", 95)
@@ -112,7 +113,8 @@ def run_pipeline(since: dt.datetime | None = None, *, master: str | None = None,
         lease.release()
 
 
-def _spark_job(master: str, records: str, output: str, since: dt.datetime, driver_memory: str) -> dict:
+def _spark_job(master: str, records: str, output: str, since: dt.datetime, driver_memory: str) -> str:
+    """Run the job; returns the master it ran on (a session already running keeps its own)."""
     from pyspark import SparkContext
 
     from pipeline import job
@@ -120,7 +122,8 @@ def _spark_job(master: str, records: str, output: str, since: dt.datetime, drive
     ours = SparkContext._active_spark_context is None  # else: a session this process already runs
     spark = job.session(master, driver_memory=driver_memory)
     try:
-        return job.run(spark, records, output, since)
+        job.run(spark, records, output, since)
+        return spark.sparkContext.master
     finally:
         if ours:
             spark.stop()
