@@ -19,5 +19,6 @@ BENCHMARKS: dict[str, str] = {
     "purge": "benchmarks.purge",
     "outbox": "benchmarks.outbox",
     "pipeline": "benchmarks.pipeline",
+    "export": "benchmarks.export",
 
 }

@@ -102,7 +102,7 @@ def run_now(request: HttpRequest) -> HttpResponse:
     run = PipelineRun.objects.create(status=RunStatus.QUEUED, trigger=f"dashboard:{request.user.get_username()}")
     try:
         _celery().send_task("sluice.run_pipeline", kwargs={"run_id": run.pk, "trigger": run.trigger},
-                            queue="sluice")
+                            queue="sluice", retry=False)
     except Exception as exc:  # the broker is down: say so, keep no phantom run
         log.warning("cannot queue the pipeline run: %s", exc)
         run.status, run.error = RunStatus.FAILED, f"could not queue the task: {exc}"

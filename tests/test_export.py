@@ -74,7 +74,11 @@ def test_records_newer_than_the_export_delay_wait(transactional_db, records_path
 def test_chunks_and_date_partitions(transactional_db, records_path):
     midnight = dt.datetime.combine(dt.date.today(), dt.time(), dt.timezone.utc)
     records = add_records(50, ended_us=int(midnight.timestamp() * 1e6) - 300 * 1_000_000, span_s=600)
-    assert export_records(chunk=7).exported == 50
+    gap = [r["id"] for r in records[10:30]]  # rolled-back batches leave holes wider than a chunk
+    ProcessingRecord.objects.filter(id__in=gap).delete()
+    records = [r for r in records if r["id"] not in gap]
+    assert export_records(chunk=7).exported == 30
+    assert watermark() == records[-1]["id"]
     dates = sorted(p.name for p in records_path.iterdir())
     assert dates == [f"date={(midnight - dt.timedelta(days=1)).date()}", f"date={midnight.date()}"]
     assert sorted(r["id"] for r in dataset_rows(records_path)) == [r["id"] for r in records]
