@@ -9,7 +9,7 @@ from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
 WIDTH, HEIGHT = 640, 220
-LEFT, RIGHT, TOP, BOTTOM = 56, 12, 14, 34
+LEFT, RIGHT, TOP, BOTTOM = 56, 12, 26, 34
 
 
 @dataclass
@@ -39,7 +39,8 @@ def line_chart(title: str, series: Sequence[Series], y_format: Callable[[float],
     values = [v for s in series for _, v in s.points if v is not None]
     times = [t for s in series for t, _ in s.points]
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" role="img" '
-             f'class="chart" aria-label="{escape(title)}"><title>{escape(title)}</title>']
+             f'class="chart" aria-label="{escape(title)}"><title>{escape(title)}</title>'
+             f'<text x="{LEFT}" y="14" class="caption">{escape(title)}</text>']
     if not values:
         parts.append(f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" class="empty">no data</text></svg>')
         return mark_safe("".join(parts))

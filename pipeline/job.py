@@ -84,6 +84,11 @@ def session(master: str | None = None, *, app_name: str = "sluice-pipeline", ui:
     under spark-submit it belongs on its command line (``--driver-memory``)."""
     from pyspark.sql import SparkSession
 
+    if master and master.startswith("local"):
+        # An embedded JVM: bind loopback (the hostname may resolve oddly), and run any
+        # Python workers with this interpreter (the venv), not the first python3 on PATH.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     if master:
         builder = builder.master(master)
