@@ -19,4 +19,6 @@ BENCHMARKS: dict[str, str] = {
     "purge": "benchmarks.purge",
     "outbox": "benchmarks.outbox",
     "dashboard": "benchmarks.dashboard",
+    "pipeline": "benchmarks.pipeline",
+    "export": "benchmarks.export",
 }

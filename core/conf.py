@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -132,6 +133,25 @@ class SluiceSettings:
     #: Queues with more rows than this show max − min RowVersion (an estimate) instead of a
     #: count; expired rows are counted up to it ("at least" beyond).
     DASHBOARD_EXACT_COUNT_LIMIT: int = 1000
+    #: Record every handled message (core.records): one row per attempt, written in the
+    #: pump's receive transaction, one INSERT per receive batch.
+    PROCESSING_RECORDS: bool = True
+    #: Where `sluice records export` writes the Parquet data set (a directory, or a URI
+    #: pyarrow and Spark both write, such as s3a://bucket/records).
+    RECORDS_PATH: str = "var/records"
+    #: Seconds an exported record stays in the database (1 day); 0 deletes at the next run.
+    RECORDS_RETENTION: float = 24 * 3600.0
+    #: Records that ended less than this many seconds ago wait for the next export: their
+    #: receive batch may still be committing, and the watermark must never pass them.
+    RECORDS_EXPORT_DELAY: float = 10.0
+    #: Where the Spark job writes its metric windows before they are loaded (Parquet).
+    METRICS_PATH: str = "var/metrics"
+    #: Seconds between pipeline runs (export + Spark job + load) on Celery beat (1 hour).
+    PIPELINE_INTERVAL: float = 3600.0
+    #: The Spark master of `sluice pipeline run`: local[*] (embedded, every core) or spark://HOST:7077.
+    SPARK_MASTER: str = "local[*]"
+    #: The embedded Spark driver's JVM heap (spark.driver.memory), e.g. 1g, 4g.
+    SPARK_DRIVER_MEMORY: str = "2g"
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -173,6 +193,17 @@ class SluiceSettings:
         if self.OUTBOX_KEEP_DEDUPLICATION_DATA_FOR < 0 or self.OUTBOX_DISPATCHER_GRACE < 0:
             raise ValueError("SLUICE_OUTBOX_KEEP_DEDUPLICATION_DATA_FOR and SLUICE_OUTBOX_DISPATCHER_GRACE "
                              "must not be negative")
+
+        if self.RECORDS_RETENTION < 0 or self.RECORDS_EXPORT_DELAY < 0:
+            raise ValueError("SLUICE_RECORDS_RETENTION and SLUICE_RECORDS_EXPORT_DELAY must not be negative")
+        if self.PIPELINE_INTERVAL <= 0:
+            raise ValueError("SLUICE_PIPELINE_INTERVAL must be positive")
+        for name in ("RECORDS_PATH", "METRICS_PATH", "SPARK_MASTER"):
+            if not str(getattr(self, name)).strip():
+                raise ValueError(f"SLUICE_{name} must not be empty")
+        if not re.fullmatch(r"\d+[kKmMgGtT]?", self.SPARK_DRIVER_MEMORY.strip()):
+            raise ValueError(f"SLUICE_SPARK_DRIVER_MEMORY must be a JVM size such as 2g, "
+                             f"not {self.SPARK_DRIVER_MEMORY!r}")
 
     @property
     def delayed_table(self) -> str:

@@ -201,3 +201,7 @@ class OutboxRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.message_id} ({'dispatched' if self.dispatched else 'undispatched'})"
+
+
+# -- processing records and the analytics pipeline (core/records/) -------------------------
+from core.records.models import ExportWatermark, MetricWindow, PipelineRun, ProcessingRecord  # noqa: E402,F401

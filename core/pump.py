@@ -40,6 +40,7 @@ from core.outcomes import MessageOutcome
 from core.queues import dialect, missing_indexes
 from core.recoverability import FailureOutcome, Recoverability
 from core.transaction_modes import BatchScope, OutboxMode, mode_for
+from core.records.writer import NoRecords, RecordBatch, now_us, start_batch
 from core.transport import Transport
 
 log = logging.getLogger("sluice.pump")
@@ -199,40 +200,49 @@ class MessagePump:
     def receive_and_process(self, limit: int = 1) -> int:
         """Receive up to ``limit`` messages in one transaction and process each."""
         stats = PumpStats()
+        records = start_batch()
         with writer_turn(self.receive_alias), transaction.atomic(using=self.receive_alias):
             messages = self.receiver.receive_batch(self.queue, limit)
             batch = self.strategy.batch(messages)
             for message in messages:
-                outcome = self._process(message, batch)
-                stats.count(outcome)  # the one place each message's outcome is recorded
+                outcome = self._process(message, batch, records)
+                stats.count(outcome)  # the one place each message's outcome is counted
+            records.write(self.receive_alias)  # processing records: one INSERT per batch, this transaction
         stats.received = len(messages)
         with self._stats_lock:
             self.stats.add(stats)
         batch.after_commit()
         return len(messages)
 
-    def _process(self, message: Message, batch: BatchScope) -> MessageOutcome:
-        """What one received message comes to, inside the receive's transaction."""
+    def _process(self, message: Message, batch: BatchScope,
+                 records: RecordBatch | NoRecords) -> MessageOutcome:
+        """What one received message comes to, inside the receive's transaction (and its
+        processing record, written with the batch)."""
         if message.poison:
             self.recoverability.move_poison(message)
+            records.to_error_queue(message)
             return MessageOutcome.POISON
         if message.expired:
-            on_expired_receive(self.receiver, message)
+            records.expired(message, on_expired_receive(self.receiver, message))
             return MessageOutcome.EXPIRED
         fn = self.handlers.resolve(self.queue, message)
         if fn is None:
             self.recoverability.move_to_error(
                 message, NoHandler(f"no handler on {self.queue} for message type {message.message_type!r}"))
+            records.to_error_queue(message)
             return MessageOutcome.ERRORED
         started = time.monotonic()
+        started_us = now_us()
         try:
             outcome = batch.handle(message, fn)
         except Exception as exc:  # the handler's failure is data, not a crash
             failure = self.recoverability.on_failure(message, exc)
+            records.handler_failed(message, failure, started_us)
             return MessageOutcome.ERRORED if failure is FailureOutcome.ERROR else MessageOutcome.RETRIED
         if outcome is MessageOutcome.DUPLICATE:
             log.debug("message %s on %s is a duplicate: handler skipped", message.id, self.queue)
             return outcome
+        records.processed(message, started_us)
         if RETRY_OF in message.headers:  # a retried failed message succeeded: its record is resolved
             mark_resolved(message.headers[RETRY_OF], using=self.receive_alias)
         log.debug("handled %s (%s) on %s in %.1f ms", message.id, message.message_type, self.queue,

@@ -1,5 +1,6 @@
 from django.urls import include, path
 
+from dashboard import charts, metrics_api
 from dashboard.views import audit, auth, delayed, failed, health, outbox, overview, queues
 
 app_name = "dashboard"
@@ -31,4 +32,7 @@ urlpatterns = [
     path("outbox/", outbox.outbox, name="outbox"),
     path("outbox/<str:message_id>/dispatch/", outbox.dispatch, name="outbox-dispatch"),
     path("audit/", audit.audit, name="audit"),
+    path("metrics/charts/", charts.charts, name="metrics-charts"),
+    path("metrics/charts/run/", charts.run_now, name="metrics-run"),
+    path("api/metrics/", metrics_api.metrics, name="api-metrics"),
 ]

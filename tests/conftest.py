@@ -61,6 +61,12 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(
                     reason=f"needs {' or '.join(sorted(vendors))} (DATABASE_URL is {vendor})"))
                 break
+        # Spark-only tests never touch the database: running them in both passes of `make
+        # test` would only double their minutes.  They run in the SQLite pass
+        # (SLUICE_TEST_SPARK_ONLY=always: in every pass).
+        if "spark_only" in item.keywords and vendor != "sqlite" and \
+                os.environ.get("SLUICE_TEST_SPARK_ONLY") != "always":
+            item.add_marker(pytest.mark.skip(reason="Spark only, no database: runs in the SQLite pass of make test"))
 
 
 OTHER = "other"
@@ -115,6 +121,20 @@ def _independent_alias(django_db_setup):
     from core.db import independent_alias
 
     independent_alias("default")
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session for the whole test session (its JVM takes seconds to start):
+    two cores, a small heap, no UI, logs at WARN."""
+    from pipeline import job
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    session = job.session("local[2]", app_name="sluice-tests", ui=False, driver_memory="1g",
+                          extra={"spark.sql.shuffle.partitions": "2"})
+    yield session
+    session.stop()
 
 
 @pytest.fixture(autouse=True)

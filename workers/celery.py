@@ -31,6 +31,7 @@ conf = get_settings()
 def beat_schedule() -> dict:
     """The periodic tasks, every interval a SLUICE_* setting.  A run that waited past its
     interval is dropped (``expires``): the next one does the same work."""
+    conf = get_settings()  # at call time: tests change settings after import
     schedule = {
         "purge-expired": {"task": "sluice.purge_expired", "schedule": conf.PURGE_INTERVAL,
                           "options": {"expires": conf.PURGE_INTERVAL}},
@@ -42,6 +43,9 @@ def beat_schedule() -> dict:
                                     "schedule": conf.ARCHIVE_PURGE_INTERVAL,
                                     "options": {"expires": conf.ARCHIVE_PURGE_INTERVAL}},
     }
+    # Export + Spark job + load; the run itself takes the "pipeline" lease (core.records.run).
+    schedule["analytics-pipeline"] = {"task": "sluice.run_pipeline", "schedule": conf.PIPELINE_INTERVAL,
+                                      "options": {"expires": conf.PIPELINE_INTERVAL}}
     if conf.OUTBOX_CLEANUP_INTERVAL > 0:  # 0 or less disables the clean-up
         schedule["outbox-cleanup"] = {"task": "sluice.outbox_cleanup", "schedule": conf.OUTBOX_CLEANUP_INTERVAL,
                                       "options": {"expires": conf.OUTBOX_CLEANUP_INTERVAL}}

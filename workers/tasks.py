@@ -79,6 +79,21 @@ def run_bulk_operation(operation_id: int) -> dict:
     return {"id": op.pk, "status": op.status, "done": op.done, "failed": op.failed, "total": op.total}
 
 
+@shared_task(name="sluice.run_pipeline")
+def run_pipeline(run_id: int | None = None, trigger: str = "beat") -> dict:
+    """Export + Spark job + load (core.records.run): every SLUICE_PIPELINE_INTERVAL from beat,
+    or now from the dashboard (``run_id``: the run row its progress shows in).  One at a
+    time anywhere: the run takes the ``pipeline`` lease, and a run that finds it held is
+    skipped, not queued."""
+    from core.records.run import PipelineBusy, run_pipeline as run
+
+    try:
+        return run(run_id=run_id, trigger=trigger).json()
+    except PipelineBusy:
+        log.info("pipeline run skipped: another run holds the lease")
+        return {"skipped": 1}
+
+
 @shared_task(name="sluice.record_ping")
 def record_ping(message_id: str) -> None:
     """Write one demo business row (sluice_demo_ping): proves a task really ran, once per row."""

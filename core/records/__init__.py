@@ -1,0 +1,12 @@
+"""Processing records and the analytics pipeline, Django side.
+
+- :mod:`core.records.models`: the record, watermark, run and metric-window tables;
+- :mod:`core.records.writer`: the pump's per-batch writer (one multi-row INSERT per
+  receive batch, in the receive's own transaction);
+- :mod:`core.records.export`: records → Parquet data set, incrementally (watermark);
+- :mod:`core.records.retention`: exported records leave the database after the retention;
+- :mod:`core.records.results`: the Spark job's output → ``MetricWindow`` rows;
+- :mod:`core.records.run`: export + job + load, behind a lease (CLI, beat, dashboard).
+
+The Spark job itself is the top-level ``pipeline`` package (no Django).
+"""

@@ -1,0 +1,115 @@
+"""Tables of processing records and the analytics pipeline (core.records).
+
+Record times are integer microseconds since the Unix epoch (UTC): the same type on
+every database, nothing to convert on the pump's hot path, and the export turns a
+whole column into a Parquet timestamp at once.
+"""
+from __future__ import annotations
+
+import datetime as dt
+
+from django.db import models
+
+from pipeline import schema
+
+OUTCOME_CHOICES = [(o, o.replace("_", " ")) for o in schema.OUTCOMES]
+
+
+class ProcessingRecord(models.Model):
+    """One handled message (one attempt): written by the pump in its receive transaction,
+    exported to Parquet by `sluice records export`, deleted after the retention."""
+
+    message_id = models.CharField(max_length=200)
+    message_type = models.CharField(max_length=300, null=True)
+    queue = models.CharField(max_length=64)
+    endpoint = models.CharField(max_length=200)
+    #: ``NServiceBus.TimeSent`` (None when the header is missing or unreadable).
+    time_sent_us = models.BigIntegerField(null=True)
+    started_us = models.BigIntegerField()
+    ended_us = models.BigIntegerField()
+    outcome = models.CharField(max_length=16, choices=OUTCOME_CHOICES)
+    #: 1 for the first attempt, counting every failed attempt before this one.
+    attempt = models.IntegerField(default=1)
+
+    class Meta:
+        db_table = "sluice_processing_record"
+        indexes = [models.Index(fields=["ended_us"], name="sluice_prec_ended")]
+
+    @property
+    def ended(self) -> dt.datetime:
+        return dt.datetime.fromtimestamp(self.ended_us / 1e6, dt.timezone.utc)
+
+
+class ExportWatermark(models.Model):
+    """The highest record id already in the Parquet data set (moved only after the files
+    are in place, so a crash in between re-exports, never skips)."""
+
+    name = models.CharField(max_length=64, primary_key=True)
+    last_id = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "sluice_records_watermark"
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued", "queued"
+    RUNNING = "running", "running"
+    SUCCEEDED = "succeeded", "succeeded"
+    FAILED = "failed", "failed"
+    SKIPPED = "skipped", "skipped (another run held the lease)"
+
+
+class PipelineRun(models.Model):
+    """One run of export + Spark job + load: what the dashboard shows as the last run and
+    as the progress of a run an operator started."""
+
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED)
+    #: export / job / load / retention / done
+    stage = models.CharField(max_length=32, default="")
+    progress = models.IntegerField(default=0)
+    trigger = models.CharField(max_length=200, default="")
+    since = models.DateTimeField(null=True)
+    spark_master = models.CharField(max_length=200, default="")
+    exported = models.BigIntegerField(default=0)
+    windows = models.BigIntegerField(default=0)
+    deleted = models.BigIntegerField(default=0)
+    seconds = models.FloatField(null=True)
+    error = models.TextField(default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True)
+    finished_at = models.DateTimeField(null=True)
+
+    class Meta:
+        db_table = "sluice_pipeline_run"
+        ordering = ["-id"]
+
+
+class MetricWindow(models.Model):
+    """One queue's figures for one message type and time window (the Spark job's output).
+    A re-run of a window replaces its row."""
+
+    queue = models.CharField(max_length=64)
+    message_type = models.CharField(max_length=300)
+    window_start = models.DateTimeField()
+    window_seconds = models.IntegerField()
+    messages = models.BigIntegerField()
+    throughput_per_s = models.FloatField()
+    processing_ms_p50 = models.FloatField(null=True)
+    processing_ms_p95 = models.FloatField(null=True)
+    processing_ms_p99 = models.FloatField(null=True)
+    critical_ms_p50 = models.FloatField(null=True)
+    critical_ms_p95 = models.FloatField(null=True)
+    critical_ms_p99 = models.FloatField(null=True)
+    failure_rate = models.FloatField()
+    failures = models.BigIntegerField(default=0)
+    retries = models.BigIntegerField(default=0)
+    expired = models.BigIntegerField(default=0)
+    dead_lettered = models.BigIntegerField(default=0)
+
+    class Meta:
+        db_table = "sluice_metric_window"
+        constraints = [models.UniqueConstraint(fields=["window_seconds", "window_start", "queue", "message_type"],
+                                               name="sluice_metric_window_key")]
+        indexes = [models.Index(fields=["queue", "window_seconds", "window_start"], name="sluice_mw_queue")]
+        ordering = ["window_start", "queue", "message_type"]

@@ -1,0 +1,135 @@
+"""One pipeline run: export → Spark job → load the windows → retention, behind a lease.
+
+`sluice pipeline run`, the Celery beat task and the dashboard's "run it now" button all
+come here, and the lease (core.lease, ``pipeline``) lets one run at a time anywhere.
+The run's stage and progress are kept in its ``PipelineRun`` row for the dashboard.
+
+The job runs in this process's Spark driver: ``local[*]`` by default (an embedded JVM),
+or a cluster (``SLUICE_SPARK_MASTER=spark://HOST:7077``, client mode: the executors must
+reach ``SLUICE_RECORDS_PATH`` and ``SLUICE_METRICS_PATH``, e.g. on S3 or a shared file
+system).  A Spark session already running in the process (tests share one) is used and
+left running; one this run started is stopped afterwards, so a worker that runs the
+pipeline hourly does not keep a JVM's memory between runs.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from django.utils import timezone
+
+from core.conf import get_settings
+from core.lease import Lease
+from core.records.export import export_records
+from core.records.location import location
+from core.records.models import PipelineRun, RunStatus
+from core.records.results import load_path
+from core.records.retention import delete_exported
+from pipeline.job import hour_floor
+
+log = logging.getLogger("sluice.pipeline")
+
+LEASE = "pipeline"
+#: The lease outlives a stuck run by this much; each stage renews it.
+LEASE_SECONDS = 1800.0
+
+
+class PipelineBusy(Exception):
+    """Another run holds the lease."""
+
+
+@dataclass
+class RunResult:
+    exported: int
+    windows: int
+    seconds: float
+    spark_master: str
+    run_id: int
+    deleted: int = 0
+
+    def json(self) -> dict[str, Any]:
+        """The `pipeline run --json` line (a public format: extend, never rename)."""
+        return {"exported": self.exported, "windows": self.windows, "seconds": round(self.seconds, 3),
+                "spark_master": self.spark_master}
+
+
+def _stage(run: PipelineRun, lease: Lease, stage: str, progress: int) -> None:
+    lease.acquire()  # renews it
+    run.stage, run.progress = stage, progress
+    run.save(update_fields=["stage", "progress"])
+    log.info("pipeline run %s: %s", run.pk, stage)
+
+
+def run_pipeline(since: dt.datetime | None = None, *, master: str | None = None, trigger: str = "cli",
+                 run_id: int | None = None) -> RunResult:
+    """Export new records, compute their windows (from ``since``'s hour, else from the hour
+    of the earliest newly exported record), load them, apply the retention.
+
+    Raises :class:`PipelineBusy` when another run holds the lease (the run row, if any, is
+    marked skipped)."""
+    settings = get_settings()
+    using = settings.DATABASE
+    master = master or settings.SPARK_MASTER
+    run = (PipelineRun.objects.using(using).get(pk=run_id) if run_id is not None
+           else PipelineRun.objects.using(using).create(trigger=trigger))
+    lease = Lease(LEASE, LEASE_SECONDS, using)
+    if not lease.acquire():
+        run.status, run.finished_at = RunStatus.SKIPPED, timezone.now()
+        run.save(update_fields=["status", "finished_at"])
+        raise PipelineBusy("another pipeline run is in progress (lease 'pipeline' held)")
+    started = time.monotonic()
+    run.status, run.started_at, run.spark_master = RunStatus.RUNNING, timezone.now(), master
+    run.save(update_fields=["status", "started_at", "spark_master"])
+    try:
+        _stage(run, lease, "export", 5)
+        exported = export_records(using=using)
+        run.exported = exported.exported
+        start = since or exported.earliest_ended
+        windows = 0
+        if start is not None:
+            run.since = hour_floor(start)
+            _stage(run, lease, "job", 30)
+            output = location(settings.METRICS_PATH).spark_uri
+            master = _spark_job(master, location(settings.RECORDS_PATH).spark_uri, output, run.since,
+                                settings.SPARK_DRIVER_MEMORY)
+            run.spark_master = master
+            _stage(run, lease, "load", 80)
+            windows = load_path(settings.METRICS_PATH, run.since, using)
+        _stage(run, lease, "retention", 95)
+        run.deleted = delete_exported(using)
+        run.windows, run.seconds = windows, time.monotonic() - started
+        run.status, run.stage, run.progress, run.finished_at = RunStatus.SUCCEEDED, "done", 100, timezone.now()
+        run.save()
+        return RunResult(run.exported, windows, run.seconds, master, run.pk, run.deleted)
+    except BaseException as exc:
+        run.status, run.error, run.finished_at = RunStatus.FAILED, f"{type(exc).__name__}: {exc}", timezone.now()
+        run.seconds = time.monotonic() - started
+        run.save()
+        raise
+    finally:
+        lease.release()
+
+
+def _spark_job(master: str, records: str, output: str, since: dt.datetime, driver_memory: str) -> str:
+    """Run the job; returns the master it ran on (a session already running keeps its own)."""
+    from pyspark import SparkContext
+
+    from pipeline import job
+
+    ours = SparkContext._active_spark_context is None  # else: a session this process already runs
+    spark = job.session(master, driver_memory=driver_memory)
+    try:
+        job.run(spark, records, output, since)
+        return spark.sparkContext.master
+    finally:
+        if ours:
+            spark.stop()
+
+
+def last_run(using: str | None = None) -> PipelineRun | None:
+    """The newest run that finished or is under way (not a skipped one)."""
+    using = using or get_settings().DATABASE
+    return (PipelineRun.objects.using(using).exclude(status=RunStatus.SKIPPED).order_by("-id").first())

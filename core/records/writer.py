@@ -1,0 +1,134 @@
+"""The pump's record writer: a receive batch's records in one multi-row INSERT.
+
+The pump calls one method per decision (processed, failed/retried, expired or
+dead-lettered, moved to the error queue) while it processes a batch, then
+:meth:`RecordBatch.write` once, inside the receive's transaction: the records commit
+with the receive and vanish with its rollback (the messages are back in their queue,
+and will be recorded when they are handled again).
+"""
+from __future__ import annotations
+
+import calendar
+import time
+from typing import Sequence
+
+from django.db import connections
+
+from core.conf import get_settings
+from core.messages import Headers, Message
+from core.records.models import ProcessingRecord
+from pipeline import schema
+
+COLUMNS = ("message_id", "message_type", "queue", "endpoint", "time_sent_us", "started_us", "ended_us",
+           "outcome", "attempt")
+_FIELDS = [ProcessingRecord._meta.get_field(name) for name in COLUMNS]
+_LIMITS = {name: ProcessingRecord._meta.get_field(name).max_length for name in ("message_id", "message_type")}
+
+
+def now_us() -> int:
+    """Wall-clock time in integer microseconds since the epoch (UTC)."""
+    return time.time_ns() // 1000
+
+
+def sent_us(text: str | None) -> int | None:
+    """``NServiceBus.TimeSent`` (``2026-11-22 04:15:16:123456 Z``) in microseconds, or None
+    when missing or unreadable.  By hand, not strptime: this runs once per message."""
+    if not text or len(text) < 19:
+        return None
+    try:
+        seconds = calendar.timegm((int(text[0:4]), int(text[5:7]), int(text[8:10]),
+                                   int(text[11:13]), int(text[14:16]), int(text[17:19]), 0, 0, 0))
+        fraction = text[20:].split(" ", 1)[0] if len(text) > 20 else ""
+        return seconds * 1_000_000 + (int(fraction.ljust(6, "0")[:6]) if fraction.isdigit() else 0)
+    except ValueError:
+        return None
+
+
+class RecordBatch:
+    """The records of one receive batch (see the module docstring)."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.rows: list[tuple] = []
+
+    # -- one call per decision point of the pump ---------------------------------------------
+    def processed(self, message: Message, started_us: int) -> None:
+        self._add(message, schema.PROCESSED, started_us)
+
+    def handler_failed(self, message: Message, decision: str, started_us: int) -> None:
+        """``decision`` is Recoverability.on_failure's: "error" means this was the last attempt."""
+        self._add(message, schema.FAILED if decision == "error" else schema.RETRIED, started_us)
+
+    def expired(self, message: Message, action: str) -> None:
+        """``action`` is core.expiry.on_expired_receive's ("dead-lettered" or dropped)."""
+        self._add(message, schema.DEAD_LETTERED if action == "dead-lettered" else schema.EXPIRED)
+
+    def to_error_queue(self, message: Message) -> None:
+        """A poison row or a message nobody handles: no handler ran."""
+        self._add(message, schema.ERROR_QUEUE)
+
+    # -----------------------------------------------------------------------------------------
+    def _add(self, message: Message, outcome: str, started: int | None = None) -> None:
+        ended = now_us()
+        headers = message.headers  # empty for a poison row
+        types = message.message_types()  # most specific first, without .NET assembly names
+        message_type = types[0] if types else None
+        self.rows.append((
+            headers.get(Headers.MESSAGE_ID, message.id)[:_LIMITS["message_id"]],
+            message_type[:_LIMITS["message_type"]] if message_type else None,
+            message.queue,
+            self.endpoint,
+            sent_us(headers.get(Headers.TIME_SENT)),
+            ended if started is None else started,
+            ended,
+            outcome,
+            message.total_failed_attempts + 1,
+        ))
+
+    def write(self, using: str) -> int:
+        """INSERT the batch's records on ``using`` (the receive's connection, inside its
+        transaction): one statement, or a few where the database caps parameters."""
+        if not self.rows:
+            return 0
+        insert_rows(self.rows, using)
+        written, self.rows = len(self.rows), []
+        return written
+
+
+def insert_rows(rows: Sequence[tuple], using: str) -> None:
+    """Multi-row INSERTs of ``rows`` (tuples in :data:`COLUMNS` order); the batch size
+    comes from Django's own per-database parameter limit (SQLite, SQL Server's 2,100)."""
+    conn = connections[using]
+    step = max(1, conn.ops.bulk_batch_size(_FIELDS, rows))
+    qn = conn.ops.quote_name
+    head = f"INSERT INTO {qn(ProcessingRecord._meta.db_table)} ({', '.join(qn(c) for c in COLUMNS)}) VALUES "
+    one = "(" + ", ".join(["%s"] * len(COLUMNS)) + ")"
+    with conn.cursor() as cursor:
+        for i in range(0, len(rows), step):
+            chunk = rows[i:i + step]
+            cursor.execute(head + ", ".join([one] * len(chunk)), [v for row in chunk for v in row])
+
+
+class NoRecords:
+    """SLUICE_PROCESSING_RECORDS off: every call does nothing."""
+
+    def processed(self, message: Message, started_us: int) -> None:
+        pass
+
+    def handler_failed(self, message: Message, decision: str, started_us: int) -> None:
+        pass
+
+    def expired(self, message: Message, action: str) -> None:
+        pass
+
+    def to_error_queue(self, message: Message) -> None:
+        pass
+
+    def write(self, using: str) -> int:
+        return 0
+
+
+def start_batch() -> RecordBatch | NoRecords:
+    """A batch's record writer, or a do-nothing one when records are switched off."""
+    settings = get_settings()
+    return RecordBatch(settings.ENDPOINT) if settings.PROCESSING_RECORDS else NoRecords()

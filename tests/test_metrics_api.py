@@ -1,0 +1,138 @@
+"""GET /api/metrics/ (shape, filters, bad input, roles, token auth) and the /metrics/charts/
+page (SVG charts, last run, the operators' run-now button queuing a real Celery task)."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import pytest
+import redis
+from django.conf import settings
+from django.contrib.auth.models import Group, User
+from django.test import Client
+from rest_framework.authtoken.models import Token
+
+from core.records.models import MetricWindow, PipelineRun
+
+T0 = dt.datetime(2026, 11, 23, 10, 0, tzinfo=dt.timezone.utc)
+FIELDS = ["queue", "message_type", "window_start", "window_seconds", "messages", "throughput_per_s",
+          "processing_ms_p50", "processing_ms_p95", "processing_ms_p99", "critical_ms_p99", "failure_rate",
+          "retries", "expired", "dead_lettered"]
+
+
+def user(name: str, *groups: str, superuser: bool = False) -> User:
+    u = User.objects.create_user(name, password="pw", is_superuser=superuser)
+    for g in groups:
+        u.groups.add(Group.objects.get_or_create(name=g)[0])
+    return u
+
+
+def client_for(u: User) -> Client:
+    c = Client()
+    c.force_login(u)
+    return c
+
+
+@pytest.fixture
+def windows(db):
+    rows = []
+    for i in range(5):
+        for queue, mtype in (("orders", "Order"), ("billing", "Invoice")):
+            rows.append(MetricWindow(queue=queue, message_type=mtype, window_start=T0 + dt.timedelta(minutes=i),
+                                     window_seconds=60, messages=60 + i, throughput_per_s=(60 + i) / 60,
+                                     processing_ms_p50=2.0 + i, processing_ms_p95=8.0, processing_ms_p99=12.5,
+                                     critical_ms_p50=20.0, critical_ms_p95=80.0, critical_ms_p99=120.0,
+                                     failure_rate=0.1 * (queue == "billing"), failures=6 * (queue == "billing"),
+                                     retries=1, expired=2, dead_lettered=0))
+    rows.append(MetricWindow(queue="orders", message_type="Order", window_start=T0, window_seconds=3600,
+                             messages=310, throughput_per_s=310 / 3600, failure_rate=0.0))
+    MetricWindow.objects.bulk_create(rows)
+    PipelineRun.objects.create(status="succeeded", stage="done", progress=100, exported=620, windows=11,
+                               seconds=12.5, spark_master="local[*]", started_at=T0, finished_at=T0)
+
+
+def test_shape_and_filters(windows):
+    c = client_for(user("v", "sluice-viewer"))
+    body = c.get("/api/metrics/").json()
+    assert set(body) == {"windows", "last_run"}
+    assert len(body["windows"]) == 10 and list(body["windows"][0]) == FIELDS
+    first = body["windows"][0]
+    assert first["window_start"] == "2026-11-23T10:00:00+00:00" and first["window_seconds"] == 60
+    assert body["last_run"]["status"] == "succeeded" and body["last_run"]["windows"] == 11
+    orders = c.get("/api/metrics/?queue=orders&message_type=Order&since=2026-11-23T10:03:00Z").json()["windows"]
+    assert [w["messages"] for w in orders] == [63, 64]
+    hourly = c.get("/api/metrics/?window=3600").json()["windows"]
+    assert [(w["queue"], w["messages"], w["processing_ms_p99"]) for w in hourly] == [("orders", 310, None)]
+    assert c.get("/api/metrics/?queue=nothing").json()["windows"] == []
+
+
+def test_bad_input_is_a_400_with_a_message(windows):
+    c = client_for(user("v", "sluice-viewer"))
+    r = c.get("/api/metrics/?window=5")
+    assert r.status_code == 400 and "window must be 60 or 3600" in r.json()["window"]
+    r = c.get("/api/metrics/?since=yesterday")
+    assert r.status_code == 400 and "ISO 8601" in r.json()["since"]
+
+
+def test_roles_and_token_auth(windows):
+    assert Client().get("/api/metrics/").status_code == 401
+    assert client_for(user("nobody")).get("/api/metrics/").status_code == 403
+    for u in (user("op", "sluice-operator"), user("root", superuser=True), user("v", "sluice-viewer")):
+        assert client_for(u).get("/api/metrics/").status_code == 200
+    token = Token.objects.create(user=User.objects.get(username="v"))
+    r = Client().get("/api/metrics/", HTTP_AUTHORIZATION=f"Token {token.key}")
+    assert r.status_code == 200 and len(r.json()["windows"]) == 10
+    assert Client().get("/api/metrics/", HTTP_AUTHORIZATION="Token wrong").status_code == 401
+    nobody_token = Token.objects.create(user=User.objects.get(username="nobody"))
+    assert Client().get("/api/metrics/", HTTP_AUTHORIZATION=f"Token {nobody_token.key}").status_code == 403
+
+
+def test_charts_page(windows):
+    assert Client().get("/metrics/charts/").status_code == 302  # to the login page
+    assert client_for(user("nobody")).get("/metrics/charts/").status_code == 403
+    page = client_for(user("v", "sluice-viewer")).get("/metrics/charts/").content.decode()
+    assert page.count("<svg") == 6  # two queues × throughput, processing time, failure rate
+    assert "orders" in page and "billing" in page and "polyline" in page
+    assert "Last pipeline run" in page and "local[*]" in page
+    assert "Run the pipeline now" not in page  # viewers look only
+    assert client_for(user("op", "sluice-operator")).get("/metrics/charts/").content.decode().count(
+        "Run the pipeline now") == 1
+    assert client_for(User.objects.get(username="v")).get("/metrics/charts/?window=7").status_code == 400
+    overview = client_for(User.objects.get(username="v")).get("/").content.decode()
+    assert 'href="/metrics/charts/"' in overview
+
+
+def test_empty_charts_page(db):
+    page = client_for(user("v", "sluice-viewer")).get("/metrics/charts/").content.decode()
+    assert "No metric windows yet" in page and "has not run yet" in page
+
+
+def test_run_now_queues_a_celery_task_and_shows_progress(windows):
+    viewer = client_for(user("v", "sluice-viewer"))
+    assert viewer.post("/metrics/charts/run/").status_code == 403
+    broker = redis.Redis.from_url(settings.REDIS_URL)
+    broker.delete("sluice")
+    try:
+        op = client_for(user("op", "sluice-operator"))
+        r = op.post("/metrics/charts/run/")
+        assert r.status_code == 302 and r["Location"] == "/metrics/charts/"
+        run = PipelineRun.objects.order_by("-id").first()
+        assert (run.status, run.trigger) == ("queued", "dashboard:op")
+        queued = [json.loads(m) for m in broker.lrange("sluice", 0, -1)]
+        assert [m["headers"]["task"] for m in queued] == ["sluice.run_pipeline"]
+        assert f'"run_id": {run.pk}' in __import__("base64").b64decode(queued[0]["body"]).decode()
+        page = op.get("/metrics/charts/").content.decode()
+        assert 'http-equiv="refresh"' in page and "<progress" in page and "disabled" in page
+        run.status, run.stage, run.progress = "running", "job", 30
+        run.save()
+        assert 'value="30"' in op.get("/metrics/charts/").content.decode()
+    finally:
+        broker.delete("sluice")
+
+
+def test_run_now_with_the_broker_down(windows, settings):
+    settings.REDIS_URL = "redis://127.0.0.1:1/6"  # nothing listens there
+    r = client_for(user("op", "sluice-operator")).post("/metrics/charts/run/", follow=True)
+    run = PipelineRun.objects.order_by("-id").first()
+    assert run.status == "failed" and "could not queue" in run.error
+    assert "could not be started" in r.content.decode()

@@ -1,0 +1,117 @@
+"""Processing records written by a real pump: every outcome, one INSERT per receive batch,
+in the receive's transaction, switchable."""
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext, override_settings
+
+from core.messages import Headers
+from core.queues import dialect
+from core.records.models import ProcessingRecord
+from core.records.writer import now_us, sent_us
+from tests.conftest import drain
+
+
+def records_of(queue: str) -> list[ProcessingRecord]:
+    return list(ProcessingRecord.objects.filter(queue=queue).order_by("id"))
+
+
+def test_every_outcome_is_recorded(transport, make_queue, pump_for, temp_handlers, error_queue):
+    queue = make_queue()
+    dl_queue = make_queue(dead_letter_on_expiry=True)
+
+    def handle(message, context):
+        if message.json()["fail"]:
+            raise ValueError("always fails")
+
+    temp_handlers(queue, "Order", handle)
+    temp_handlers(dl_queue, "Order", handle)
+    before = now_us()
+    ok_id = transport.send(queue, {"fail": False}, message_type="Order")
+    bad_id = transport.send(queue, {"fail": True}, message_type="Order")
+    transport.send(queue, {"fail": False}, message_type="Order", ttl=0)       # expired: dropped
+    transport.send(dl_queue, {"fail": False}, message_type="Order", ttl=0)    # expired: dead-lettered
+    transport.send(queue, {"fail": False}, message_type="Nobody")             # no handler
+    with connection.cursor() as cursor:  # a poison row written by another system
+        cursor.execute(dialect().insert_with_expires(queue),
+                       ["0b5e3c1e-0000-4000-8000-000000000002", None, None, None, "{not json", b"\x00"])
+    drain(pump_for(queue, immediate_retries=2))
+    drain(pump_for(dl_queue))
+    after = now_us()
+
+    rows = records_of(queue)
+    outcomes = sorted(r.outcome for r in rows)
+    # the bad one: attempt 1 and 2 retried, attempt 3 failed (to the error queue)
+    assert outcomes == sorted(["processed", "retried", "retried", "failed", "expired", "error_queue",
+                               "error_queue"])
+    bad = [r for r in rows if r.message_id == bad_id]
+    assert [(r.outcome, r.attempt) for r in bad] == [("retried", 1), ("retried", 2), ("failed", 3)]
+    ok = next(r for r in rows if r.message_id == ok_id)
+    assert ok.message_type == "Order" and ok.endpoint == "sluice" and ok.attempt == 1
+    assert before <= ok.time_sent_us <= ok.started_us <= ok.ended_us <= after
+    poison = next(r for r in rows if r.outcome == "error_queue" and r.message_type is None)
+    assert poison.message_id == "0b5e3c1e-0000-4000-8000-000000000002" and poison.time_sent_us is None
+    assert [r.outcome for r in records_of(dl_queue)] == ["dead_lettered"]
+    assert transport.counts(error_queue).total == 3
+
+
+def test_one_insert_per_receive_batch_in_the_receive_transaction(transport, queue, pump_for, temp_handlers):
+    temp_handlers(queue, None, lambda m, c: None)
+    for i in range(10):
+        transport.send(queue, str(i))
+    pump = pump_for(queue, concurrency=1, receive_batch_size=10)
+    with CaptureQueriesContext(connection) as ctx:
+        assert pump.receive_and_process(10) == 10
+    inserts = [q["sql"] for q in ctx.captured_queries if "sluice_processing_record" in q["sql"]]
+    assert len(inserts) == 1 and inserts[0].count("), (") == 9
+    assert len(records_of(queue)) == 10
+
+
+class WorkerDied(BaseException):
+    """Not an Exception: the pump does not treat it as a handler failure."""
+
+
+def test_records_roll_back_with_the_receive(transport, queue, pump_for, temp_handlers):
+    """The process dies in the middle of a batch: the receive rolls back, the messages are
+    back in their queue, and no record claims the first one was processed."""
+    def handle(message, context):
+        if message.text == "dies":
+            raise WorkerDied()
+
+    temp_handlers(queue, None, handle)
+    for text in ("ok", "dies", "ok"):
+        transport.send(queue, text)
+    pump = pump_for(queue, concurrency=1, receive_batch_size=3)
+    with pytest.raises(WorkerDied):
+        pump.receive_and_process(3)
+    assert records_of(queue) == []
+    assert transport.counts(queue).total == 3
+
+
+def test_switched_off(transport, queue, pump_for, temp_handlers):
+    temp_handlers(queue, None, lambda m, c: None)
+    with override_settings(SLUICE_PROCESSING_RECORDS=False):
+        transport.send(queue, "x")
+        drain(pump_for(queue))
+    assert records_of(queue) == []
+    assert transport.counts(queue).total == 0
+
+
+def test_time_sent_header_parsing():
+    moment = dt.datetime(2026, 11, 23, 4, 15, 16, 123456, tzinfo=dt.timezone.utc)
+    assert sent_us("2026-11-23 04:15:16:123456 Z") == int(moment.timestamp()) * 1_000_000 + 123456
+    assert sent_us("2026-11-23 04:15:16:12 Z") == int(moment.timestamp()) * 1_000_000 + 120000
+    assert sent_us(None) is None and sent_us("") is None and sent_us("yesterday at noon") is None
+
+
+@pytest.mark.postgresql
+def test_concurrent_pump_threads_record_each_message_once(transport, queue, pump_for, temp_handlers):
+    temp_handlers(queue, None, lambda m, c: None)
+    ids = {transport.send(queue, str(i)) for i in range(200)}
+    drain(pump_for(queue, concurrency=4, receive_batch_size=8))
+    rows = records_of(queue)
+    assert sorted(r.message_id for r in rows) == sorted(ids)
+    assert {r.outcome for r in rows} == {"processed"}
