@@ -4,6 +4,7 @@ import logging
 
 from django.db import DatabaseError, migrations, models, transaction
 
+from core.conf import get_settings
 from core.dialects import dialect_for
 
 log = logging.getLogger("sluice.setup")
@@ -47,7 +48,9 @@ class Migration(migrations.Migration):
             ],
             options={
                 'verbose_name': 'delayed message',
-                'db_table': 'sluice.delayed',
+                # Unmanaged: the tables' names come from the settings, as in core/models.py, so a
+                # deployment with its own SLUICE_ENDPOINT or table names sees no pending migration.
+                'db_table': get_settings().delayed_table,
                 'ordering': ['time', 'id'],
                 'managed': False,
             },
@@ -65,7 +68,7 @@ class Migration(migrations.Migration):
                 ('last_error', models.TextField(db_column='LastError', null=True)),
             ],
             options={
-                'db_table': 'sluice_outbox_sluice',
+                'db_table': get_settings().outbox_table,
                 'ordering': ['created_at'],
                 'managed': False,
             },
