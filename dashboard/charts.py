@@ -1,30 +1,26 @@
 """``/metrics/charts/``: throughput, processing-time percentiles and failure rate per queue
-over time (server-rendered SVG), the last pipeline run, and — for operators — a button
-that runs the pipeline now as a Celery task, with its progress.
-
-The run is started by task name through a producer-only Celery app on REDIS_URL: the
-dashboard does not import the workers package (an import contract)."""
+over time (server-rendered SVG, dashboard/svgchart.py), the last pipeline run, and — for
+operators — "Run the pipeline now" (dashboard.actions.run_pipeline: a Celery task, audited).
+While a run is queued or running the run panel polls itself (htmx), like the failed page's
+bulk operations."""
 from __future__ import annotations
 
 import datetime as dt
-import logging
 from collections import defaultdict
 
-from django.conf import settings
-from django.contrib import messages
-from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import redirect, render
-from django.views.decorators.http import require_POST
-from rest_framework.exceptions import ValidationError
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
 
 from core.records.models import PipelineRun, RunStatus
 from core.records.run import last_run
-from dashboard.metrics_api import can_operate, can_view, window_query, windows_for
+from dashboard import actions
+from dashboard.actions import ActionError
+from dashboard.metric_windows import window_query, windows_for
+from dashboard.permissions import viewer_required
 from dashboard.svgchart import Series, line_chart
+from dashboard.views.common import act, error_response, page
 
-log = logging.getLogger("sluice.dashboard")
 COLORS = {"throughput": "#2563eb", "p50": "#16a34a", "p95": "#d97706", "p99": "#dc2626", "failure": "#b91c1c"}
 #: Most windows drawn on one page (every queue together).
 MAX_POINTS = 5000
@@ -67,47 +63,39 @@ def queue_charts(windows) -> list[dict]:
     return charts
 
 
-@login_required
+def _run_context() -> dict:
+    run: PipelineRun | None = last_run()
+    return {"run": run, "in_progress": run is not None and run.status in (RunStatus.QUEUED, RunStatus.RUNNING)}
+
+
+@viewer_required
+@require_GET
 def charts(request: HttpRequest) -> HttpResponse:
-    if not can_view(request.user):
-        raise PermissionDenied("Viewing metrics needs the sluice-viewer or sluice-operator role.")
     try:
         filters, window, since = window_query(request.GET)
-    except ValidationError as exc:
-        return HttpResponse(f"Bad request: {'; '.join(str(v[0]) for v in exc.detail.values())}",
-                            status=400, content_type="text/plain")
+    except ActionError as exc:
+        return error_response(request, exc.message, exc.status)
     windows = windows_for(filters, since, limit=MAX_POINTS)
-    run = last_run()
-    in_progress = run is not None and run.status in (RunStatus.QUEUED, RunStatus.RUNNING)
-    return render(request, "dashboard/charts.html", {
-        "charts": queue_charts(windows), "window": window, "run": run, "in_progress": in_progress,
-        "operator": can_operate(request.user), "queue": filters.get("queue", ""),
+    return page(request, "dashboard/charts.html", {
+        "section": "metrics", "charts": queue_charts(windows), "window": window, "queue": filters.get("queue", ""),
         "first": windows[0].window_start if windows else None,
-        "last": windows[-1].window_start if windows else None,
+        "last": windows[-1].window_start if windows else None, **_run_context(),
     })
 
 
-def _celery():
-    from celery import Celery
+@viewer_required
+@require_GET
+def run_status(request: HttpRequest) -> HttpResponse:
+    """The run panel, polled every 2 s while a run is queued or running.  Once it is over the
+    panel has no trigger (the polling stops) and htmx reloads the page for the new charts."""
+    context = _run_context()
+    response = page(request, "dashboard/partials/pipeline_run.html", context)
+    if request.htmx and not context["in_progress"]:
+        response["HX-Refresh"] = "true"
+    return response
 
-    return Celery("sluice-dashboard", broker=settings.REDIS_URL)
 
-
-@login_required
+@viewer_required
 @require_POST
 def run_now(request: HttpRequest) -> HttpResponse:
-    """Queue a pipeline run as a Celery task; its row shows the progress on the charts page."""
-    if not can_operate(request.user):
-        raise PermissionDenied("Running the pipeline needs the sluice-operator role.")
-    run = PipelineRun.objects.create(status=RunStatus.QUEUED, trigger=f"dashboard:{request.user.get_username()}")
-    try:
-        _celery().send_task("sluice.run_pipeline", kwargs={"run_id": run.pk, "trigger": run.trigger},
-                            queue="sluice", retry=False)
-    except Exception as exc:  # the broker is down: say so, keep no phantom run
-        log.warning("cannot queue the pipeline run: %s", exc)
-        run.status, run.error = RunStatus.FAILED, f"could not queue the task: {exc}"
-        run.save(update_fields=["status", "error"])
-        messages.error(request, "The pipeline could not be started: the task queue (Redis) is unreachable.")
-        return redirect("dashboard:metrics-charts")
-    messages.success(request, f"Pipeline run {run.pk} queued.")
-    return redirect("dashboard:metrics-charts")
+    return act(request, lambda: actions.run_pipeline(request.user, via="web"), reverse("dashboard:metrics-charts"))

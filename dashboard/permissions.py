@@ -4,7 +4,7 @@ Two Django groups, created by a data migration (dashboard/migrations/0002_roles.
 
 - ``sluice-viewer`` sees every page and every read endpoint of the JSON API;
 - ``sluice-operator`` also acts: delete, purge, move, retry, archive, restore, edit,
-  deliver now, dispatch.
+  deliver now, dispatch, run the analytics pipeline.
 
 Superusers are operators.  A user in neither group (and not a superuser) sees nothing:
 403 once logged in.  The server always enforces these rules, whatever the page shows.

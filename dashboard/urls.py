@@ -1,6 +1,6 @@
 from django.urls import include, path
 
-from dashboard import charts, metrics_api
+from dashboard import charts
 from dashboard.views import audit, auth, delayed, failed, health, outbox, overview, queues
 
 app_name = "dashboard"
@@ -34,5 +34,5 @@ urlpatterns = [
     path("audit/", audit.audit, name="audit"),
     path("metrics/charts/", charts.charts, name="metrics-charts"),
     path("metrics/charts/run/", charts.run_now, name="metrics-run"),
-    path("api/metrics/", metrics_api.metrics, name="api-metrics"),
+    path("metrics/charts/run-status/", charts.run_status, name="metrics-run-status"),
 ]

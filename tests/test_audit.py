@@ -2,6 +2,8 @@
 ok when it happened, rejected for bad input, denied for a viewer (nothing changed then)."""
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 
 from core import failures
@@ -58,6 +60,8 @@ def cases(w):
          lambda u: actions.delete_failed(u, {"all": True})),
         ("dispatch_outbox", lambda u: actions.dispatch_outbox(u, ["rec-1"]),
          lambda u: actions.dispatch_outbox(u, ["nope"])),
+        ("run_pipeline", lambda u: actions.run_pipeline(u),
+         lambda u: actions.run_pipeline(u, dt.datetime(2026, 11, 23, 10, 0))),  # no time zone
     ]
 
 

@@ -1,7 +1,9 @@
-"""GET /api/metrics/ (shape, filters, bad input, roles, token auth) and the /metrics/charts/
-page (SVG charts, last run, the operators' run-now button queuing a real Celery task)."""
+"""GET /api/metrics/ and POST /api/metrics/run/ (shape, filters, bad input, the shared roles,
+token auth) and the /metrics/charts/ page in the dashboard's layout (SVG charts, last run,
+the run-now action queuing a real Celery task, audited; htmx polling while it runs)."""
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import json
 
@@ -13,6 +15,7 @@ from django.test import Client
 from rest_framework.authtoken.models import Token
 
 from core.records.models import MetricWindow, PipelineRun
+from dashboard.models import AuditEntry
 
 T0 = dt.datetime(2026, 11, 23, 10, 0, tzinfo=dt.timezone.utc)
 FIELDS = ["queue", "message_type", "window_start", "window_seconds", "messages", "throughput_per_s",
@@ -69,20 +72,22 @@ def test_shape_and_filters(windows):
 def test_bad_input_is_a_400_with_a_message(windows):
     c = client_for(user("v", "sluice-viewer"))
     r = c.get("/api/metrics/?window=5")
-    assert r.status_code == 400 and "window must be 60 or 3600" in r.json()["window"]
+    assert r.status_code == 400 and "window must be 60 or 3600" in r.json()["error"]
     r = c.get("/api/metrics/?since=yesterday")
-    assert r.status_code == 400 and "ISO 8601" in r.json()["since"]
+    assert r.status_code == 400 and "ISO 8601" in r.json()["error"]
 
 
 def test_roles_and_token_auth(windows):
-    assert Client().get("/api/metrics/").status_code == 401
+    anonymous = Client().get("/api/metrics/")
+    assert anonymous.status_code in (401, 403) and anonymous.json()["error"]  # as every API endpoint
     assert client_for(user("nobody")).get("/api/metrics/").status_code == 403
     for u in (user("op", "sluice-operator"), user("root", superuser=True), user("v", "sluice-viewer")):
         assert client_for(u).get("/api/metrics/").status_code == 200
     token = Token.objects.create(user=User.objects.get(username="v"))
     r = Client().get("/api/metrics/", HTTP_AUTHORIZATION=f"Token {token.key}")
     assert r.status_code == 200 and len(r.json()["windows"]) == 10
-    assert Client().get("/api/metrics/", HTTP_AUTHORIZATION="Token wrong").status_code == 401
+    wrong = Client().get("/api/metrics/", HTTP_AUTHORIZATION="Token wrong")
+    assert wrong.status_code in (401, 403) and "token" in wrong.json()["error"].lower()
     nobody_token = Token.objects.create(user=User.objects.get(username="nobody"))
     assert Client().get("/api/metrics/", HTTP_AUTHORIZATION=f"Token {nobody_token.key}").status_code == 403
 
@@ -94,10 +99,15 @@ def test_charts_page(windows):
     assert page.count("<svg") == 6  # two queues × throughput, processing time, failure rate
     assert "orders" in page and "billing" in page and "polyline" in page
     assert "Last pipeline run" in page and "local[*]" in page
-    assert "Run the pipeline now" not in page  # viewers look only
-    assert client_for(user("op", "sluice-operator")).get("/metrics/charts/").content.decode().count(
-        "Run the pipeline now") == 1
-    assert client_for(User.objects.get(username="v")).get("/metrics/charts/?window=7").status_code == 400
+    assert 'href="/static/dashboard/sluice.css"' in page and "<style" not in page  # the dashboard's layout
+    assert 'href="/metrics/charts/" aria-current="page">Metrics</a>' in page
+    # Viewers see the button disabled, with the reason, as on the other pages.
+    assert 'disabled title="Your role is sluice-viewer' in page and "Run the pipeline now" in page
+    op_page = client_for(user("op", "sluice-operator")).get("/metrics/charts/").content.decode()
+    assert op_page.count("Run the pipeline now") == 1 and 'hx-post="/metrics/charts/run/"' in op_page
+    assert "disabled" not in op_page.split('id="last-run"')[1].split("</section>")[0]
+    bad = client_for(User.objects.get(username="v")).get("/metrics/charts/?window=7")
+    assert bad.status_code == 400 and "window must be 60 or 3600" in bad.content.decode()
     overview = client_for(User.objects.get(username="v")).get("/").content.decode()
     assert 'href="/metrics/charts/"' in overview
 
@@ -107,32 +117,79 @@ def test_empty_charts_page(db):
     assert "No metric windows yet" in page and "has not run yet" in page
 
 
-def test_run_now_queues_a_celery_task_and_shows_progress(windows):
+def queued_tasks(broker) -> list[dict]:
+    return [json.loads(m) for m in broker.lrange("sluice", 0, -1)]
+
+
+def test_a_viewer_sees_the_page_but_may_not_run(windows):
     viewer = client_for(user("v", "sluice-viewer"))
-    assert viewer.post("/metrics/charts/run/").status_code == 403
+    assert viewer.get("/metrics/charts/").status_code == 200
+    runs = PipelineRun.objects.count()
+    r = viewer.post("/metrics/charts/run/")
+    assert r.status_code == 403 and "sluice-operator" in r.content.decode()
+    api = viewer.post("/api/metrics/run/", {}, content_type="application/json")
+    assert api.status_code == 403 and "operator" in api.json()["error"]
+    assert PipelineRun.objects.count() == runs  # nothing queued
+    denied = list(AuditEntry.objects.filter(action="run_pipeline").order_by("id").values_list("username", "outcome", "via"))
+    assert denied == [("v", "denied", "web"), ("v", "denied", "api")]
+
+
+def test_run_now_queues_a_celery_task_and_shows_progress(windows):
     broker = redis.Redis.from_url(settings.REDIS_URL)
     broker.delete("sluice")
     try:
         op = client_for(user("op", "sluice-operator"))
         r = op.post("/metrics/charts/run/")
-        assert r.status_code == 302 and r["Location"] == "/metrics/charts/"
+        assert r.status_code == 303 and r["Location"] == "/metrics/charts/"
         run = PipelineRun.objects.order_by("-id").first()
         assert (run.status, run.trigger) == ("queued", "dashboard:op")
-        queued = [json.loads(m) for m in broker.lrange("sluice", 0, -1)]
+        queued = queued_tasks(broker)
         assert [m["headers"]["task"] for m in queued] == ["sluice.run_pipeline"]
-        assert f'"run_id": {run.pk}' in __import__("base64").b64decode(queued[0]["body"]).decode()
+        assert f'"run_id": {run.pk}' in base64.b64decode(queued[0]["body"]).decode()
+        entry = AuditEntry.objects.get(action="run_pipeline")
+        assert (entry.username, entry.outcome, entry.via, entry.target_ids) == ("op", "ok", "web", [str(run.pk)])
         page = op.get("/metrics/charts/").content.decode()
-        assert 'http-equiv="refresh"' in page and "<progress" in page and "disabled" in page
+        assert 'http-equiv="refresh"' not in page
+        panel = page.split('id="last-run"')[1].split("</section>")[0]
+        assert 'hx-get="/metrics/charts/run-status/" hx-trigger="every 2s"' in panel and "disabled" in panel
         run.status, run.stage, run.progress = "running", "job", 30
         run.save()
-        assert 'value="30"' in op.get("/metrics/charts/").content.decode()
+        fragment = op.get("/metrics/charts/run-status/", HTTP_HX_REQUEST="true")
+        assert 'aria-valuenow="30"' in fragment.content.decode() and "HX-Refresh" not in fragment
+        run.status, run.progress = "succeeded", 100
+        run.save()
+        done = op.get("/metrics/charts/run-status/", HTTP_HX_REQUEST="true")
+        assert done["HX-Refresh"] == "true" and "hx-trigger" not in done.content.decode()  # polling stops
+    finally:
+        broker.delete("sluice")
+
+
+def test_run_through_the_api(windows):
+    broker = redis.Redis.from_url(settings.REDIS_URL)
+    broker.delete("sluice")
+    try:
+        token = Token.objects.create(user=user("op", "sluice-operator"))
+        r = Client().post("/api/metrics/run/", {"since": "2026-11-23T10:00:00Z"}, content_type="application/json",
+                          HTTP_AUTHORIZATION=f"Token {token.key}")
+        assert r.status_code == 202
+        run = PipelineRun.objects.get(pk=r.json()["run"])
+        assert (run.status, run.trigger) == ("queued", "api:op")
+        body = base64.b64decode(queued_tasks(broker)[0]["body"]).decode()
+        assert '"since": "2026-11-23T10:00:00+00:00"' in body
+        assert AuditEntry.objects.get(action="run_pipeline").via == "api"
+        assert Client().get("/api/metrics/", HTTP_AUTHORIZATION=f"Token {token.key}").json()["last_run"]["id"] == run.pk
+        bad = Client().post("/api/metrics/run/", {"since": "soon"}, content_type="application/json",
+                            HTTP_AUTHORIZATION=f"Token {token.key}")
+        assert bad.status_code == 400 and "ISO 8601" in bad.json()["error"]
+        assert len(queued_tasks(broker)) == 1
     finally:
         broker.delete("sluice")
 
 
 def test_run_now_with_the_broker_down(windows, settings):
     settings.REDIS_URL = "redis://127.0.0.1:1/6"  # nothing listens there
-    r = client_for(user("op", "sluice-operator")).post("/metrics/charts/run/", follow=True)
+    r = client_for(user("op", "sluice-operator")).post("/metrics/charts/run/")
     run = PipelineRun.objects.order_by("-id").first()
     assert run.status == "failed" and "could not queue" in run.error
-    assert "could not be started" in r.content.decode()
+    assert r.status_code == 503 and "could not be started" in r.content.decode()
+    assert AuditEntry.objects.get(action="run_pipeline").outcome == "error"

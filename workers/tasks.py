@@ -2,6 +2,7 @@
 never runs twice at once across workers, and works within a time budget."""
 from __future__ import annotations
 
+import datetime as dt
 import logging
 from contextlib import contextmanager
 from typing import Iterator
@@ -80,15 +81,16 @@ def run_bulk_operation(operation_id: int) -> dict:
 
 
 @shared_task(name="sluice.run_pipeline")
-def run_pipeline(run_id: int | None = None, trigger: str = "beat") -> dict:
+def run_pipeline(run_id: int | None = None, trigger: str = "beat", since: str | None = None) -> dict:
     """Export + Spark job + load (core.records.run): every SLUICE_PIPELINE_INTERVAL from beat,
     or now from the dashboard (``run_id``: the run row its progress shows in).  One at a
     time anywhere: the run takes the ``pipeline`` lease, and a run that finds it held is
-    skipped, not queued."""
+    skipped, not queued.  ``since`` (ISO 8601, from the dashboard's action) recomputes the
+    windows from that instant's hour."""
     from core.records.run import PipelineBusy, run_pipeline as run
 
     try:
-        return run(run_id=run_id, trigger=trigger).json()
+        return run(dt.datetime.fromisoformat(since) if since else None, run_id=run_id, trigger=trigger).json()
     except PipelineBusy:
         log.info("pipeline run skipped: another run holds the lease")
         return {"skipped": 1}

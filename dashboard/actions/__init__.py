@@ -4,13 +4,14 @@ Each action takes the acting user first, checks :func:`dashboard.permissions.can
 (``PermissionDenied`` otherwise), validates its input (:class:`ActionError`: a message for
 the user and an HTTP status), acts through ``core`` (or starts a ``BulkOperation`` that a
 Celery worker runs), writes one :class:`~dashboard.models.AuditEntry` with the outcome,
-and returns an :class:`ActionResult`.  ``via`` ("web", "api", "cli") is recorded too.
+and returns an :class:`ActionResult`.  ``via`` ("web", "api") is recorded too.
 
 Queues:   delete_messages, purge_queue, move_message
 Delayed:  deliver_delayed_now, delete_delayed
 Failed:   retry_failed, archive_failed, restore_failed, edit_and_retry, delete_failed
           (selections: see :func:`parse_selection`)
 Outbox:   dispatch_outbox
+Metrics:  run_pipeline (the analytics pipeline, as a Celery task)
 """
 from dashboard.actions.delayed import delete_delayed, deliver_delayed_now, dispatch_outbox
 from dashboard.actions.errors import ActionError
@@ -24,6 +25,7 @@ from dashboard.actions.failed import (
     restore_failed,
     retry_failed,
 )
+from dashboard.actions.pipeline import run_pipeline
 from dashboard.actions.queues import delete_messages, move_message, purge_queue
 from dashboard.actions.result import ActionResult
 
@@ -31,10 +33,12 @@ from dashboard.actions.result import ActionResult
 ACTIONS = (
     "delete_messages", "purge_queue", "move_message", "deliver_delayed_now", "delete_delayed",
     "retry_failed", "archive_failed", "restore_failed", "edit_and_retry", "delete_failed", "dispatch_outbox",
+    "run_pipeline",
 )
 
 __all__ = [
     "ACTIONS", "ActionError", "ActionResult", "FailedSelection", "PROTECTED_HEADERS", "archive_failed",
     "delete_delayed", "delete_failed", "delete_messages", "deliver_delayed_now", "dispatch_outbox",
     "edit_and_retry", "move_message", "parse_selection", "purge_queue", "restore_failed", "retry_failed",
+    "run_pipeline",
 ]

@@ -1,4 +1,4 @@
-"""Starting bulk operations on the workers.
+"""Starting work on the workers: bulk operations and pipeline runs.
 
 The dashboard must not import ``workers`` (import-linter), so it sends the task by name
 through a small Celery producer of its own, on the broker the workers use (REDIS_URL)
@@ -21,6 +21,8 @@ log = logging.getLogger("sluice.dashboard")
 #: The task (workers/tasks.py) and the queue the workers consume (workers/celery.py
 #: ``task_default_queue``; tests/test_dashboard_actions.py checks they agree).
 BULK_TASK = "sluice.run_bulk_operation"
+#: The analytics pipeline's task (workers/tasks.py ``run_pipeline``).
+PIPELINE_TASK = "sluice.run_pipeline"
 TASK_QUEUE = "sluice"
 #: Seconds to reach the broker before the operation is given up as failed.
 BROKER_TIMEOUT = 2.0
@@ -51,13 +53,22 @@ def producer(broker_url: str | None = None) -> Celery:
         return app
 
 
+def send(task: str, *, args: list | None = None, kwargs: dict | None = None) -> None:
+    """Hand one task, by name, to the workers' queue: the one way the dashboard sends a task.
+    BrokerUnavailable (with the reason) when the broker cannot take it."""
+    try:
+        producer().send_task(task, args=args, kwargs=kwargs, queue=TASK_QUEUE, retry=False)
+    except Exception as exc:  # noqa: BLE001 — kombu/redis raise many kinds; all mean "not queued"
+        raise BrokerUnavailable(f"the task broker (Redis) is unreachable ({exc})") from exc
+
+
 def enqueue(operation: BulkOperation) -> None:
     """Hand ``operation`` to the workers.  On failure it is marked failed (with the reason)
     and BrokerUnavailable is raised."""
     try:
-        producer().send_task(BULK_TASK, args=[operation.pk], queue=TASK_QUEUE, retry=False)
-    except Exception as exc:  # noqa: BLE001 — kombu/redis raise many kinds; all mean "not queued"
-        reason = f"could not queue the operation: the task broker (Redis) is unreachable ({exc})"
+        send(BULK_TASK, args=[operation.pk])
+    except BrokerUnavailable as exc:
+        reason = f"could not queue the operation: {exc}"
         BulkOperation.objects.filter(pk=operation.pk).update(
             status=BulkOperationStatus.FAILED, error=reason, finished_at=timezone.now())
         log.error("bulk operation %s not queued: %s", operation.pk, exc)

@@ -18,3 +18,5 @@ class ActionResult:
     operation_id: int | None = None
     #: The new message's id (edit-and-retry, move).
     message_id: str | None = None
+    #: The PipelineRun queued (run_pipeline).
+    run_id: int | None = None

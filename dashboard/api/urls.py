@@ -38,5 +38,7 @@ urlpatterns = [
     path("api/outbox/", v.OutboxList.as_view(), name="api-outbox"),
     path("api/outbox/<str:message_id>/dispatch/", v.OutboxDispatch.as_view(), name="api-outbox-dispatch"),
     path("api/audit/", v.AuditList.as_view(), name="api-audit"),
+    path("api/metrics/", v.MetricList.as_view(), name="api-metrics"),
+    path("api/metrics/run/", v.MetricRun.as_view(), name="api-metrics-run"),
     path("metrics", metrics.metrics, name="metrics"),
 ]

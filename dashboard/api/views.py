@@ -16,9 +16,10 @@ from core import failures
 from core.delayed import delayed_store
 from core.models import BulkOperation, FailedMessage, FailureStatus
 from core.outbox import OutboxStore
+from core.records.run import last_run
 from core.transport import Transport
 
-from dashboard import actions, stats
+from dashboard import actions, metric_windows, stats
 from dashboard.actions import ActionError
 from dashboard.actions import validate
 from dashboard.api import serializers as s
@@ -296,3 +297,25 @@ class AuditList(APIView):
             qs = qs.filter(at__lt=until)
         limit = int_param(request, "limit", 100)
         return Response({"entries": [s.audit_json(e) for e in qs[:limit]]})
+
+
+# -- metrics (the analytics pipeline) --------------------------------------------------------------
+
+class MetricList(APIView):
+    @doc(summary="The pipeline's metric windows (oldest first) and its last run",
+         parameters=[OpenApiParameter(n, str) for n in ("queue", "message_type", "window", "since")])
+    def get(self, request: Request) -> Response:
+        filters, _, since = metric_windows.window_query(request.query_params)
+        return Response({"windows": [metric_windows.window_json(w) for w in metric_windows.windows_for(filters, since)],
+                         "last_run": metric_windows.run_json(last_run())})
+
+
+class MetricRun(APIView):
+    @doc(summary="Run the analytics pipeline now (a Celery task); poll GET /api/metrics/ for last_run")
+    def post(self, request: Request) -> Response:
+        data = request.data if request.data else {}
+        if not isinstance(data, dict):
+            raise ActionError("the request body must be a JSON object (or empty)")
+        since = metric_windows.since_param(data.get("since"))
+        return _act(lambda: actions.run_pipeline(request.user, since, via="api"),
+                    lambda r: {"run": r.run_id}, status.HTTP_202_ACCEPTED)
