@@ -8,14 +8,13 @@ import datetime as dt
 import json
 
 import pytest
-import redis
-from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.test import Client
 from rest_framework.authtoken.models import Token
 
 from core.records.models import MetricWindow, PipelineRun
 from dashboard.models import AuditEntry
+from tests.dashboard_api_support import broker, clean_broker  # noqa: F401 — fixture
 
 T0 = dt.datetime(2026, 11, 23, 10, 0, tzinfo=dt.timezone.utc)
 FIELDS = ["queue", "message_type", "window_start", "window_seconds", "messages", "throughput_per_s",
@@ -117,8 +116,8 @@ def test_empty_charts_page(db):
     assert "No metric windows yet" in page and "has not run yet" in page
 
 
-def queued_tasks(broker) -> list[dict]:
-    return [json.loads(m) for m in broker.lrange("sluice", 0, -1)]
+def queued_tasks() -> list[dict]:
+    return [json.loads(m) for m in broker().lrange("sluice", 0, -1)]
 
 
 def test_a_viewer_sees_the_page_but_may_not_run(windows):
@@ -134,56 +133,46 @@ def test_a_viewer_sees_the_page_but_may_not_run(windows):
     assert denied == [("v", "denied", "web"), ("v", "denied", "api")]
 
 
-def test_run_now_queues_a_celery_task_and_shows_progress(windows):
-    broker = redis.Redis.from_url(settings.REDIS_URL)
-    broker.delete("sluice")
-    try:
-        op = client_for(user("op", "sluice-operator"))
-        r = op.post("/metrics/charts/run/")
-        assert r.status_code == 303 and r["Location"] == "/metrics/charts/"
-        run = PipelineRun.objects.order_by("-id").first()
-        assert (run.status, run.trigger) == ("queued", "dashboard:op")
-        queued = queued_tasks(broker)
-        assert [m["headers"]["task"] for m in queued] == ["sluice.run_pipeline"]
-        assert f'"run_id": {run.pk}' in base64.b64decode(queued[0]["body"]).decode()
-        entry = AuditEntry.objects.get(action="run_pipeline")
-        assert (entry.username, entry.outcome, entry.via, entry.target_ids) == ("op", "ok", "web", [str(run.pk)])
-        page = op.get("/metrics/charts/").content.decode()
-        assert 'http-equiv="refresh"' not in page
-        panel = page.split('id="last-run"')[1].split("</section>")[0]
-        assert 'hx-get="/metrics/charts/run-status/" hx-trigger="every 2s"' in panel and "disabled" in panel
-        run.status, run.stage, run.progress = "running", "job", 30
-        run.save()
-        fragment = op.get("/metrics/charts/run-status/", HTTP_HX_REQUEST="true")
-        assert 'aria-valuenow="30"' in fragment.content.decode() and "HX-Refresh" not in fragment
-        run.status, run.progress = "succeeded", 100
-        run.save()
-        done = op.get("/metrics/charts/run-status/", HTTP_HX_REQUEST="true")
-        assert done["HX-Refresh"] == "true" and "hx-trigger" not in done.content.decode()  # polling stops
-    finally:
-        broker.delete("sluice")
+def test_run_now_queues_a_celery_task_and_shows_progress(windows, clean_broker):
+    op = client_for(user("op", "sluice-operator"))
+    r = op.post("/metrics/charts/run/")
+    assert r.status_code == 303 and r["Location"] == "/metrics/charts/"
+    run = PipelineRun.objects.order_by("-id").first()
+    assert (run.status, run.trigger) == ("queued", "dashboard:op")
+    queued = queued_tasks()
+    assert [m["headers"]["task"] for m in queued] == ["sluice.run_pipeline"]
+    assert f'"run_id": {run.pk}' in base64.b64decode(queued[0]["body"]).decode()
+    entry = AuditEntry.objects.get(action="run_pipeline")
+    assert (entry.username, entry.outcome, entry.via, entry.target_ids) == ("op", "ok", "web", [str(run.pk)])
+    page = op.get("/metrics/charts/").content.decode()
+    assert 'http-equiv="refresh"' not in page
+    panel = page.split('id="last-run"')[1].split("</section>")[0]
+    assert 'hx-get="/metrics/charts/run-status/" hx-trigger="every 2s"' in panel and "disabled" in panel
+    run.status, run.stage, run.progress = "running", "job", 30
+    run.save()
+    fragment = op.get("/metrics/charts/run-status/", HTTP_HX_REQUEST="true")
+    assert 'aria-valuenow="30"' in fragment.content.decode() and "HX-Refresh" not in fragment
+    run.status, run.progress = "succeeded", 100
+    run.save()
+    done = op.get("/metrics/charts/run-status/", HTTP_HX_REQUEST="true")
+    assert done["HX-Refresh"] == "true" and "hx-trigger" not in done.content.decode()  # polling stops
 
 
-def test_run_through_the_api(windows):
-    broker = redis.Redis.from_url(settings.REDIS_URL)
-    broker.delete("sluice")
-    try:
-        token = Token.objects.create(user=user("op", "sluice-operator"))
-        r = Client().post("/api/metrics/run/", {"since": "2026-11-23T10:00:00Z"}, content_type="application/json",
-                          HTTP_AUTHORIZATION=f"Token {token.key}")
-        assert r.status_code == 202
-        run = PipelineRun.objects.get(pk=r.json()["run"])
-        assert (run.status, run.trigger) == ("queued", "api:op")
-        body = base64.b64decode(queued_tasks(broker)[0]["body"]).decode()
-        assert '"since": "2026-11-23T10:00:00+00:00"' in body
-        assert AuditEntry.objects.get(action="run_pipeline").via == "api"
-        assert Client().get("/api/metrics/", HTTP_AUTHORIZATION=f"Token {token.key}").json()["last_run"]["id"] == run.pk
-        bad = Client().post("/api/metrics/run/", {"since": "soon"}, content_type="application/json",
-                            HTTP_AUTHORIZATION=f"Token {token.key}")
-        assert bad.status_code == 400 and "ISO 8601" in bad.json()["error"]
-        assert len(queued_tasks(broker)) == 1
-    finally:
-        broker.delete("sluice")
+def test_run_through_the_api(windows, clean_broker):
+    token = Token.objects.create(user=user("op", "sluice-operator"))
+    r = Client().post("/api/metrics/run/", {"since": "2026-11-23T10:00:00Z"}, content_type="application/json",
+                      HTTP_AUTHORIZATION=f"Token {token.key}")
+    assert r.status_code == 202
+    run = PipelineRun.objects.get(pk=r.json()["run"])
+    assert (run.status, run.trigger) == ("queued", "api:op")
+    body = base64.b64decode(queued_tasks()[0]["body"]).decode()
+    assert '"since": "2026-11-23T10:00:00+00:00"' in body
+    assert AuditEntry.objects.get(action="run_pipeline").via == "api"
+    assert Client().get("/api/metrics/", HTTP_AUTHORIZATION=f"Token {token.key}").json()["last_run"]["id"] == run.pk
+    bad = Client().post("/api/metrics/run/", {"since": "soon"}, content_type="application/json",
+                        HTTP_AUTHORIZATION=f"Token {token.key}")
+    assert bad.status_code == 400 and "ISO 8601" in bad.json()["error"]
+    assert len(queued_tasks()) == 1
 
 
 def test_run_now_with_the_broker_down(windows, settings):
