@@ -311,7 +311,8 @@ class MetricList(APIView):
 
 
 class MetricRun(APIView):
-    @doc(summary="Run the analytics pipeline now (a Celery task); poll GET /api/metrics/ for last_run")
+    @doc(summary="Run the analytics pipeline now (a Celery task); poll GET /api/metrics/ for last_run",
+         request=OpenApiTypes.OBJECT)
     def post(self, request: Request) -> Response:
         data = request.data if request.data else {}
         if not isinstance(data, dict):
