@@ -17,6 +17,10 @@ OUTBOX_CONCURRENCY_CONTROLS = ("optimistic", "pessimistic")
 #: SQL Server escalates a statement's row locks to a table lock at about 5,000 locks: a
 #: clean-up batch stays below that so it never blocks the pumps.
 MAX_OUTBOX_CLEANUP_BATCH = 4000
+#: The shortest SLUICE_PEEK_DELAY: an idle pump is woken by sends (core.wakeups), so the
+#: peek delay only bounds how late it sees senders that cannot wake it (SQLite and SQL
+#: Server across processes); below 10 ms the polling itself becomes the load.
+MIN_PEEK_DELAY = 0.01
 
 
 @dataclass(frozen=True)
@@ -122,8 +126,8 @@ class SluiceSettings:
                 f"SLUICE_TRANSACTION_MODE must be one of {', '.join(TRANSACTION_MODES)}, "
                 f"not {self.TRANSACTION_MODE!r}"
             )
-        if self.PEEK_DELAY < 0.1:
-            raise ValueError("SLUICE_PEEK_DELAY below 0.1 s would hammer the database; refused")
+        if self.PEEK_DELAY < MIN_PEEK_DELAY:
+            raise ValueError(f"SLUICE_PEEK_DELAY below {MIN_PEEK_DELAY * 1000:.0f} ms would hammer the database; refused")
         for name in ("CONCURRENCY", "MAX_RECORDS_TO_PEEK", "RECEIVE_BATCH_SIZE", "PURGE_BATCH_SIZE", "MAX_BODY_BYTES"):
             if getattr(self, name) < 1:
                 raise ValueError(f"SLUICE_{name} must be at least 1")

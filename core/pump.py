@@ -3,7 +3,10 @@
 One step of :class:`MessagePump`:
 
 1. *Peek*: estimate the queue length from max − min RowVersion (never a row count),
-   capped by ``max_records_to_peek``.  Empty → wait ``peek_delay``.
+   capped by ``max_records_to_peek``.  Empty → wait ``peek_delay``, or until a send
+   wakes the pump (core.wakeups: a commit in this process at once; another process's
+   through LISTEN/NOTIFY on PostgreSQL; the delayed mover's forwards too, as they go
+   through the same insert path).
 2. *Receive*: up to ``concurrency`` threads each take batches of
    ``receive_batch_size`` rows in one transaction until the peeked budget is spent or
    a receive comes back short (someone else got there first) — then back to peek.
@@ -24,11 +27,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Callable
 
 from django.db import DatabaseError, connections, transaction
 
 from core.breakers import RepeatedFailuresOverTimeCircuitBreaker
-from core.conf import get_settings
+from core.conf import MIN_PEEK_DELAY, get_settings
 from core.db import writer_turn
 from core.errors import ConfigurationError, NoHandler
 from core.expiry import on_expired_receive
@@ -41,6 +45,7 @@ from core.queues import dialect, missing_indexes
 from core.recoverability import FailureOutcome, Recoverability
 from core.transaction_modes import BatchScope, OutboxMode, mode_for
 from core.transport import Transport
+from core.wakeups import PostgresListener, acquire_listener, queue_key, release_listener, wake_hub
 
 log = logging.getLogger("sluice.pump")
 
@@ -107,8 +112,9 @@ class MessagePump:
         self.mode = transaction_mode or s.TRANSACTION_MODE
         self.handlers = handlers or default_handlers
         self.business_alias = using or s.DATABASE
-        if self.peek_delay < 0.1:
-            raise ConfigurationError("peek delay below 100 ms would put needless load on the database; refused")
+        if self.peek_delay < MIN_PEEK_DELAY:
+            raise ConfigurationError(f"peek delay below {MIN_PEEK_DELAY * 1000:.0f} ms would put needless load "
+                                     "on the database; refused")
         if self.peek_delay > PEEK_DELAY_WARNING:
             log.warning("peek delay of %.1f s on %s: messages may back up", self.peek_delay, queue)
         if self.concurrency < 1 or self.max_records_to_peek < 1 or self.batch_size < 1:
@@ -132,8 +138,30 @@ class MessagePump:
         self.stats = PumpStats()
         self._stats_lock = threading.Lock()
         self._stopping = threading.Event()
+        self._closed = False
         self._executor = ThreadPoolExecutor(self.concurrency, thread_name_prefix=f"sluice-{queue}")
         missing_indexes(queue, self.receive_alias)
+        self._wake: Callable[[], None] = lambda: None
+        self._hub_handle = wake_hub.register(queue_key(queue), self._on_wake)
+        receive_dialect = dialect(self.receive_alias)
+        self._poll_while_lost = receive_dialect.wake_poll_interval
+        self._listener: PostgresListener | None = \
+            acquire_listener(self.receive_alias) if receive_dialect.supports_notify else None
+
+    # -- waking ---------------------------------------------------------------------
+    def bind_wake(self, wake: Callable[[], None]) -> None:
+        """The runner's way to cut this loop's wait short."""
+        self._wake = wake
+
+    def _on_wake(self, _due_epoch: float = 0.0) -> None:
+        self._wake()
+
+    def _idle_wait(self) -> float:
+        """How long an empty queue waits: the peek delay, but no longer than the dialect's
+        poll while the LISTEN connection is lost (a NOTIFY sent then is never heard)."""
+        if self._listener is not None and self._listener.lost.is_set():
+            return min(self.peek_delay, self._poll_while_lost)
+        return self.peek_delay
 
     # -- the loop -------------------------------------------------------------
     def step(self) -> float:
@@ -144,7 +172,7 @@ class MessagePump:
             return self.receive_breaker.failure(exc)
         self.receive_breaker.success()
         if estimate == 0:
-            return self.peek_delay
+            return self._idle_wait()
         budget = _Budget(estimate)
         workers = min(self.concurrency, math.ceil(estimate / self.batch_size))
         futures = [self._executor.submit(self._receive_until_short, budget) for _ in range(workers)]
@@ -157,14 +185,21 @@ class MessagePump:
         if failure is not None:
             return self.processing_breaker.failure(failure)
         self.processing_breaker.success()
-        return 0.0 if received else self.peek_delay
+        return 0.0 if received else self._idle_wait()
 
     def stop(self) -> None:
         """Finish the current batches, take no new ones."""
         self._stopping.set()
 
     def close(self) -> None:
+        if self._closed:
+            return  # (a runner closes its loops; their owner may too)
+        self._closed = True
         self._stopping.set()
+        wake_hub.unregister(self._hub_handle)
+        if self._listener is not None:
+            release_listener(self.receive_alias, self._listener)
+            self._listener = None
         # One close per pool thread: the barrier keeps each task on its own thread.
         barrier = threading.Barrier(self.concurrency)
 

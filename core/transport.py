@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Sequence
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, connections, transaction
 
 from core.conf import get_settings
 from core.dialects import Dialect, dialect_for
@@ -25,6 +25,7 @@ from core.messages import (Headers, Message, decode_headers, encode_headers, par
                            wire_time)
 from core.queues import QueueInfo, registry, validate_name, validate_ttl
 from core.scheduling import DelayedMessage, DelayedMessageStore, delayed_store, resolve_due
+from core.wakeups import notify_queue, queue_key, wake_hub
 
 log = logging.getLogger("sluice.transport")
 
@@ -229,8 +230,25 @@ class Transport:
                     cursor.execute(sql, rows[0])
                 else:
                     cursor.executemany(sql, rows)
-        for queue, _ in groups:
+        names = sorted({queue for queue, _ in groups})
+        for queue in names:
             registry.record_activity(queue, self.using)
+        self._announce_on_commit(names, d)
+
+    def _announce_on_commit(self, queues: Sequence[str], d: Dialect) -> None:
+        """Once the rows are committed, wake the queues' pumps: this process's at once,
+        other processes' through the debounced NOTIFY where the database has one
+        (core.wakeups).  A rolled-back insert wakes no one."""
+        notify_sql = d.notify() if d.supports_notify else None
+        using = self.using
+
+        def announce() -> None:
+            for queue in queues:
+                wake_hub.wake(queue_key(queue))
+                if notify_sql is not None:
+                    notify_queue(using, queue, notify_sql)
+
+        transaction.on_commit(announce, using=using)
 
     @contextmanager
     def _queue_dropped_is_unknown(self, groups: Mapping[tuple[str, bool], Any]) -> Iterator[None]:

@@ -91,8 +91,11 @@ def _independent_alias(django_db_setup):
     """The receive_only pump's second connection, registered once the test database
     exists (Django's test case only allows aliases it knows when a test starts)."""
     from core.db import independent_alias
+    from core.wakeups import shutdown
 
     independent_alias("default")
+    yield
+    shutdown()  # the wake-up listener's and notifier's connections, before the database is dropped
 
 
 @pytest.fixture(autouse=True)
