@@ -27,7 +27,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from django.db import DatabaseError, connections, transaction
 
@@ -69,6 +69,21 @@ class PumpStats:
 
     def count(self, outcome: MessageOutcome) -> None:
         setattr(self, outcome.value, getattr(self, outcome.value) + 1)
+
+
+#: Messages per savepoint in a receive batch (sends_atomic_with_receive): a batch of
+#: SLUICE_RECEIVE_BATCH_SIZE rows takes batch/CHUNK_SIZE savepoints plus one per handler
+#: failure — far below the 64 subtransactions PostgreSQL caches per transaction.
+CHUNK_SIZE = 32
+
+
+class _HandlerFailed(Exception):
+    """A handler raised ``cause`` (the pump records it as the message's failure)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.index = -1
 
 
 class _Budget:
@@ -232,13 +247,19 @@ class MessagePump:
         return received
 
     def receive_and_process(self, limit: int = 1) -> int:
-        """Receive up to ``limit`` messages in one transaction and process each."""
+        """Receive up to ``limit`` messages in one transaction and process each: chunk by
+        chunk (one savepoint per chunk) where the transaction mode allows it, else one
+        message at a time."""
         stats = PumpStats()
         with writer_turn(self.receive_alias), transaction.atomic(using=self.receive_alias):
             messages = self.receiver.receive_batch(self.queue, limit)
             batch = self.strategy.batch(messages)
-            for message in messages:
-                outcome = self._process(message, batch)
+            if getattr(batch, "chunked", False):
+                outcomes = [outcome for start in range(0, len(messages), CHUNK_SIZE)
+                            for outcome in self._process_chunk(messages[start:start + CHUNK_SIZE], batch)]
+            else:
+                outcomes = [self._process(message, batch) for message in messages]
+            for outcome in outcomes:
                 stats.count(outcome)  # the one place each message's outcome is recorded
         stats.received = len(messages)
         with self._stats_lock:
@@ -246,8 +267,47 @@ class MessagePump:
         batch.after_commit()
         return len(messages)
 
+    def _process_chunk(self, chunk: list[Message], batch: Any) -> list[MessageOutcome]:
+        """Run a chunk in ONE savepoint.  When a handler raises, the savepoint rolls back,
+        that message's failure is recorded (in the receive's transaction, outside the
+        savepoint) and the chunk runs again without it — its earlier messages included:
+        their handlers run twice, their database work counts once.  Outcomes in order."""
+        outcomes: dict[int, MessageOutcome] = {}
+        pending = list(chunk)
+        while pending:
+            try:
+                with transaction.atomic(using=self.receive_alias):  # the chunk's savepoint
+                    done = []
+                    for index, message in enumerate(pending):
+                        try:
+                            done.append(self._run(message, batch))
+                        except _HandlerFailed as failed:
+                            failed.index = index
+                            raise
+                    batch.flush()  # the chunk's sends, before its savepoint is released
+            except _HandlerFailed as failed:
+                batch.discard()
+                culprit = pending.pop(failed.index)
+                outcomes[id(culprit)] = self._failed(culprit, failed.cause)
+                continue
+            outcomes.update((id(m), outcome) for m, outcome in zip(pending, done))
+            break
+        return [outcomes[id(m)] for m in chunk]
+
     def _process(self, message: Message, batch: BatchScope) -> MessageOutcome:
         """What one received message comes to, inside the receive's transaction."""
+        try:
+            return self._run(message, batch)
+        except _HandlerFailed as failed:
+            return self._failed(message, failed.cause)
+
+    def _failed(self, message: Message, exc: BaseException) -> MessageOutcome:
+        failure = self.recoverability.on_failure(message, exc)
+        return MessageOutcome.ERRORED if failure is FailureOutcome.ERROR else MessageOutcome.RETRIED
+
+    def _run(self, message: Message, batch: BatchScope) -> MessageOutcome:
+        """:meth:`_process` up to the handler; a handler's exception comes out as
+        :class:`_HandlerFailed` (its failure is recorded by the caller)."""
         if message.poison:
             self.recoverability.move_poison(message)
             return MessageOutcome.POISON
@@ -263,8 +323,7 @@ class MessagePump:
         try:
             outcome = batch.handle(message, fn)
         except Exception as exc:  # the handler's failure is data, not a crash
-            failure = self.recoverability.on_failure(message, exc)
-            return MessageOutcome.ERRORED if failure is FailureOutcome.ERROR else MessageOutcome.RETRIED
+            raise _HandlerFailed(exc) from exc
         if outcome is MessageOutcome.DUPLICATE:
             log.debug("message %s on %s is a duplicate: handler skipped", message.id, self.queue)
             return outcome
