@@ -22,7 +22,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 MANAGE_PY = REPO_ROOT / "manage.py"
 DEFAULT_POSTGRES_URL = "postgresql://sluice:sluice@127.0.0.1:5432/sluice"
 POSTGRES_URL_ENV = "SLUICE_BENCH_POSTGRES_URL"
-BENCH_DATABASE = "sluice_bench"
+#: The transport benchmark's PostgreSQL database (SLUICE_BENCH_DATABASE: another name, so that
+#: two checkouts on one server do not drop each other's).
+BENCH_DATABASE = os.environ.get("SLUICE_BENCH_DATABASE", "sluice_bench")
 DATABASES = ("sqlite", "postgresql")
 
 

@@ -1,58 +1,71 @@
-"""Transport throughput: send, drain with one worker, and both at once (end to end).
+"""Transport throughput and latency of one queue with one worker process.
 
-    python -m benchmarks transport --db sqlite|postgresql [--messages N] [--concurrency C] [--batch-size B]
+    python -m benchmarks transport --db sqlite|postgresql [--messages N] [--handler noop|orm]
+        [--concurrency C] [--batch-size B] [--peek-delay S]
 
-1. *send*: N ``Ping`` messages to ``demo``, one autocommitted INSERT each → ``send_per_s``.
-2. *drain*: one ``sluice worker --queue demo --until-empty --concurrency C`` process
-   takes them all, timed from its start until it exits.  Its own start-up, until-empty
-   check and shut-down are measured by runs on the empty queue first (one untimed
-   warm-up, then the median of three) and subtracted:
-   ``receive_per_s = N / (drain − empty run)``.  ``receive_after_ready_per_s`` does the
-   same from the worker's "worker serving" line on, leaving out the noisy Python/Django
-   start-up.  Afterwards ``sluice_demo_ping`` must hold exactly N rows with N distinct
-   message ids, and the ``demo`` and ``error`` queues must be empty.
-3. *end to end*: a worker (no --until-empty) is started and waited for; then N more
-   Pings are sent and ``sluice_demo_ping`` is polled until it holds 2N rows:
-   ``e2e_per_s = N / (time of 2N rows − time of the first send)``.  An idle worker
-   peeks every ``SLUICE_PEEK_DELAY`` seconds (1 s by default), so for small N this
-   number is dominated by that delay, not by throughput.
+Every handled message is recorded by the worker itself (benchmarks/handlers.py: its
+handler start and its commit, wall clock), so nothing polls the database while a
+phase is timed; counts and duplicates are checked from the records and the business
+table afterwards.  Queue ``bench``; the producer is a process of its own
+(benchmarks/producer.py).
 
-``--batch-size`` sets ``SLUICE_RECEIVE_BATCH_SIZE`` and ``--peek-delay``
-``SLUICE_PEEK_DELAY`` for the worker (default: leave the setting alone).
+1. *send*: ``min(N, 1000)`` single sends, one autocommitted INSERT each → ``send_per_s``.
+2. *send_many*: N messages in batches of 1,000 (``Transport.send_many`` in one
+   transaction per batch) → ``send_many_per_s``.  This pre-fills the queue.
+3. *drain*: one ``sluice worker --until-empty`` process takes everything; from its
+   records, messages ÷ (first handler start → last commit) → ``drain_per_s``
+   (``receive_per_s`` and ``receive_after_ready_per_s``, the older keys, now carry the
+   same figure).
+4. *end to end*: a worker serving and idle (one probe message handled); the producer
+   sends N in batches of 100 as fast as it can → ``e2e_per_s`` = N ÷ (first send → last
+   commit), ``latency_ms_p50/p99`` = commit in the worker − the send call.
+5. *idle pick-up*: the same worker idle; the producer sends 200 single messages 20 ms
+   apart → ``idle_pickup_ms_p50/p99`` = handler start − the send's commit.
+
+``--handler orm`` writes one business row per message through the ORM
+(``sluice_demo_ping``); every row must be there exactly once at the end.
 """
 from __future__ import annotations
 
 import argparse
-import re
-import statistics
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from benchmarks.common import (
-    BenchmarkError, Progress, Worker, add_database_argument, bench_database, database_version, emit_result,
-    log, positive_int, rate, run_main, setup_django, worker_env,
+    REPO_ROOT, BenchmarkError, Progress, Worker, add_database_argument, bench_database, database_version,
+    emit_result, log, positive_int, rate, run_main, setup_django, worker_env,
 )
+from benchmarks.records import NOOP, ORM, QUEUE, read_records
 
-HELP = "send, drain with one worker and end-to-end throughput of one queue"
-QUEUE = "demo"
-MESSAGE_TYPE = "Ping"
-POLL_INTERVAL = 0.01
-#: Empty runs timed (after one untimed warm-up run); their median is subtracted.
-EMPTY_RUNS = 3
-STATS_RE = re.compile(r"(received|handled|retried|to error|expired|poison) (\d+)")
+HELP = "send, send_many, drain, end-to-end, latency and idle pick-up of one queue with one worker"
+HANDLERS = {"noop": NOOP, "orm": ORM}
+SINGLE_SENDS = 1000
+SEND_MANY_BATCH = 1000
+E2E_BATCH = 100
+IDLE_SENDS = 200
+IDLE_GAP = 0.02
+#: How often the benchmark looks at the record file (a stat, not a query) while waiting.
+FILE_POLL = 0.005
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_database_argument(parser)
-    parser.add_argument("--messages", type=positive_int, default=2000, metavar="N",
-                        help="messages per phase (default 2000)")
-    parser.add_argument("--concurrency", type=positive_int, default=4, metavar="C",
-                        help="the worker's --concurrency (default 4)")
+    parser.add_argument("--messages", type=positive_int, default=20000, metavar="N",
+                        help="messages per phase (default 20000)")
+    parser.add_argument("--handler", choices=tuple(HANDLERS), default="noop",
+                        help="noop: record only; orm: one business row per message through the ORM")
+    parser.add_argument("--concurrency", type=positive_int, default=None, metavar="C",
+                        help="the worker's --concurrency (default: SLUICE_CONCURRENCY)")
     parser.add_argument("--batch-size", type=positive_int, default=None, metavar="B",
                         help="SLUICE_RECEIVE_BATCH_SIZE for the worker (default: leave the setting alone)")
     parser.add_argument("--peek-delay", type=float, default=None, metavar="S",
-                        help="SLUICE_PEEK_DELAY for the worker (default: leave the setting alone); "
-                             "an idle worker looks at the queue every S seconds, which bounds e2e latency")
+                        help="SLUICE_PEEK_DELAY for the worker (default: leave the setting alone)")
     parser.add_argument("--timeout", type=float, default=None, metavar="S",
                         help="give up on a phase after S seconds (default: 60 + N/20)")
 
@@ -66,150 +79,161 @@ def main(argv: list[str] | None = None) -> int:
     return run_main(body, argv)
 
 
-# -- helpers on the bench database (this process) ---------------------------------------------
-def ping_counts() -> tuple[int, int]:
-    """(rows, distinct message ids) of the demo handler's business table."""
+def percentile(values: list[float], p: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+def wait_for_records(path: str, count: int, worker: Worker, timeout: float, label: str) -> list[tuple]:
+    """Wait until the record file holds ``count`` lines (each line is fixed-format and
+    written whole), reading only the file; the records."""
+    progress = Progress(label, count)
+    deadline = time.perf_counter() + timeout
+    lines = 0
+    while True:
+        try:
+            with open(path, "rb") as f:
+                lines = f.read().count(b"\n")
+        except FileNotFoundError:
+            lines = 0
+        progress.update(lines)
+        if lines >= count:
+            break
+        if not worker.alive():
+            raise BenchmarkError(f"{label}: worker died with {lines}/{count} handled:\n{worker.tail()}")
+        if time.perf_counter() > deadline:
+            raise BenchmarkError(f"{label}: only {lines}/{count} handled after {timeout:g} s:\n{worker.tail()}")
+        time.sleep(FILE_POLL)
+    progress.done()
+    return read_records(path)
+
+
+def check_once(records: list[tuple], expected: range, phase: str) -> None:
+    seen = [r[0] for r in records]
+    missing = set(expected) - set(seen)
+    if len(seen) != len(set(seen)) or missing or len(seen) != len(expected):
+        raise BenchmarkError(f"{phase}: {len(seen)} records, {len(set(seen))} distinct, {len(missing)} missing; "
+                             f"expected {len(expected)} exactly once")
+
+
+def produce(env: dict[str, str], mode: str, message_type: str, start: int, count: int, timeout: float,
+            **options: Any) -> dict[str, Any]:
+    """Run the producer process; its JSON line."""
+    argv = [sys.executable, "-m", "benchmarks.producer", mode, "--type", message_type, "--queue", QUEUE,
+            "--start", str(start), "--messages", str(count)]
+    for key, value in options.items():
+        argv += [f"--{key}", str(value)]
+    result = subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise BenchmarkError(f"producer ({mode}) failed with {result.returncode}:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def send_phases(n: int, message_type: str) -> tuple[float, float, int]:
+    """Single sends, then send_many batches (in this process); (send/s, send_many/s, total)."""
+    from django.db import transaction
+
+    from core.transport import Transport
+
+    transport = Transport()
+    singles = min(n, SINGLE_SENDS)
+    started = time.perf_counter()
+    for i in range(singles):
+        transport.send(QUEUE, {"i": i}, message_type=message_type)
+    send_s = time.perf_counter() - started
+    log(f"send: {singles} single sends, {rate(singles, send_s) or 0:.0f} msg/s")
+    progress = Progress("send_many", n)
+    started = time.perf_counter()
+    for first in range(singles, singles + n, SEND_MANY_BATCH):
+        bodies = [{"i": i} for i in range(first, min(first + SEND_MANY_BATCH, singles + n))]
+        with transaction.atomic():
+            transport.send_many(QUEUE, bodies, message_type=message_type)
+        progress.update(first + len(bodies) - singles)
+    many_s = time.perf_counter() - started
+    progress.done(f"{rate(n, many_s) or 0:.0f} msg/s")
+    return rate(singles, send_s), rate(n, many_s), singles + n
+
+
+def check_business_rows(expected: int) -> None:
     from django.db.models import Count
 
     from core.demo.models import PingRecord
 
     totals = PingRecord.objects.aggregate(rows=Count("id"), distinct=Count("message_id", distinct=True))
-    return totals["rows"], totals["distinct"]
+    if totals["rows"] != expected or totals["distinct"] != expected:
+        raise BenchmarkError(f"business table: {totals['rows']} rows, {totals['distinct']} distinct message ids; "
+                             f"expected {expected} of each")
 
 
-def ping_rows() -> int:
-    from core.demo.models import PingRecord
-
-    return PingRecord.objects.count()
-
-
-def queue_total(name: str) -> int:
-    from core.transport import Transport
-
-    return Transport().counts(name).total
-
-
-def check_pings(expected: int, phase: str) -> int:
-    """Exactly ``expected`` rows with as many distinct message ids, or BenchmarkError.
-    Returns the number of duplicates (always 0 when it returns)."""
-    rows, distinct = ping_counts()
-    duplicates = rows - distinct
-    if rows != expected or distinct != expected:
-        raise BenchmarkError(
-            f"{phase}: sluice_demo_ping has {rows} rows and {distinct} distinct message ids; "
-            f"expected {expected} of each ({duplicates} duplicate(s), {expected - distinct} lost)")
-    return duplicates
-
-
-def check_queues(phase: str) -> None:
-    left, errors = queue_total(QUEUE), queue_total("error")
-    if left or errors:
-        raise BenchmarkError(f"{phase}: {left} message(s) left on {QUEUE!r}, {errors} on 'error'")
-
-
-def send_pings(count: int, start: int, label: str) -> tuple[float, float]:
-    """Send ``count`` Pings one INSERT each; returns (time of first send, seconds taken)."""
-    from core.transport import Transport
-
-    transport = Transport()
-    progress = Progress(label, count)
-    first = time.perf_counter()
-    for i in range(count):
-        transport.send(QUEUE, {"n": start + i}, message_type=MESSAGE_TYPE)
-        progress.update(i + 1)
-    elapsed = time.perf_counter() - first
-    progress.done(f"{rate(count, elapsed) or 0:.0f} msg/s")
-    return first, elapsed
-
-
-def parse_stats(line: str | None) -> dict[str, int] | None:
-    if not line:
-        return None
-    return {key.replace(" ", "_"): int(value) for key, value in STATS_RE.findall(line)}
-
-
-# -- the benchmark --------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    n, c = args.messages, args.concurrency
+    n = args.messages
     timeout = args.timeout or 60 + n / 20
+    message_type = HANDLERS[args.handler]
+    os.environ["SLUICE_HANDLER_MODULES"] = "benchmarks.handlers"
+    workdir = Path(tempfile.mkdtemp(prefix="sluice-bench-records-"))
     with bench_database(args.db) as url:
         setup_django(url)
+        from core.conf import get_settings
+
+        settings = get_settings()
         version = database_version()
-        extra_env = {}
+        extra_env = {"SLUICE_HANDLER_MODULES": "benchmarks.handlers", "SLUICE_LOG_LEVEL": "WARNING"}
         if args.batch_size:
             extra_env["SLUICE_RECEIVE_BATCH_SIZE"] = str(args.batch_size)
         if args.peek_delay is not None:
             extra_env["SLUICE_PEEK_DELAY"] = repr(args.peek_delay)
-        env = worker_env(url, extra_env)
-        worker_args = ["--queue", QUEUE, "--concurrency", str(c)]
+        concurrency = args.concurrency or settings.CONCURRENCY
+        worker_args = ["--queue", QUEUE, "--concurrency", str(concurrency)]
         trouble: list[str] = []
 
-        # 0. the worker's own start-up and shut-down, on the empty queue: one warm-up run
-        #    (cold imports, .pyc files), then the median of EMPTY_RUNS.
-        empty_runs: list[float] = []
-        empty_after_ready: list[float] = []
-        for i in range(EMPTY_RUNS + 1):
-            with Worker([*worker_args, "--until-empty"], env, "empty-run worker") as worker:
-                total = worker.wait(timeout)
-                trouble += worker.trouble()
-            label = "warm-up" if i == 0 else f"{i}/{EMPTY_RUNS}"
-            log(f"empty run {label}: {total:.2f} s (start-up + until-empty check + shut-down)")
-            if i:
-                empty_runs.append(total)
-                empty_after_ready.append(worker.serving_seconds())
-        empty_s = statistics.median(empty_runs)
-        empty_after_ready_s = None if None in empty_after_ready else statistics.median(empty_after_ready)
+        # 1–2. sends into the idle queue (no worker yet)
+        send_per_s, send_many_per_s, filled = send_phases(n, message_type)
 
-        # 1. send
-        _, send_s = send_pings(n, 0, "send")
-
-        # 2. drain with one worker
-        log(f"drain: worker --until-empty --concurrency {c}"
-            + (f" (SLUICE_RECEIVE_BATCH_SIZE={args.batch_size})" if args.batch_size else ""))
-        with Worker([*worker_args, "--until-empty"], env, "drain worker") as worker:
-            drain_s = worker.wait(timeout)
+        # 3. drain
+        drain_file = str(workdir / "drain")
+        log(f"drain: worker --until-empty --concurrency {concurrency}")
+        with Worker([*worker_args, "--until-empty"], worker_env(url, {**extra_env, "BENCH_RECORD_FILE": drain_file}),
+                    "drain worker") as worker:
+            worker.wait(timeout)
             trouble += worker.trouble()
-            drain_stats = parse_stats(worker.stats_line())
-            drain_after_ready_s = worker.serving_seconds()
-        receive_s = drain_s - empty_s
-        # The same, ignoring the (noisy) Python/Django start-up before "worker serving".
-        receive_after_ready_s = (None if drain_after_ready_s is None or empty_after_ready_s is None
-                                 else drain_after_ready_s - empty_after_ready_s)
-        log(f"drain: {drain_s:.2f} s; minus empty run = {receive_s:.2f} s; worker says: {drain_stats}")
-        if receive_s <= 0:
-            log("warning: the drain took no longer than the empty run; use more --messages")
-        duplicates = check_pings(n, "drain")
-        check_queues("drain")
+        drained = read_records(drain_file)
+        check_once(drained, range(filled), "drain")
+        drain_s = (max(r[2] for r in drained) - min(r[1] for r in drained)) / 1e9
+        drain_per_s = rate(filled, drain_s)
+        log(f"drain: {filled} in {drain_s:.2f} s = {drain_per_s or 0:.0f} msg/s (worker's own timestamps)")
 
-        # 3. end to end: a serving worker, then send
-        log("end to end: starting the worker")
+        # 4–5. end to end and idle pick-up with one serving worker
+        e2e_file = str(workdir / "e2e")
+        env = worker_env(url, {**extra_env, "BENCH_RECORD_FILE": e2e_file})
         with Worker(worker_args, env, "e2e worker") as worker:
-            ready_s = worker.wait_ready(timeout)
-            log(f"end to end: worker serving after {ready_s:.2f} s; sending")
-            first_send, e2e_send_s = send_pings(n, n, "e2e send")
-            progress = Progress("e2e handled", n)
-            deadline = time.perf_counter() + timeout
-            while True:
-                rows = ping_rows()
-                progress.update(rows - n)
-                if rows >= 2 * n:
-                    reached = time.perf_counter()
-                    break
-                if not worker.alive():
-                    raise BenchmarkError(f"e2e worker died with {rows - n}/{n} handled:\n{worker.tail()}")
-                if time.perf_counter() > deadline:
-                    raise BenchmarkError(f"end to end: only {rows - n}/{n} handled after {timeout:g} s:\n"
-                                         f"{worker.tail()}")
-                time.sleep(POLL_INTERVAL)
-            e2e_s = reached - first_send
-            progress.done(f"{rate(n, e2e_s) or 0:.0f} msg/s end to end")
-            stop_s = worker.terminate()
-            trouble += worker.trouble()
-            e2e_stats = parse_stats(worker.stats_line())
-        log(f"end to end: worker stopped {stop_s:.2f} s after SIGTERM; worker says: {e2e_stats}")
-        duplicates += check_pings(2 * n, "end to end")
-        check_queues("end to end")
+            worker.wait_ready(timeout)
+            probe = 10 ** 9  # one message handled: the worker is warm, then idle
+            produce(env, "spaced", message_type, probe, 1, timeout, gap=0)
+            wait_for_records(e2e_file, 1, worker, timeout, "probe")
+            time.sleep(0.5)
+            base = filled
+            sent = produce(env, "batches", message_type, base, n, timeout, batch=E2E_BATCH)
+            records = [r for r in wait_for_records(e2e_file, n + 1, worker, timeout, "e2e handled") if r[0] != probe]
+            check_once(records, range(base, base + n), "end to end")
+            e2e_s = (max(r[2] for r in records) - sent["first_send_ns"]) / 1e9
+            latencies = [(r[2] - r[3]) / 1e6 for r in records]
+            log(f"end to end: {n} in {e2e_s:.2f} s = {rate(n, e2e_s) or 0:.0f} msg/s")
 
+            time.sleep(0.5)
+            idle_base = base + n
+            spaced = produce(env, "spaced", message_type, idle_base, IDLE_SENDS, timeout, gap=IDLE_GAP)
+            all_records = wait_for_records(e2e_file, n + 1 + IDLE_SENDS, worker, timeout, "idle pick-up")
+            idle = {r[0]: r for r in all_records if idle_base <= r[0] < idle_base + IDLE_SENDS}
+            check_once(list(idle.values()), range(idle_base, idle_base + IDLE_SENDS), "idle pick-up")
+            pickups = [(idle[idle_base + k][1] - commit) / 1e6 for k, commit in enumerate(spaced["commits_ns"])]
+            worker.terminate()
+            trouble += worker.trouble()
+
+        total = filled + n + 1 + IDLE_SENDS
+        if message_type == ORM:
+            check_business_rows(total)
         if trouble:
             log(f"{len(trouble)} worker stderr line(s) looked like trouble (shown above)")
         return {
@@ -217,22 +241,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "db": args.db,
             "db_version": version,
             "messages": n,
-            "concurrency": c,
-            "batch_size": args.batch_size,
-            "peek_delay": args.peek_delay,
-            "send_per_s": rate(n, send_s),
-            "receive_per_s": rate(n, receive_s),
-            "receive_after_ready_per_s": None if receive_after_ready_s is None else rate(n, receive_after_ready_s),
+            "handler": args.handler,
+            "concurrency": concurrency,
+            "batch_size": args.batch_size or settings.RECEIVE_BATCH_SIZE,
+            "peek_delay": args.peek_delay if args.peek_delay is not None else settings.PEEK_DELAY,
+            "send_per_s": send_per_s,
+            "send_many_per_s": send_many_per_s,
+            "drain_per_s": drain_per_s,
+            "receive_per_s": drain_per_s,
+            "receive_after_ready_per_s": drain_per_s,
             "e2e_per_s": rate(n, e2e_s),
-            "duplicates": duplicates,
-            "send_ms": send_s * 1000,
+            "latency_ms_p50": percentile(latencies, 50),
+            "latency_ms_p99": percentile(latencies, 99),
+            "idle_pickup_ms_p50": percentile(pickups, 50),
+            "idle_pickup_ms_p99": percentile(pickups, 99),
+            "idle_pickup_ms_max": max(pickups),
+            "duplicates": 0,  # check_once refused any
             "drain_ms": drain_s * 1000,
-            "worker_empty_run_ms": empty_s * 1000,
-            "worker_empty_runs_ms": [t * 1000 for t in empty_runs],
-            "worker_ready_ms": ready_s * 1000,
+            "drained": filled,
             "e2e_ms": e2e_s * 1000,
-            "e2e_send_ms": e2e_send_s * 1000,
-            "drain_worker": drain_stats,
-            "e2e_worker": e2e_stats,
             "worker_trouble_lines": len(trouble),
         }

@@ -3,7 +3,10 @@
 One step of :class:`MessagePump`:
 
 1. *Peek*: estimate the queue length from max − min RowVersion (never a row count),
-   capped by ``max_records_to_peek``.  Empty → wait ``peek_delay``.
+   capped by ``max_records_to_peek``.  Empty → wait ``peek_delay``, or until a send
+   wakes the pump (core.wakeups: a commit in this process at once; another process's
+   through LISTEN/NOTIFY on PostgreSQL; the delayed mover's forwards too, as they go
+   through the same insert path).
 2. *Receive*: up to ``concurrency`` threads each take batches of
    ``receive_batch_size`` rows in one transaction until the peeked budget is spent or
    a receive comes back short (someone else got there first) — then back to peek.
@@ -24,11 +27,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from django.db import DatabaseError, connections, transaction
 
 from core.breakers import RepeatedFailuresOverTimeCircuitBreaker
-from core.conf import get_settings
+from core.conf import MIN_PEEK_DELAY, get_settings
 from core.db import writer_turn
 from core.errors import ConfigurationError, NoHandler
 from core.expiry import on_expired_receive
@@ -42,6 +46,7 @@ from core.recoverability import FailureOutcome, Recoverability
 from core.transaction_modes import BatchScope, OutboxMode, mode_for
 from core.records.writer import NoRecords, RecordBatch, now_us, start_batch
 from core.transport import Transport
+from core.wakeups import PostgresListener, acquire_listener, queue_key, release_listener, wake_hub
 
 log = logging.getLogger("sluice.pump")
 
@@ -65,6 +70,22 @@ class PumpStats:
 
     def count(self, outcome: MessageOutcome) -> None:
         setattr(self, outcome.value, getattr(self, outcome.value) + 1)
+
+
+#: Messages per savepoint in a receive batch (sends_atomic_with_receive): a batch of
+#: SLUICE_RECEIVE_BATCH_SIZE rows takes batch/CHUNK_SIZE savepoints plus one per handler
+#: failure — far below the 64 subtransactions PostgreSQL caches per transaction.
+CHUNK_SIZE = 32
+
+
+class _HandlerFailed(Exception):
+    """A handler raised ``cause`` (the pump records it as the message's failure)."""
+
+    def __init__(self, cause: BaseException, started_us: int | None = None) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.started_us = started_us  # when its handler started (the processing record's start)
+        self.index = -1
 
 
 class _Budget:
@@ -108,8 +129,9 @@ class MessagePump:
         self.mode = transaction_mode or s.TRANSACTION_MODE
         self.handlers = handlers or default_handlers
         self.business_alias = using or s.DATABASE
-        if self.peek_delay < 0.1:
-            raise ConfigurationError("peek delay below 100 ms would put needless load on the database; refused")
+        if self.peek_delay < MIN_PEEK_DELAY:
+            raise ConfigurationError(f"peek delay below {MIN_PEEK_DELAY * 1000:.0f} ms would put needless load "
+                                     "on the database; refused")
         if self.peek_delay > PEEK_DELAY_WARNING:
             log.warning("peek delay of %.1f s on %s: messages may back up", self.peek_delay, queue)
         if self.concurrency < 1 or self.max_records_to_peek < 1 or self.batch_size < 1:
@@ -133,8 +155,30 @@ class MessagePump:
         self.stats = PumpStats()
         self._stats_lock = threading.Lock()
         self._stopping = threading.Event()
+        self._closed = False
         self._executor = ThreadPoolExecutor(self.concurrency, thread_name_prefix=f"sluice-{queue}")
         missing_indexes(queue, self.receive_alias)
+        self._wake: Callable[[], None] = lambda: None
+        self._hub_handle = wake_hub.register(queue_key(queue), self._on_wake)
+        receive_dialect = dialect(self.receive_alias)
+        self._poll_while_lost = receive_dialect.wake_poll_interval
+        self._listener: PostgresListener | None = \
+            acquire_listener(self.receive_alias) if receive_dialect.supports_notify else None
+
+    # -- waking ---------------------------------------------------------------------
+    def bind_wake(self, wake: Callable[[], None]) -> None:
+        """The runner's way to cut this loop's wait short."""
+        self._wake = wake
+
+    def _on_wake(self, _due_epoch: float = 0.0) -> None:
+        self._wake()
+
+    def _idle_wait(self) -> float:
+        """How long an empty queue waits: the peek delay, but no longer than the dialect's
+        poll while the LISTEN connection is lost (a NOTIFY sent then is never heard)."""
+        if self._listener is not None and self._listener.lost.is_set():
+            return min(self.peek_delay, self._poll_while_lost)
+        return self.peek_delay
 
     # -- the loop -------------------------------------------------------------
     def step(self) -> float:
@@ -145,7 +189,7 @@ class MessagePump:
             return self.receive_breaker.failure(exc)
         self.receive_breaker.success()
         if estimate == 0:
-            return self.peek_delay
+            return self._idle_wait()
         budget = _Budget(estimate)
         workers = min(self.concurrency, math.ceil(estimate / self.batch_size))
         futures = [self._executor.submit(self._receive_until_short, budget) for _ in range(workers)]
@@ -158,14 +202,21 @@ class MessagePump:
         if failure is not None:
             return self.processing_breaker.failure(failure)
         self.processing_breaker.success()
-        return 0.0 if received else self.peek_delay
+        return 0.0 if received else self._idle_wait()
 
     def stop(self) -> None:
         """Finish the current batches, take no new ones."""
         self._stopping.set()
 
     def close(self) -> None:
+        if self._closed:
+            return  # (a runner closes its loops; their owner may too)
+        self._closed = True
         self._stopping.set()
+        wake_hub.unregister(self._hub_handle)
+        if self._listener is not None:
+            release_listener(self.receive_alias, self._listener)
+            self._listener = None
         # One close per pool thread: the barrier keeps each task on its own thread.
         barrier = threading.Barrier(self.concurrency)
 
@@ -198,14 +249,20 @@ class MessagePump:
         return received
 
     def receive_and_process(self, limit: int = 1) -> int:
-        """Receive up to ``limit`` messages in one transaction and process each."""
+        """Receive up to ``limit`` messages in one transaction and process each: chunk by
+        chunk (one savepoint per chunk) where the transaction mode allows it, else one
+        message at a time."""
         stats = PumpStats()
         records = start_batch()
         with writer_turn(self.receive_alias), transaction.atomic(using=self.receive_alias):
             messages = self.receiver.receive_batch(self.queue, limit)
             batch = self.strategy.batch(messages)
-            for message in messages:
-                outcome = self._process(message, batch, records)
+            if getattr(batch, "chunked", False):
+                outcomes = [outcome for start in range(0, len(messages), CHUNK_SIZE)
+                            for outcome in self._process_chunk(messages[start:start + CHUNK_SIZE], batch, records)]
+            else:
+                outcomes = [self._process(message, batch, records) for message in messages]
+            for outcome in outcomes:
                 stats.count(outcome)  # the one place each message's outcome is counted
             records.write(self.receive_alias)  # processing records: one INSERT per batch, this transaction
         stats.received = len(messages)
@@ -214,10 +271,53 @@ class MessagePump:
         batch.after_commit()
         return len(messages)
 
-    def _process(self, message: Message, batch: BatchScope,
-                 records: RecordBatch | NoRecords) -> MessageOutcome:
+    def _process_chunk(self, chunk: list[Message], batch: Any,
+                       records: RecordBatch | NoRecords) -> list[MessageOutcome]:
+        """Run a chunk in ONE savepoint.  When a handler raises, the savepoint rolls back,
+        that message's failure is recorded (in the receive's transaction, outside the
+        savepoint) and the chunk runs again without it — its earlier messages included:
+        their handlers run twice, their database work (and processing records) counts once.
+        Outcomes in order."""
+        outcomes: dict[int, MessageOutcome] = {}
+        pending = list(chunk)
+        while pending:
+            mark = records.mark()  # the chunk's processing records go if its savepoint does
+            try:
+                with transaction.atomic(using=self.receive_alias):  # the chunk's savepoint
+                    done = []
+                    for index, message in enumerate(pending):
+                        try:
+                            done.append(self._run(message, batch, records))
+                        except _HandlerFailed as failed:
+                            failed.index = index
+                            raise
+                    batch.flush()  # the chunk's sends, before its savepoint is released
+            except _HandlerFailed as failed:
+                batch.discard()
+                records.rollback_to(mark)
+                culprit = pending.pop(failed.index)
+                outcomes[id(culprit)] = self._failed(culprit, failed, records)
+                continue
+            outcomes.update((id(m), outcome) for m, outcome in zip(pending, done))
+            break
+        return [outcomes[id(m)] for m in chunk]
+
+    def _process(self, message: Message, batch: BatchScope, records: RecordBatch | NoRecords) -> MessageOutcome:
         """What one received message comes to, inside the receive's transaction (and its
         processing record, written with the batch)."""
+        try:
+            return self._run(message, batch, records)
+        except _HandlerFailed as failed:
+            return self._failed(message, failed, records)
+
+    def _failed(self, message: Message, failed: "_HandlerFailed", records: RecordBatch | NoRecords) -> MessageOutcome:
+        failure = self.recoverability.on_failure(message, failed.cause)
+        records.handler_failed(message, failure, failed.started_us)
+        return MessageOutcome.ERRORED if failure is FailureOutcome.ERROR else MessageOutcome.RETRIED
+
+    def _run(self, message: Message, batch: BatchScope, records: RecordBatch | NoRecords) -> MessageOutcome:
+        """:meth:`_process` up to the handler; a handler's exception comes out as
+        :class:`_HandlerFailed` (its failure is recorded by the caller)."""
         if message.poison:
             self.recoverability.move_poison(message)
             records.to_error_queue(message)
@@ -236,9 +336,7 @@ class MessagePump:
         try:
             outcome = batch.handle(message, fn)
         except Exception as exc:  # the handler's failure is data, not a crash
-            failure = self.recoverability.on_failure(message, exc)
-            records.handler_failed(message, failure, started_us)
-            return MessageOutcome.ERRORED if failure is FailureOutcome.ERROR else MessageOutcome.RETRIED
+            raise _HandlerFailed(exc, started_us) from exc
         if outcome is MessageOutcome.DUPLICATE:
             log.debug("message %s on %s is a duplicate: handler skipped", message.id, self.queue)
             return outcome

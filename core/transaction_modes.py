@@ -30,7 +30,7 @@ from core.messages import Headers, Message
 from core.outbox import Outbox
 from core.outcomes import MessageOutcome
 from core.queues import dialect
-from core.transport import Transport
+from core.transport import OutgoingMessage, Transport
 
 class BatchScope(Protocol):
     """One receive batch, in one transaction."""
@@ -73,13 +73,63 @@ class _StatelessMode(TransactionMode):
         pass
 
 
-class SendsAtomicWithReceive(_StatelessMode):
+class SendsAtomicWithReceive(TransactionMode):
+    """Handlers run in the receive's transaction; the pump gives each *chunk* of a batch
+    one savepoint (:class:`ChunkedScope`), not each message."""
+
     name = "sends_atomic_with_receive"
 
+    def batch(self, messages: Sequence[Message]) -> BatchScope:
+        return ChunkedScope(self.business_alias)
+
+
+class ChunkBufferedTransport(Transport):
+    """A handler's transport inside a chunk: rows it sends are held and inserted by
+    :meth:`flush` in one :meth:`Transport.enqueue` (one statement per queue) before the
+    chunk's savepoint is released; :meth:`discard` drops them when the chunk rolls back.
+    Delayed sends go to the store at once (inside the savepoint, so they roll back too)."""
+
+    def __init__(self, using: str) -> None:
+        super().__init__(using)
+        self.pending: list[OutgoingMessage] = []
+
+    def enqueue(self, messages: Sequence[OutgoingMessage]) -> None:
+        self.pending.extend(messages)
+
+    def flush(self) -> None:
+        if self.pending:
+            held, self.pending = self.pending, []
+            Transport.enqueue(self, held)
+
+    def discard(self) -> None:
+        self.pending = []
+
+
+class ChunkedScope:
+    """One receive batch in ``sends_atomic_with_receive``: the pump runs it chunk by
+    chunk, each chunk in ONE savepoint (core.pump.MessagePump._process_chunk); a handler
+    runs without a savepoint of its own and its sends are buffered per chunk."""
+
+    chunked = True
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+        self.sender = ChunkBufferedTransport(alias)
+
     def handle(self, message: Message, fn: Handler) -> MessageOutcome:
-        with transaction.atomic(using=self.business_alias):  # a savepoint of the receive's transaction
-            fn(message, HandlerContext(message=message, transport=self.sender))
+        fn(message, HandlerContext(message=message, transport=self.sender))
         return MessageOutcome.SUCCEEDED
+
+    def flush(self) -> None:
+        """Before the chunk's savepoint is released: its handlers' sends, in one go."""
+        self.sender.flush()
+
+    def discard(self) -> None:
+        """The chunk rolled back: its handlers' sends are gone with it."""
+        self.sender.discard()
+
+    def after_commit(self) -> None:
+        pass
 
 
 class ReceiveOnly(_StatelessMode):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Sequence
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, connections, transaction
 
 from core.conf import get_settings
 from core.dialects import Dialect, dialect_for
@@ -25,6 +25,7 @@ from core.messages import (Headers, Message, decode_headers, encode_headers, par
                            wire_time)
 from core.queues import QueueInfo, registry, validate_name, validate_ttl
 from core.scheduling import DelayedMessage, DelayedMessageStore, delayed_store, resolve_due
+from core.wakeups import notify_queue, queue_key, wake_hub
 
 log = logging.getLogger("sluice.transport")
 
@@ -205,8 +206,9 @@ class Transport:
         delayed mover, moves to the error / dead-letter queue, the outbox, failed-message
         retries all end here).
 
-        One executemany per queue and kind of expiry (psycopg pipelines it into a
-        single round trip).  Expires is computed by the database (its now + the TTL),
+        One statement per queue, kind of expiry and chunk (the dialect's
+        ``insert_rows``: unnest arrays on PostgreSQL, multi-row VALUES elsewhere within
+        the parameter limit), RowVersions in list order.  Expires is computed by the database (its now + the TTL),
         or kept as given (``OutgoingMessage.expires``).  Activity is recorded on each
         queue (after the transaction commits), so an idle temporary queue that just
         received a row is not dropped.
@@ -218,19 +220,33 @@ class Transport:
         with self._cursor() as cursor, self._queue_dropped_is_unknown(groups):
             for (queue, with_ttl), group in groups.items():
                 if with_ttl:
-                    sql = d.insert_with_ttl(queue)
                     rows = [[m.row_id, m.correlation_id, m.reply_to, *d.ttl_params(m.ttl_seconds),
                              encode_headers(m.headers), m.body] for m in group]
                 else:
-                    sql = d.insert_with_expires(queue)
                     rows = [[m.row_id, m.correlation_id, m.reply_to, d.datetime_param(m.expires),
                              encode_headers(m.headers), m.body] for m in group]
-                if len(rows) == 1:
-                    cursor.execute(sql, rows[0])
-                else:
-                    cursor.executemany(sql, rows)
-        for queue, _ in groups:
+                size = d.insert_rows_per_statement(len(rows[0]))
+                for start in range(0, len(rows), size):
+                    cursor.execute(*d.insert_rows(queue, rows[start:start + size], with_ttl))
+        names = sorted({queue for queue, _ in groups})
+        for queue in names:
             registry.record_activity(queue, self.using)
+        self._announce_on_commit(names, d)
+
+    def _announce_on_commit(self, queues: Sequence[str], d: Dialect) -> None:
+        """Once the rows are committed, wake the queues' pumps: this process's at once,
+        other processes' through the debounced NOTIFY where the database has one
+        (core.wakeups).  A rolled-back insert wakes no one."""
+        notify_sql = d.notify() if d.supports_notify else None
+        using = self.using
+
+        def announce() -> None:
+            for queue in queues:
+                wake_hub.wake(queue_key(queue))
+                if notify_sql is not None:
+                    notify_queue(using, queue, notify_sql)
+
+        transaction.on_commit(announce, using=using)
 
     @contextmanager
     def _queue_dropped_is_unknown(self, groups: Mapping[tuple[str, bool], Any]) -> Iterator[None]:
@@ -269,12 +285,24 @@ class Transport:
         """Put a built message into the delayed store instead of its queue (due after
         ``delay`` seconds by the store's clock, or at ``deliver_at``).  Its TTL starts
         when the mover puts it in the queue; the queue counts it as activity."""
-        headers = dict(message.headers)
+        self.schedule_many([message], delay, deliver_at)
+
+    def schedule_many(self, messages: Sequence[OutgoingMessage], delay: float | None,
+                      deliver_at: dt.datetime | None) -> None:
+        """:meth:`schedule` for several messages: one statement per chunk into a store
+        that can (``store_many``), else one store call each."""
         estimate = deliver_at or dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=delay or 0)
-        headers[Headers.DELIVER_AT] = wire_time(estimate)
-        self.delayed.store(DelayedMessage(id=message.message_id, destination=message.queue, body=message.body,
-                                          headers=headers, due=deliver_at), delay=delay)
-        registry.record_activity(message.queue, self.using)
+        delayed = [DelayedMessage(id=m.message_id, destination=m.queue, body=m.body,
+                                  headers={**m.headers, Headers.DELIVER_AT: wire_time(estimate)}, due=deliver_at)
+                   for m in messages]
+        store_many = getattr(self.delayed, "store_many", None)
+        if store_many is not None and len(delayed) > 1:
+            store_many(delayed, delay=delay)
+        else:
+            for message in delayed:
+                self.delayed.store(message, delay=delay)
+        for queue in sorted({m.queue for m in messages}):
+            registry.record_activity(queue, self.using)
 
     # -- sending -------------------------------------------------------------------
     def send(self, queue: str, body: Any, *, delay: Any = None, deliver_at: Any = None, **options: Any) -> str:
@@ -294,10 +322,19 @@ class Transport:
             self.schedule(message, wait, when)
         return message.message_id
 
-    def send_many(self, queue: str, bodies: list[Any], **options: Any) -> list[str]:
-        """Send several messages with the same options in one executemany."""
+    def send_many(self, queue: str, bodies: Sequence[Any], *, delay: Any = None, deliver_at: Any = None,
+                  **options: Any) -> list[str]:
+        """Send several messages with the same options: one INSERT statement per chunk
+        (see :meth:`enqueue`), RowVersions in list order, Expires from the database
+        clock.  Returns their ids in order.  ``delay`` / ``deliver_at`` (for the whole
+        batch) put them in the delayed store instead, as :meth:`send` does.  Inside
+        ``transaction.atomic()`` the batch commits as a whole."""
+        wait, when = resolve_due(delay, deliver_at)
         messages = [self.build(queue, body, **options) for body in bodies]
-        self.enqueue(messages)
+        if wait is None and when is None:
+            self.enqueue(messages)
+        else:
+            self.schedule_many(messages, wait, when)
         return [m.message_id for m in messages]
 
     # -- receiving -------------------------------------------------------------

@@ -110,7 +110,9 @@ def _static_files_by_plain_names():
 
     storages = {**settings.STORAGES,
                 "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}
-    with override_settings(STORAGES=storages):
+    # Dashboard tests create users by the hundred: PBKDF2's deliberate slowness (about half a
+    # second per password here) would cost minutes, and proves nothing about Sluice.
+    with override_settings(STORAGES=storages, PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"]):
         yield
 
 
@@ -119,8 +121,11 @@ def _independent_alias(django_db_setup):
     """The receive_only pump's second connection, registered once the test database
     exists (Django's test case only allows aliases it knows when a test starts)."""
     from core.db import independent_alias
+    from core.wakeups import shutdown
 
     independent_alias("default")
+    yield
+    shutdown()  # the wake-up listener's and notifier's connections, before the database is dropped
 
 
 @pytest.fixture(scope="session")

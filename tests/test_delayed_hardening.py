@@ -118,7 +118,7 @@ def test_the_listener_connects_with_the_databases_options(transactional_db):
     options = connections["default"].settings_dict["OPTIONS"]
     options["application_name"] = name
     try:
-        listener = PostgresListener("default", lambda payload: None)
+        listener = PostgresListener("default", lambda *note: None)
     finally:
         del options["application_name"]
     listener.start()

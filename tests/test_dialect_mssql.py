@@ -154,6 +154,11 @@ def _statements(d: MSSQLDialect, name: str) -> list[Stmt]:
     out.append(Stmt("insert_with_ttl", d.insert_with_ttl(name), 3 + len(d.ttl_params(60)) + 2, None))
     # transport.insert / send_many / requeue: [row_id, correlation_id, reply_to, expires, headers, body]
     out.append(Stmt("insert_with_expires", d.insert_with_expires(name), 6, None))
+    # transport.enqueue, several rows in one statement (each row's params as above)
+    for with_ttl in (True, False):
+        per_row = 5 + len(d.ttl_params(60)) if with_ttl else 6
+        sql, params = d.insert_rows(name, [[None] * per_row] * 3, with_ttl)
+        out.append(Stmt("insert_rows", sql, len(params), None))
     out.append(Stmt("receive", d.receive(name), 1, None))                     # [limit]
     out.append(Stmt("peek_estimate", d.peek_estimate(name), 0, None))         # []
     out.append(Stmt("browse", d.browse(name), len(d.browse_params(0, 50)), None))
@@ -168,6 +173,10 @@ def _statements(d: MSSQLDialect, name: str) -> list[Stmt]:
                     len(d.delayed_insert_params("id", "dest", b"", [None], "{}")), None))
     out.append(Stmt("delayed_insert_after", d.delayed_insert_after(name),
                     len(d.delayed_insert_params("id", "dest", b"", d.ttl_params(5), "{}")), None))
+    for after in (True, False):  # SqlDelayedStore.store_many, 3 rows
+        when = d.ttl_params(5) if after else [None]
+        out.append(Stmt("delayed_insert_many", d.delayed_insert_many(name, 3, after),
+                        len(d.delayed_insert_many_params([("id", "dest", b"", when, "{}")] * 3)), None))
     out.append(Stmt("delayed_fetch_due", d.delayed_fetch_due(name), len(d.delayed_fetch_params(None, 10)), None))
     for what in ("delayed_remove", "delayed_increment_failure", "delayed_list", "delayed_deliver_now"):
         out.append(Stmt(what, getattr(d, what)(name), 1, None))                # [id] or [limit]
@@ -189,7 +198,7 @@ NAMED = ["create_queue_table", "ddl_lock", "drop_queue_table", "existing_indexes
          "create_delayed_table", "delayed_insert_at", "delayed_insert_after", "delayed_fetch_due",
          "delayed_remove", "delayed_increment_failure", "delayed_list", "delayed_deliver_now", "delayed_next",
          "delayed_has_destination", "receive_expired", "max_row_version", "lock_table", "delayed_remove_many",
-         "rename_delayed_table"]
+         "rename_delayed_table", "insert_rows", "delayed_insert_many"]
 
 
 def not_parseable(stmt: Stmt) -> bool:
@@ -213,7 +222,7 @@ def test_every_named_statement_is_covered():
 
     helpers = {"quote", "table", "index_names", "delayed_time_index", "create_schema", "to_row", "to_datetime", "datetime_param",
                "ttl_params", "browse_params", "now_sql", "expires_after_ttl_sql", "expired_sql",
-               "delayed_insert_params", "delayed_fetch_params", "notify", "error_codes", "is_transient", "is_missing_table"}
+               "delayed_insert_params", "delayed_insert_many_params", "insert_rows_per_statement", "delayed_fetch_params", "notify", "error_codes", "is_transient", "is_missing_table"}
     public = {n for cls in (Dialect, DelayedSQL) for n, v in vars(cls).items()
               if callable(v) and not n.startswith("_")} - helpers
     # The outbox's statements are checked by tests/test_outbox_mssql_sql.py, the dashboard's
@@ -811,6 +820,11 @@ class _FakeMSSQLTransport(Transport):
         validate_name(name)
         return _queue_info(name)
 
+    def _announce_on_commit(self, queues, d):
+        # The never-connected wrapper has no transaction to hook; the wake-up itself is
+        # tests/test_wakeups.py's.
+        self.announced = [*getattr(self, "announced", []), *queues]
+
     def _cursor(self):
         from mssql.base import CursorWrapper as MSSQLCursorWrapper
 
@@ -819,10 +833,15 @@ class _FakeMSSQLTransport(Transport):
 
 
 def _bound_values(sql: str, params: tuple) -> dict[str, object]:
-    """Column → value of a driver-level INSERT (``?`` placeholders)."""
+    """Column → value of a driver-level single-row INSERT (``?`` placeholders)."""
+    (values,) = _bound_rows(sql, params)
+    return values
+
+
+def _bound_rows(sql: str, params: tuple) -> list[dict[str, object]]:
+    """Column → value per row of a driver-level (multi-row) INSERT (``?`` placeholders)."""
     counter = iter(range(1, len(params) + 1))
     tree = parse_one(re.sub(r"\?", lambda _: f"@P{next(counter)}", sql))
-    (row,) = tree.expression.expressions
     names = {f"P{i + 1}": p for i, p in enumerate(params)}
 
     def value(node):
@@ -834,7 +853,8 @@ def _bound_values(sql: str, params: tuple) -> dict[str, object]:
             return "GETUTCDATE()"
         return node.this
 
-    return {c.name: value(v) for c, v in zip(tree.this.expressions, row.expressions)}
+    return [{c.name: value(v) for c, v in zip(tree.this.expressions, row.expressions)}
+            for row in tree.expression.expressions]
 
 
 def test_transport_statements_reach_the_driver_with_matching_params(mssql_connection, no_registry):
@@ -862,7 +882,8 @@ def test_transport_statements_reach_the_driver_with_matching_params(mssql_connec
         for p in (params if kind == "executemany" else [params]):
             assert sql.count("?") == len(p), (sql, p)
 
-    expected_sql = [d.insert_with_ttl(NAME), d.insert_with_expires(NAME), d.insert_with_ttl(NAME), d.receive(NAME),
+    two_rows, _ = d.insert_rows(NAME, [[None] * 7] * 2, True)
+    expected_sql = [d.insert_with_ttl(NAME), d.insert_with_expires(NAME), two_rows, d.receive(NAME),
                     d.insert_with_expires(NAME), d.peek_estimate(NAME), d.browse(NAME), d.delete_by_id(NAME)]
     # mssql-django only swaps %s for ? (no GROUP BY rewrite, no other change).
     assert [sql for _, sql, _ in calls] == [s.replace("%s", "?") for s in expected_sql]
@@ -876,9 +897,12 @@ def test_transport_statements_reach_the_driver_with_matching_params(mssql_connec
     assert values["Expires"] == ("millisecond", 30_250, ("minute", 1, "GETUTCDATE()"))
 
     assert _bound_values(send_plain[1], send_plain[2])["Expires"] is None
-    assert many[0] == "executemany" and len(many[2]) == 2
-    for row in many[2]:
-        assert _bound_values(many[1], row)["Expires"] == ("millisecond", 0, ("minute", 3650 * 24 * 60, "GETUTCDATE()"))
+    assert many[0] == "execute" and len(many[2]) == 14  # send_many: one statement, two rows
+    rows = _bound_rows(many[1], many[2])
+    assert [r["Body"] for r in rows] == [b"a", b"b"]
+    for row in rows:
+        assert row["Expires"] == ("millisecond", 0, ("minute", 3650 * 24 * 60, "GETUTCDATE()"))
+    assert t.announced == [NAME] * 4  # each insert wakes the queue's pumps at commit
 
     assert receive[2] == (5,)
     assert (received.id, received.row_version, received.expired) == (raw[0].lower(), 42, False)
@@ -943,3 +967,20 @@ def test_a_dialect_must_define_every_sql_fragment():
     assert d.delayed_fetch_due(NAME).endswith("ORDER BY [Time] OFFSET 0 ROWS FETCH NEXT %s ROWS ONLY")
     assert "[dbo].[orders] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE" in d.delayed_fetch_due(NAME)
     assert d.delayed_fetch_params("at", 10) == ["at", 10]
+
+
+def test_multi_row_inserts_stay_within_the_parameter_limit_and_keep_list_order():
+    d = MSSQLDialect()
+    for per_row in (5 + len(d.ttl_params(60)), 6):
+        rows = d.insert_rows_per_statement(per_row)
+        assert rows * per_row <= d.max_parameters < 2100
+        sql, params = d.insert_rows(NAME, [[None] * per_row] * rows, with_ttl=per_row != 6)
+        assert len(params) <= 2100 and placeholders(sql) == len(params)
+    # The delayed store's chunk (SqlDelayedStore.store_many: max_parameters // per-row params).
+    per_row = len(d.delayed_insert_many_params([("id", "dest", b"", d.ttl_params(5), "{}")]))
+    assert (d.max_parameters // per_row) * per_row <= 2100
+    # Multi-row VALUES rows come out in list order (one INSERT, rows as given).
+    tree = parse_one(bind(*d.insert_rows(NAME, [[None] * 7] * 3, True)[:1], 21))
+    assert len(tree.expression.expressions) == 3
+    many = parse_one(bind(d.delayed_insert_many(NAME, 2, after=False).removeprefix("SET NOCOUNT ON; "), 10))
+    assert isinstance(many, exp.Insert) and many.find(exp.Values) is not None and many.find(exp.Exists) is not None

@@ -143,8 +143,8 @@ def test_max_records_to_peek_really_caps_one_cycle(transport, queue, pump_for, t
 
 
 def test_peek_delay_rules(transactional_db, queue, caplog):
-    with pytest.raises(ConfigurationError, match="100 ms"):
-        MessagePump(queue, peek_delay=0.05)
+    with pytest.raises(ConfigurationError, match="10 ms"):
+        MessagePump(queue, peek_delay=0.005)
     pump = MessagePump(queue, peek_delay=11, delayed_retries=0)
     try:
         assert "messages may back up" in caplog.text

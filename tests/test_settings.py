@@ -42,7 +42,7 @@ def test_bad_options_are_refused_with_their_name():
     with pytest.raises(ValueError, match="SLUICE_CONCURRENCY"):
         from_environ({"SLUICE_CONCURRENCY": "many"})
     with pytest.raises(ValueError, match="SLUICE_PEEK_DELAY"):
-        SluiceSettings(PEEK_DELAY=0.01)
+        SluiceSettings(PEEK_DELAY=0.005)
     with pytest.raises(ValueError, match="SLUICE_TRANSACTION_MODE"):
         SluiceSettings(TRANSACTION_MODE="yolo")
 

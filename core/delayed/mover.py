@@ -32,7 +32,7 @@ from django.db import DatabaseError, connections, transaction
 from core.breakers import FailureRateCircuitBreaker, RepeatedFailuresOverTimeCircuitBreaker
 from core.conf import get_settings
 from core.db import writer_turn
-from core.delayed.listener import PostgresListener
+from core.delayed.listener import PostgresListener, acquire_listener, release_listener
 from core.delayed.sql_store import SqlDelayedStore
 from core.delayed.wake import NOTIFY_CHANNEL, wake_hub
 from core.errors import InvalidMessage
@@ -106,8 +106,7 @@ class DelayedMover:
             self._poll = self.store.dialect.wake_poll_interval
             if self.store.dialect.supports_notify:
                 self._poll = None
-                self._listener = PostgresListener(self.using, self._on_notify)
-                self._listener.start()
+                self._listener = acquire_listener(self.using)
 
     # -- waking ---------------------------------------------------------------------
     def bind_wake(self, wake: Callable[[], None]) -> None:
@@ -117,14 +116,6 @@ class DelayedMover:
     def _on_store(self, due_epoch: float) -> None:
         if due_epoch < self._sleep_until:
             self._wake()
-
-    def _on_notify(self, payload: str) -> None:
-        table, _, epoch = payload.rpartition("|")
-        if table in (self.table, "*"):
-            try:
-                self._on_store(float(epoch))
-            except ValueError:
-                self._wake()
 
     # -- the loop -----------------------------------------------------------------------
     def step(self) -> float:
@@ -185,7 +176,7 @@ class DelayedMover:
     def close(self) -> None:
         wake_hub.unregister(self._hub_key)
         if self._listener is not None:
-            self._listener.stop()
+            release_listener(self.using, self._listener)
         if self.lease is not None:
             try:
                 held = self.lease.held

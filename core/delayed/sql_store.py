@@ -82,29 +82,56 @@ class SqlDelayedStore:
             sql = d.delayed_insert_at(self.table)
             params = d.delayed_insert_params(message.id, message.destination, message.body,
                                              [d.datetime_param(message.due)], headers)
+        dues = self._insert([(sql, params)])
+        if not dues:
+            log.info("delayed message %s is already stored; kept the first", message.id)
+            return
+        message.due = dues[0]
+
+    def store_many(self, messages: list[DelayedMessage], delay: float | None = None) -> int:
+        """Store messages due after ``delay`` seconds (by the database clock), or each at
+        its own ``due``: one statement per chunk (within the dialect's parameter limit).
+        Ids already stored are skipped.  Returns how many were stored."""
+        d = self.dialect
+        rows = [(m.id, m.destination, m.body,
+                 d.ttl_params(delay) if delay is not None else [d.datetime_param(m.due)],
+                 encode_headers(m.headers)) for m in messages]
+        if not rows:
+            return 0
+        size = max(1, d.max_parameters // (4 + len(rows[0][3])))
+        statements = [(d.delayed_insert_many(self.table, len(chunk), after=delay is not None),
+                       d.delayed_insert_many_params(chunk))
+                      for chunk in (rows[i:i + size] for i in range(0, len(rows), size))]
+        return len(self._insert(statements))
+
+    def _insert(self, statements: list[tuple[str, list[Any]]]) -> list[dt.datetime]:
+        """Run the store's inserts in one transaction; the stored due times.  Movers are
+        woken for the earliest (NOTIFY in the transaction, the hub at commit); failures
+        count toward the store's breaker, whose pause is honoured by failing fast."""
+        d = self.dialect
         wait = self._paused_until - time.monotonic()
         if wait > 0:
             raise DelayedStoreUnavailable(
                 f"the delayed store {self.table} is pausing {wait:.1f} s after failing "
                 f"({self.store_breaker.last_error}); the message was not stored")
+        dues: list[dt.datetime] = []
         try:
             with transaction.atomic(using=self.using), self._cursor() as cursor:
-                cursor.execute(sql, params)
-                row = cursor.fetchone()
-                if row is None:
-                    log.info("delayed message %s is already stored; kept the first", message.id)
-                    return
-                due = d.to_datetime(row[0])
-                message.due = due
-                if d.supports_notify:
-                    cursor.execute(d.notify(), [NOTIFY_CHANNEL, notify_payload(self.table, due.timestamp())])
-                transaction.on_commit(lambda: wake_hub.wake(self.table, due.timestamp()), using=self.using)
+                for sql, params in statements:
+                    cursor.execute(sql, params)
+                    dues += [d.to_datetime(row[0]) for row in cursor.fetchall()]
+                if dues:
+                    first = min(dues).timestamp()
+                    if d.supports_notify:
+                        cursor.execute(d.notify(), [NOTIFY_CHANNEL, notify_payload(self.table, first)])
+                    transaction.on_commit(lambda: wake_hub.wake(self.table, first), using=self.using)
         except DatabaseError as exc:
             # The pause the breaker asks for is honoured by failing fast until it ends:
             # sleeping here would hold the caller's transaction (a pump's batch) open.
             self._paused_until = time.monotonic() + self.store_breaker.failure(exc)
             raise
         self.store_breaker.success()
+        return dues
 
     # -- the mover's side --------------------------------------------------------------------
     def _message(self, raw: tuple[Any, ...]) -> DelayedMessage:

@@ -215,21 +215,34 @@ class Dialect(abc.ABC):
     def _message_columns(self, prefix: str = "") -> str:
         return ", ".join(prefix + self._col(c) for c in MESSAGE_COLUMNS)
 
+    def _insert_row(self, with_ttl: bool) -> str:
+        expires = self.expires_after_ttl_sql() if with_ttl else "%s"
+        return f"(%s, %s, %s, {self.true_literal}, {expires}, %s, %s)"
+
     def insert_with_ttl(self, name: str) -> str:
         """INSERT one message; Expires = database now + TTL.  Params:
         id, correlation_id, reply_to, *ttl_params, headers, body."""
-        return (
-            f"INSERT INTO {self.table(name)} ({self._insert_columns()}) "
-            f"VALUES (%s, %s, %s, {self.true_literal}, {self.expires_after_ttl_sql()}, %s, %s)"
-        )
+        return f"INSERT INTO {self.table(name)} ({self._insert_columns()}) VALUES {self._insert_row(True)}"
 
     def insert_with_expires(self, name: str) -> str:
         """INSERT one message with an explicit Expires (or NULL).  Params:
         id, correlation_id, reply_to, expires, headers, body."""
-        return (
-            f"INSERT INTO {self.table(name)} ({self._insert_columns()}) "
-            f"VALUES (%s, %s, %s, {self.true_literal}, %s, %s, %s)"
-        )
+        return f"INSERT INTO {self.table(name)} ({self._insert_columns()}) VALUES {self._insert_row(False)}"
+
+    def insert_rows_per_statement(self, params_per_row: int) -> int:
+        """How many rows one :meth:`insert_rows` statement takes (within max_parameters)."""
+        return max(1, self.max_parameters // params_per_row)
+
+    def insert_rows(self, name: str, rows: list[list[Any]], with_ttl: bool) -> tuple[str, list[Any]]:
+        """ONE statement inserting ``rows`` (each the parameters of :meth:`insert_with_ttl`
+        or :meth:`insert_with_expires`), RowVersions in list order, Expires from the
+        database clock: here a multi-row VALUES (SQLite numbers rows in VALUES order).
+        Returns (sql, params); at most :meth:`insert_rows_per_statement` rows."""
+        if len(rows) == 1:
+            return (self.insert_with_ttl(name) if with_ttl else self.insert_with_expires(name)), list(rows[0])
+        values = ", ".join([self._insert_row(with_ttl)] * len(rows))
+        return (f"INSERT INTO {self.table(name)} ({self._insert_columns()}) VALUES {values}",
+                [p for row in rows for p in row])
 
     true_literal = "1"
     false_literal = "0"

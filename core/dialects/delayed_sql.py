@@ -35,22 +35,31 @@ class DelayedSQL(abc.ABC):
         """Store a message due at an explicit time, unless its Id is already stored.
         Params: id, destination, state, time, headers.  Returns the stored Time (no row
         when the Id was already there)."""
-        return (
-            f"INSERT INTO {self.table(name)} ({self._delayed_columns()}) VALUES (%s, %s, %s, %s, %s, 0) "
-            f"ON CONFLICT ({self.quote('Id')}) DO NOTHING RETURNING {self.quote('Time')}"
-        )
+        return self.delayed_insert_many(name, 1, after=False)
 
     def delayed_insert_after(self, name: str) -> str:
         """Like delayed_insert_at, due at database now + a delay given by ttl_params."""
+        return self.delayed_insert_many(name, 1, after=True)
+
+    def delayed_insert_many(self, name: str, count: int, after: bool) -> str:
+        """Store ``count`` messages in ONE statement, skipping Ids already stored; returns
+        the stored Times.  ``after``: due at database now + ttl_params, else at a given
+        time.  Params: :meth:`delayed_insert_many_params`."""
+        when = self.expires_after_ttl_sql() if after else "%s"
+        rows = ", ".join([f"(%s, %s, %s, {when}, %s, 0)"] * count)
         return (
-            f"INSERT INTO {self.table(name)} ({self._delayed_columns()}) "
-            f"VALUES (%s, %s, %s, {self.expires_after_ttl_sql()}, %s, 0) "
+            f"INSERT INTO {self.table(name)} ({self._delayed_columns()}) VALUES {rows} "
             f"ON CONFLICT ({self.quote('Id')}) DO NOTHING RETURNING {self.quote('Time')}"
         )
 
     def delayed_insert_params(self, id_: str, destination: str, state: bytes, time_params: list[Any],
                               headers: str) -> list[Any]:
         return [id_, destination, state, *time_params, headers]
+
+    def delayed_insert_many_params(self, rows: list[tuple[str, str, bytes, list[Any], str]]) -> list[Any]:
+        """The parameters of :meth:`delayed_insert_many` for (id, destination, state,
+        time params, headers) rows."""
+        return [p for id_, dest, state, when, headers in rows for p in (id_, dest, state, *when, headers)]
 
     def delayed_fetch_due(self, name: str) -> str:
         """Up to N messages due at a time (NULL: the database's now), earliest first,

@@ -233,6 +233,19 @@ class MSSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
             f"WHERE NOT EXISTS (SELECT 1 FROM {t} WITH (UPDLOCK, HOLDLOCK) WHERE [Id] = %s)"
         )
 
+    def delayed_insert_many(self, name: str, count: int, after: bool) -> str:
+        # No ON CONFLICT: a VALUES list, each row inserted only when its Id is not stored.
+        t = self.table(name)
+        when = self.expires_after_ttl_sql() if after else "%s"
+        rows = ", ".join([f"(%s, %s, %s, {when}, %s)"] * count)
+        return (
+            "SET NOCOUNT ON; "
+            f"INSERT INTO {t} ({self._delayed_columns()}) OUTPUT inserted.[Time] "
+            "SELECT v.[Id], v.[Destination], v.[State], v.[Time], v.[Headers], 0 "
+            f"FROM (VALUES {rows}) AS v([Id], [Destination], [State], [Time], [Headers]) "
+            f"WHERE NOT EXISTS (SELECT 1 FROM {t} AS s WITH (UPDLOCK, HOLDLOCK) WHERE s.[Id] = v.[Id])"
+        )
+
     def delayed_insert_params(self, id_: str, destination: str, state: bytes, time_params: list[Any],
                               headers: str) -> list[Any]:
         # The id again at the end, for the NOT EXISTS check.

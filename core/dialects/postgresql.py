@@ -89,6 +89,22 @@ class PostgreSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
     def expires_after_ttl_sql(self) -> str:
         return "statement_timestamp() + make_interval(secs => %s)"
 
+    def insert_rows_per_statement(self, params_per_row: int) -> int:
+        return 10_000  # six array parameters, whatever the number of rows
+
+    def insert_rows(self, name: str, rows: list[list[Any]], with_ttl: bool) -> tuple[str, list[Any]]:
+        """One ``INSERT … SELECT … FROM unnest(<one array per column>) WITH ORDINALITY``,
+        inserted in ORDER BY ordinality so RowVersions follow the list."""
+        if len(rows) == 1:
+            return super().insert_rows(name, rows, with_ttl)
+        expires, kind = ("statement_timestamp() + make_interval(secs => u.e)", "float8") if with_ttl \
+            else ("u.e", "timestamptz")
+        sql = (f"INSERT INTO {self.table(name)} ({self._insert_columns()}) "
+               f"SELECT u.i, u.c, u.r, TRUE, {expires}, u.h, u.b "
+               f"FROM unnest(%s::uuid[], %s::varchar[], %s::varchar[], %s::{kind}[], %s::text[], %s::bytea[]) "
+               "WITH ORDINALITY AS u(i, c, r, e, h, b, n) ORDER BY u.n")
+        return sql, [list(column) for column in zip(*rows)]
+
     def expired_sql(self, column: str | None = None) -> str:
         column = column or self._col("Expires")
         return f"({column} IS NOT NULL AND {column} <= statement_timestamp())"

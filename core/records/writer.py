@@ -55,7 +55,7 @@ class RecordBatch:
     def processed(self, message: Message, started_us: int) -> None:
         self._add(message, schema.PROCESSED, started_us)
 
-    def handler_failed(self, message: Message, decision: str, started_us: int) -> None:
+    def handler_failed(self, message: Message, decision: str, started_us: int | None) -> None:
         """``decision`` is Recoverability.on_failure's: "error" means this was the last attempt."""
         self._add(message, schema.FAILED if decision == "error" else schema.RETRIED, started_us)
 
@@ -66,6 +66,13 @@ class RecordBatch:
     def to_error_queue(self, message: Message) -> None:
         """A poison row or a message nobody handles: no handler ran."""
         self._add(message, schema.ERROR_QUEUE)
+
+    # -- a chunk's savepoint (core.pump): its records go when it rolls back ---------------------
+    def mark(self) -> int:
+        return len(self.rows)
+
+    def rollback_to(self, mark: int) -> None:
+        del self.rows[mark:]
 
     # -----------------------------------------------------------------------------------------
     def _add(self, message: Message, outcome: str, started: int | None = None) -> None:
@@ -115,7 +122,13 @@ class NoRecords:
     def processed(self, message: Message, started_us: int) -> None:
         pass
 
-    def handler_failed(self, message: Message, decision: str, started_us: int) -> None:
+    def handler_failed(self, message: Message, decision: str, started_us: int | None) -> None:
+        pass
+
+    def mark(self) -> int:
+        return 0
+
+    def rollback_to(self, mark: int) -> None:
         pass
 
     def expired(self, message: Message, action: str) -> None:
