@@ -49,6 +49,7 @@ def generate(path: Path, records: int, *, seed: int = 7, start: dt.datetime = DA
     import pyarrow.parquet as pq
 
     from pipeline import schema
+    from pipeline.arrow_schema import RECORD_SCHEMA, TIMESTAMP
 
     rng = np.random.default_rng(seed)
     outcomes = np.array(schema.OUTCOMES, dtype=object)
@@ -69,12 +70,12 @@ def generate(path: Path, records: int, *, seed: int = 7, start: dt.datetime = DA
             "message_type": pa.array(np.array(TYPES, dtype=object)[rng.integers(0, len(TYPES), n)]),
             "queue": pa.array(np.array(QUEUES, dtype=object)[rng.integers(0, len(QUEUES), n)]),
             "endpoint": pa.array(["bench"] * n),
-            "sent": pa.array(started - queueing).cast(schema.TIMESTAMP),
-            "started": pa.array(started).cast(schema.TIMESTAMP),
-            "ended": pa.array(ended).cast(schema.TIMESTAMP),
+            "sent": pa.array(started - queueing).cast(TIMESTAMP),
+            "started": pa.array(started).cast(TIMESTAMP),
+            "ended": pa.array(ended).cast(TIMESTAMP),
             "outcome": pa.array(outcomes[rng.choice(len(outcomes), n, p=weights)]),
             "attempt": pa.array(rng.integers(1, 3, n).astype(np.int32)),
-        }, schema=schema.RECORD_SCHEMA)
+        }, schema=RECORD_SCHEMA)
         dates = pc.cast(table["ended"], pa.date32())
         for day in pc.unique(dates).to_pylist():
             part = table.filter(pc.equal(dates, pa.scalar(day, pa.date32())))

@@ -137,10 +137,12 @@ def _read_schema():
     new data set needs no schema inference)."""
     from pyspark.sql import types as T
 
+    from pipeline.arrow_schema import RECORD_SCHEMA, TIMESTAMP
+
     spark_type = {"int64": T.LongType(), "int32": T.IntegerType(), "string": T.StringType()}
     fields = []
-    for f in schema.RECORD_SCHEMA:
-        kind = T.TimestampType() if f.type == schema.TIMESTAMP else spark_type[str(f.type)]
+    for f in RECORD_SCHEMA:
+        kind = T.TimestampType() if f.type == TIMESTAMP else spark_type[str(f.type)]
         fields.append(T.StructField(f.name, kind, True))
     fields.append(T.StructField(schema.PARTITION, T.DateType(), True))
     return T.StructType(fields)

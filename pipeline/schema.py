@@ -5,12 +5,12 @@ job (which reads it) and the benchmark's generator, so all three agree on one la
 
     <SLUICE_RECORDS_PATH>/date=YYYY-MM-DD/records-<first id>.parquet
 
-Times are UTC instants with microsecond precision; ``date`` (a hive-style partition
+The Arrow schema of a record is in :mod:`pipeline.arrow_schema` (pyarrow takes a fifth of a
+second to import: this module stays free of it, as every Django process loads it through
+the records' model).  Times are UTC instants with microsecond precision; ``date`` (a hive-style partition
 directory, the UTC date of ``ended``) lets a run read only the days it needs.
 """
 from __future__ import annotations
-
-import pyarrow as pa
 
 #: What happened to one handled message (one record per attempt).
 PROCESSED = "processed"        # the handler succeeded
@@ -26,19 +26,6 @@ HANDLER_RAN = (PROCESSED, FAILED, RETRIED)
 FAILURES = (FAILED, RETRIED, ERROR_QUEUE)
 
 PARTITION = "date"
-TIMESTAMP = pa.timestamp("us", tz="UTC")
-RECORD_SCHEMA = pa.schema([
-    ("id", pa.int64()),
-    ("message_id", pa.string()),
-    ("message_type", pa.string()),
-    ("queue", pa.string()),
-    ("endpoint", pa.string()),
-    ("sent", TIMESTAMP),
-    ("started", TIMESTAMP),
-    ("ended", TIMESTAMP),
-    ("outcome", pa.string()),
-    ("attempt", pa.int32()),
-])
 
 #: Window sizes the job computes, in seconds (1 minute, 1 hour).
 WINDOWS = (60, 3600)

@@ -11,6 +11,7 @@ import pyarrow.dataset as ds
 
 from benchmarks.pipeline import generate
 from pipeline import schema
+from pipeline.arrow_schema import RECORD_SCHEMA
 from tests.conftest import ROOT
 
 
@@ -28,6 +29,6 @@ def test_the_pipeline_benchmark_generates_the_exported_layout(tmp_path):
     generate(tmp_path, 5000, span_s=2 * 86_400)
     table = ds.dataset(tmp_path, format="parquet", partitioning="hive").to_table()
     assert table.num_rows == 5000 and sorted(set(table["id"].to_pylist())) == list(range(1, 5001))
-    assert table.schema.remove(table.schema.get_field_index("date")) == schema.RECORD_SCHEMA
+    assert table.schema.remove(table.schema.get_field_index("date")) == RECORD_SCHEMA
     assert set(table["outcome"].to_pylist()) == set(schema.OUTCOMES)
     assert len({str(d) for d in table["date"].to_pylist()}) >= 2

@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass, field
+from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from django.db import connections, transaction
 
 from core.conf import get_settings
@@ -30,10 +28,13 @@ from core.records.models import ExportWatermark, ProcessingRecord
 from core.records.writer import now_us
 from pipeline import schema
 
+# pyarrow is imported by the functions that write Parquet, not by this module: the CLI
+# loads every command group at start, and pyarrow (with pandas) takes half a second.
+
 #: Rows read from the database and written as one Parquet row group at a time.
 CHUNK = 50_000
 WATERMARK = "records"
-#: Database columns in the order of the data set's (pipeline.schema.RECORD_SCHEMA).
+#: Database columns in the order of the data set's (pipeline.arrow_schema.RECORD_SCHEMA).
 _DB_COLUMNS = ("id", "message_id", "message_type", "queue", "endpoint", "time_sent_us", "started_us",
                "ended_us", "outcome", "attempt")
 _MICROS_PER_DAY = 86_400_000_000
@@ -86,10 +87,13 @@ class Export:
 
     def write(self) -> ExportResult:
         """Write the run's files under their final names; the watermark is not moved yet."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
         upper = self._upper_id()
         if upper is None or upper < self.first_id:
             return self.result
-        writers: dict[int, tuple[pq.ParquetWriter, object, str, str]] = {}
+        writers: dict[int, tuple[Any, object, str, str]] = {}  # day → (ParquetWriter, stream, tmp, final)
         earliest = None
         last = self.first_id - 1
         conn = connections[self.using]
@@ -133,13 +137,17 @@ class Export:
         return self.result
 
     def _open(self, day: int):
+        import pyarrow.parquet as pq
+
+        from pipeline.arrow_schema import RECORD_SCHEMA
+
         date = (dt.date(1970, 1, 1) + dt.timedelta(days=day)).isoformat()
         directory = self.where.join(f"{schema.PARTITION}={date}")
         self.where.fs.create_dir(directory, recursive=True)
         name = schema.record_file_name(self.first_id)
         tmp, final = f"{directory}/.{name}.tmp", f"{directory}/{name}"
         stream = self.where.fs.open_output_stream(tmp)
-        return pq.ParquetWriter(stream, schema.RECORD_SCHEMA, compression="zstd"), stream, tmp, final
+        return pq.ParquetWriter(stream, RECORD_SCHEMA, compression="zstd"), stream, tmp, final
 
     def commit(self) -> ExportResult:
         """Move the watermark to the last record written (the files are in place)."""
@@ -152,15 +160,19 @@ class Export:
         return self.result
 
 
-def _to_table(rows: list[tuple]) -> pa.Table:
+def _to_table(rows: list[tuple]) -> Any:  # a pyarrow.Table
+    import pyarrow as pa
+
+    from pipeline.arrow_schema import RECORD_SCHEMA, TIMESTAMP
+
     columns = list(zip(*rows))
     arrays = []
-    for f, values in zip(schema.RECORD_SCHEMA, columns):
-        if f.type == schema.TIMESTAMP:
-            arrays.append(pa.array(values, pa.int64()).cast(schema.TIMESTAMP))
+    for f, values in zip(RECORD_SCHEMA, columns):
+        if f.type == TIMESTAMP:
+            arrays.append(pa.array(values, pa.int64()).cast(TIMESTAMP))
         else:
             arrays.append(pa.array(values, f.type))
-    return pa.Table.from_arrays(arrays, schema=schema.RECORD_SCHEMA)
+    return pa.Table.from_arrays(arrays, schema=RECORD_SCHEMA)
 
 
 def export_records(path: str | None = None, using: str | None = None, delay: float | None = None,

@@ -3,14 +3,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-
-import pyarrow.fs as pafs
+from typing import Any
 
 
 @dataclass(frozen=True)
 class Location:
     #: pyarrow's file system and the path in it.
-    fs: pafs.FileSystem
+    fs: Any  # a pyarrow.fs.FileSystem
     path: str
     #: The same place as Spark names it (an absolute path, or the URI as configured).
     spark_uri: str
@@ -22,6 +21,8 @@ class Location:
 def location(where: str) -> Location:
     """A local path (relative to the current directory) or a URI such as ``s3a://b/x``
     (Hadoop's S3A scheme, which pyarrow calls ``s3://``)."""
+    import pyarrow.fs as pafs  # not at module level: see core.records.export
+
     if "://" not in where:
         absolute = os.path.abspath(where)
         return Location(pafs.LocalFileSystem(), absolute, absolute)

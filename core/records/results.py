@@ -13,7 +13,6 @@ import datetime as dt
 import math
 from typing import Any
 
-import pyarrow.dataset as ds
 from django.db import transaction
 
 from core.conf import get_settings
@@ -34,6 +33,8 @@ def read_results(path: str) -> list[dict[str, Any]]:
         return []
     if info.type.name == "NotFound":
         return []
+    import pyarrow.dataset as ds  # not at module level: see core.records.export
+
     table = ds.dataset(where.path, filesystem=where.fs, format="parquet").to_table()
     return table.to_pylist()
 
