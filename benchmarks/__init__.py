@@ -21,4 +21,5 @@ BENCHMARKS: dict[str, str] = {
     "dashboard": "benchmarks.dashboard",
     "pipeline": "benchmarks.pipeline",
     "export": "benchmarks.export",
+    "long_drain": "benchmarks.long_drain",
 }

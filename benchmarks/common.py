@@ -108,6 +108,18 @@ def add_database_argument(parser: argparse.ArgumentParser) -> None:
                              f"on the server of ${POSTGRES_URL_ENV} (default {DEFAULT_POSTGRES_URL})")
 
 
+def standard_main(name: str, description: str, add_arguments, run, argv: list[str] | None) -> int:
+    """The whole ``main`` of a benchmark that parses its options, runs, and prints its
+    result as its JSON line (``python -m benchmarks NAME``)."""
+
+    def body(argv):
+        parser = argparse.ArgumentParser(prog=f"python -m benchmarks {name}", description=description)
+        add_arguments(parser)
+        emit_result(run(parser.parse_args(argv)))
+
+    return run_main(body, argv)
+
+
 def run_main(module_main, argv: list[str] | None) -> int:
     """Shared body of each benchmark's ``main``: turn failures into a clear stderr message.
     SIGTERM unwinds like Ctrl-C, so workers are stopped and the database is removed."""

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from benchmarks import common
 from benchmarks.common import (
-    BenchmarkError, Progress, add_database_argument, database_version, emit_result, log, positive_int, run_main,
+    BenchmarkError, Progress, add_database_argument, database_version, log, positive_int, standard_main,
     setup_django,
 )
 
@@ -60,12 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    def body(argv):
-        parser = argparse.ArgumentParser(prog="python -m benchmarks dashboard", description=HELP)
-        add_arguments(parser)
-        emit_result(run(parser.parse_args(argv)))
-
-    return run_main(body, argv)
+    return standard_main("dashboard", HELP, add_arguments, run, argv)
 
 
 # -- filling ----------------------------------------------------------------------------------

@@ -26,12 +26,26 @@ One ``sluice worker --queue demo`` process (the real delayed-message mover plus 
 How the DeliveredAt headers are read: the pump takes messages off ``demo`` as soon as
 they land, so the benchmark puts an ``AFTER INSERT`` trigger on the ``demo`` table
 that copies each landed row's Id and Headers into ``bench_landed`` (same transaction
-as the mover's insert; one extra row insert per moved message).  A poller thread in
-this process reads new ``bench_landed`` rows every ``--poll-interval`` seconds
-(default 5 ms) and notes when it first saw each: ``visible_lateness_ms_*`` = that
-moment − due, i.e. when the mover's commit became visible to others (resolution: the
-poll interval plus one query).  ``handled_lateness_ms_*`` use ``handled_at`` of the
+as the mover's insert; one extra row insert per moved message), read after each phase.
+``handled_lateness_ms_*`` (= ``lateness_ms_*``) use ``handled_at`` of the
 ``sluice_demo_ping`` rows (the pump's clock in the handler, before its commit).
+
+The demo's ``Ping`` handler is a batch handler (core/demo/handlers.py): the Pings of one
+receive chunk are written in one INSERT, and every row of it carries that INSERT's
+``handled_at``.  At 1,000/s the mover forwards about six messages per commit; with a
+per-message handler the sixth waited for five ORM round trips before its own started,
+which was most of the handler lateness (figures in the README).  A per-message handler
+that writes one row each pays that queueing on top.
+
+Nothing polls the database while messages are due: the run sleeps until a phase's last
+due instant, then checks its counts every ``WAIT_POLL`` seconds.  Only with
+``--poll-interval S`` (e.g. 0.005) does a poller thread in this process read new ``bench_landed``
+rows every S seconds (earlier versions always did, every 5 ms) and note when it first
+saw each: ``visible_lateness_ms_*`` = that moment − due, i.e. when the mover's commit
+became visible to others (resolution: the poll interval plus one query).  Without it
+the ``visible_*`` keys (and ``burst_visible_*``, ``poll_query_ms``) are null and
+``visibility_poller`` is false: 200 queries a second from another process on a 2-core
+machine show up in the handler's figure.
 
 The run waits until ``sluice_demo_ping`` holds N (then N + M) rows, then checks that
 every scheduled message landed exactly once, nothing is left in the delayed store,
@@ -57,7 +71,7 @@ import math
 import os
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any
 
 from benchmarks import common
 from benchmarks.common import (
@@ -100,8 +114,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="messages due at one instant in the burst phase (default N)")
     parser.add_argument("--lead", type=positive_float, default=3.0, metavar="S",
                         help="seconds between the expected end of storing and the first due instant (default 3)")
-    parser.add_argument("--poll-interval", type=positive_float, default=0.005, metavar="S",
-                        help="how often the visibility poller looks for landed messages (default 0.005)")
+    parser.add_argument("--poll-interval", type=positive_float, default=None, metavar="S",
+                        help="run the visibility poller, looking for landed messages every S seconds "
+                             "(default: no poller; visible_* are null)")
     parser.add_argument("--delayed-batch-size", type=positive_int, default=None, metavar="B",
                         help="SLUICE_DELAYED_BATCH_SIZE for the worker (default: leave the setting alone)")
     parser.add_argument("--peek-delay", type=float, default=None, metavar="S",
@@ -178,6 +193,35 @@ def install_landing_probe() -> None:
             cursor.execute(statement)
 
 
+def parse_landed(row_id: str, headers: str, seen: float | None) -> tuple[str, float | None, float | None, float | None]:
+    """(message id, DeliveredAt epoch, DeliverAt epoch, first seen epoch) of a landed row."""
+    from core.messages import Headers, parse_wire_time
+
+    def epoch(text: str | None) -> float | None:
+        return parse_wire_time(text).timestamp() if text else None
+
+    values = json.loads(headers)
+    return (values.get(Headers.MESSAGE_ID, row_id), epoch(values.get(Headers.DELIVERED_AT)),
+            epoch(values.get(Headers.DELIVER_AT)), seen)
+
+
+def read_landed() -> list[tuple[str, float | None, float | None, float | None]]:
+    """Every landed row, read once (no poller: nothing was seen earlier)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT row_id, headers FROM {LANDED_TABLE} ORDER BY seq")
+        return [parse_landed(row_id, headers, None) for row_id, headers in cursor.fetchall()]
+
+
+def landed_count() -> int:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT count(*) FROM {LANDED_TABLE}")
+        return cursor.fetchone()[0]
+
+
 class LandingPoller(threading.Thread):
     """Reads new ``bench_landed`` rows every ``interval`` seconds on a connection of its
     own; keeps (message id, DeliveredAt epoch, DeliverAt epoch, first seen epoch)."""
@@ -207,11 +251,6 @@ class LandingPoller(threading.Thread):
     def run(self) -> None:
         from django.db import connection
 
-        from core.messages import Headers, parse_wire_time
-
-        def epoch(text: str | None) -> float | None:
-            return parse_wire_time(text).timestamp() if text else None
-
         last = 0
         sql = f"SELECT seq, row_id, headers FROM {LANDED_TABLE} WHERE seq > %s ORDER BY seq"
         try:
@@ -226,9 +265,7 @@ class LandingPoller(threading.Thread):
                 if fetched:
                     parsed = []
                     for seq, row_id, headers in fetched:
-                        values = json.loads(headers)
-                        parsed.append((values.get(Headers.MESSAGE_ID, row_id), epoch(values.get(Headers.DELIVERED_AT)),
-                                       epoch(values.get(Headers.DELIVER_AT)), seen))
+                        parsed.append(parse_landed(row_id, headers, seen))
                         last = seq
                     with self._lock:
                         self.rows.extend(parsed)
@@ -327,17 +364,21 @@ def schedule(label: str, count: int, per_second: float | None, store_rate: float
     return dues, first_ms / 1000, slack
 
 
-def wait_for_phase(label: str, worker: Worker, poller: LandingPoller, landed_before: int, rows_before: int,
-                   count: int, last_due: float, timeout: float) -> None:
-    """Until ``count`` more messages landed and ``count`` more Pings were handled."""
+def wait_for_phase(label: str, worker: Worker, poller: LandingPoller | None, landed_before: int,
+                   rows_before: int, count: int, last_due: float, timeout: float) -> None:
+    """Until ``count`` more messages landed and ``count`` more Pings were handled.  With
+    no poller, nothing is read before the phase's last due instant."""
     landed_progress = Progress(f"{label}: landed", count)
     handled_progress = Progress(f"{label}: handled", count)
     deadline = last_due + timeout
     landed_done = handled_done = False
+    if poller is None:  # (+ 0.1 s: the last due messages are being handled then)
+        while time.time() < last_due + 0.1 and worker.alive():
+            time.sleep(min(0.2, max(last_due + 0.1 - time.time(), 0.001)))
     while True:
-        if poller.error is not None:
+        if poller is not None and poller.error is not None:
             raise BenchmarkError(f"landing poller failed: {poller.error!r}")
-        landed = poller.count() - landed_before
+        landed = (poller.count() if poller is not None else landed_count()) - landed_before
         rows, _ = ping_counts()
         rows -= rows_before
         if not landed_done:
@@ -362,7 +403,7 @@ def wait_for_phase(label: str, worker: Worker, poller: LandingPoller, landed_bef
 
 
 def phase_stats(label: str, dues: dict[str, float],
-                landed: list[tuple[str, float | None, float | None, float]]) -> dict[str, Any]:
+                landed: list[tuple[str, float | None, float | None, float | None]]) -> dict[str, Any]:
     """Lateness and counts of one phase from the landed rows of its messages."""
     mine = [row for row in landed if row[0] in dues]
     seen_ids = {row[0] for row in mine}
@@ -381,13 +422,13 @@ def phase_stats(label: str, dues: dict[str, float],
     for row in mine:
         first.setdefault(row[0], row)
     lateness = [(row[1] - dues[mid]) * 1000 for mid, row in first.items()]
-    visible = [(row[3] - dues[mid]) * 1000 for mid, row in first.items()]
+    visible = [(row[3] - dues[mid]) * 1000 for mid, row in first.items() if row[3] is not None]
     delivered = sorted(row[1] for row in mine)
     return {
         "lateness_ms": lateness,
         "visible_ms": visible,
         "early": sum(1 for row in mine if row[1] < dues[row[0]]),
-        "visible_early": sum(1 for row in mine if row[3] < dues[row[0]]),
+        "visible_early": sum(1 for row in mine if row[3] is not None and row[3] < dues[row[0]]),
         "landed_duplicates": len(mine) - len(seen_ids),
         "span_s": delivered[-1] - delivered[0],
         "first_delivered": delivered[0],
@@ -395,7 +436,7 @@ def phase_stats(label: str, dues: dict[str, float],
     }
 
 
-def write_samples(path: str, landed: list[tuple[str, float | None, float | None, float]],
+def write_samples(path: str, landed: list[tuple[str, float | None, float | None, float | None]],
                   dues: dict[str, dict[str, float]], handled: dict[str, float]) -> None:
     with open(path, "w", encoding="utf-8") as out:
         for mid, delivered, _, seen in landed:
@@ -421,8 +462,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.peek_delay is not None:
             extra_env["SLUICE_PEEK_DELAY"] = repr(args.peek_delay)
         env = worker_env(url, extra_env)
-        poller = LandingPoller(args.poll_interval)
-        poller.start()
+        poller = LandingPoller(args.poll_interval) if args.poll_interval else None
+        if poller is not None:
+            poller.start()
         try:
             log("starting the worker (mover + demo pump)")
             with Worker(["--queue", QUEUE], env, "worker") as worker:
@@ -437,13 +479,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 log(f"paced: {n} messages due from {paced_first - time.time():.2f} s to "
                     f"{paced_last - time.time():.2f} s from now")
                 wait_for_phase("paced", worker, poller, 0, 0, n, paced_last, timeout)
-                landed_after_paced = poller.count()
+                landed_after_paced = poller.count() if poller is not None else landed_count()
 
                 # 2. burst: M messages due at one instant
                 burst_dues, burst_at, burst_slack = schedule("burst", m, None, store_rate, args.lead, n)
                 wait_for_phase("burst", worker, poller, landed_after_paced, n, m, burst_at, timeout)
-                time.sleep(max(args.poll_interval * 3, 0.05))  # let late duplicates show up
-                landed = poller.snapshot()
+                time.sleep(max((args.poll_interval or 0) * 3, 0.05))  # let late duplicates show up
+                landed = poller.snapshot() if poller is not None else read_landed()
                 strangers = [row for row in landed if row[0] not in paced_dues and row[0] not in burst_dues]
                 if strangers:
                     raise BenchmarkError(f"{len(strangers)} landed message(s) that were never scheduled")
@@ -455,7 +497,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 stats_line = worker.stats_line()
             log(f"worker stopped {stop_s:.2f} s after SIGTERM; worker says: {stats_line}")
         finally:
-            poller.stop()
+            if poller is not None:
+                poller.stop()
 
         rows, distinct = ping_counts()
         duplicates = rows - distinct
@@ -469,7 +512,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.samples:
             write_samples(args.samples, landed, {"paced": paced_dues, "burst": burst_dues}, handled)
         handled_ms = [(handled[mid] - due) * 1000 for mid, due in paced_dues.items() if mid in handled]
-        poll_ms = 1000 * poller.poll_seconds / poller.polls if poller.polls else None
+        poll_ms = 1000 * poller.poll_seconds / poller.polls if poller is not None and poller.polls else None
         if trouble:
             log(f"{len(trouble)} worker stderr line(s) looked like trouble (shown above)")
 
@@ -496,7 +539,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             **summary("visible_lateness_ms", paced["visible_ms"]),
             **summary("handled_lateness_ms", handled_ms),
             "landed_duplicates": paced["landed_duplicates"] + burst["landed_duplicates"],
-            "visible_early": paced["visible_early"] + burst["visible_early"],
+            "visible_early": paced["visible_early"] + burst["visible_early"] if poller is not None else None,
             "burst_messages": m,
             "burst_moved_ms": burst["span_s"] * 1000,
             "burst_first_lateness_ms": (burst["first_delivered"] - burst_at) * 1000,
@@ -505,7 +548,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "lead_s": args.lead,
             "slack_s": min(paced_slack, burst_slack),
             "store_per_s_estimate": store_rate,
-            "poll_interval_ms": args.poll_interval * 1000,
+            "poll_interval_ms": args.poll_interval * 1000 if args.poll_interval else None,
+            "visibility_poller": poller is not None,
             "poll_query_ms": poll_ms,
             "delayed_batch_size": args.delayed_batch_size,
             "peek_delay": args.peek_delay,

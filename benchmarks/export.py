@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import (
-    BenchmarkError, Progress, add_database_argument, bench_database, emit_result, log, positive_int, rate,
-    run_main, setup_django,
+    BenchmarkError, Progress, add_database_argument, bench_database, log, positive_int, rate,
+    standard_main, setup_django,
 )
 
 HELP = "export of N processing records from the database to the Parquet data set"
@@ -78,9 +78,4 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    def body(argv):
-        parser = argparse.ArgumentParser(prog="python -m benchmarks export", description=HELP)
-        add_arguments(parser)
-        emit_result(run(parser.parse_args(argv)))
-
-    return run_main(body, argv)
+    return standard_main("export", HELP, add_arguments, run, argv)

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any, Iterator
+from typing import Any
 
 from benchmarks import common
 from benchmarks.common import (
-    BenchmarkError, Progress, Worker, add_database_argument, database_version, emit_result, log, positive_int,
-    rate, run_main, setup_django, worker_env,
+    BenchmarkError, Progress, Worker, add_database_argument, database_version, log, positive_int,
+    rate, standard_main, setup_django, worker_env,
 )
 
 HELP = "end-to-end throughput with the outbox on, and its overhead against sends_atomic_with_receive"
@@ -52,12 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    def body(argv):
-        parser = argparse.ArgumentParser(prog="python -m benchmarks outbox", description=HELP)
-        add_arguments(parser)
-        emit_result(run(parser.parse_args(argv)))
-
-    return run_main(body, argv)
+    return standard_main("outbox", HELP, add_arguments, run, argv)
 
 
 def reset() -> None:

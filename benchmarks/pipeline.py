@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import Progress, emit_result, log, positive_int, rate, run_main
+from benchmarks.common import Progress, log, positive_int, rate, standard_main
 
 HELP = "the Spark metrics job over N generated processing records (local mode)"
 QUEUES = ("orders", "billing", "shipping", "email")
@@ -119,9 +119,4 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    def body(argv):
-        parser = argparse.ArgumentParser(prog="python -m benchmarks pipeline", description=HELP)
-        add_arguments(parser)
-        emit_result(run(parser.parse_args(argv)))
-
-    return run_main(body, argv)
+    return standard_main("pipeline", HELP, add_arguments, run, argv)

@@ -60,11 +60,11 @@ import os
 import statistics
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any
 
 from benchmarks import common
 from benchmarks.common import (
-    BenchmarkError, Progress, Worker, database_version, emit_result, log, positive_int, rate, run_main,
+    BenchmarkError, Progress, Worker, database_version, log, positive_int, rate, standard_main,
     setup_django, worker_env,
 )
 
@@ -105,12 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    def body(argv):
-        parser = argparse.ArgumentParser(prog="python -m benchmarks purge", description=HELP)
-        add_arguments(parser)
-        emit_result(run(parser.parse_args(argv)))
-
-    return run_main(body, argv)
+    return standard_main("purge", HELP, add_arguments, run, argv)
 
 
 def server_url() -> str:

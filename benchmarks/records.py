@@ -7,6 +7,7 @@ from __future__ import annotations
 QUEUE = "bench"
 NOOP = "Noop"
 ORM = "Orm"
+BATCH = "Batch"
 
 
 def read_records(path: str) -> list[tuple[int, ...]]:

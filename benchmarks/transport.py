@@ -1,6 +1,6 @@
 """Transport throughput and latency of one queue with one worker process.
 
-    python -m benchmarks transport --db sqlite|postgresql [--messages N] [--handler noop|orm]
+    python -m benchmarks transport --db sqlite|postgresql [--messages N] [--handler noop|orm|batch]
         [--concurrency C] [--batch-size B] [--peek-delay S]
 
 Every handled message is recorded by the worker itself (benchmarks/handlers.py: its
@@ -19,11 +19,17 @@ table afterwards.  Queue ``bench``; the producer is a process of its own
 4. *end to end*: a worker serving and idle (one probe message handled); the producer
    sends N in batches of 100 as fast as it can → ``e2e_per_s`` = N ÷ (first send → last
    commit), ``latency_ms_p50/p99`` = commit in the worker − the send call.
+   ``e2e_producer_ms`` is the producer's own span (first send → last commit) and
+   ``e2e_first_start_ms`` first send → first handler start; ``drain_messages_per_call``
+   / ``e2e_messages_per_call`` are messages per handler call (1 for a per-message
+   handler; a batch handler's chunk size), to tell a small-chunk e2e from a starved one.
 5. *idle pick-up*: the same worker idle; the producer sends 200 single messages 20 ms
    apart → ``idle_pickup_ms_p50/p99`` = handler start − the send's commit.
 
 ``--handler orm`` writes one business row per message through the ORM
-(``sluice_demo_ping``); every row must be there exactly once at the end.
+(``sluice_demo_ping``); ``--handler batch`` the same rows from a batch handler
+(``@handler(..., batch=True)``), one ``bulk_create`` per call; every row must be there
+exactly once at the end.
 """
 from __future__ import annotations
 
@@ -39,12 +45,12 @@ from typing import Any
 
 from benchmarks.common import (
     REPO_ROOT, BenchmarkError, Progress, Worker, add_database_argument, bench_database, database_version,
-    emit_result, log, positive_int, rate, run_main, setup_django, worker_env,
+    log, positive_int, rate, standard_main, setup_django, worker_env,
 )
-from benchmarks.records import NOOP, ORM, QUEUE, read_records
+from benchmarks.records import BATCH, NOOP, ORM, QUEUE, read_records
 
 HELP = "send, send_many, drain, end-to-end, latency and idle pick-up of one queue with one worker"
-HANDLERS = {"noop": NOOP, "orm": ORM}
+HANDLERS = {"noop": NOOP, "orm": ORM, "batch": BATCH}
 SINGLE_SENDS = 1000
 SEND_MANY_BATCH = 1000
 E2E_BATCH = 100
@@ -59,7 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--messages", type=positive_int, default=20000, metavar="N",
                         help="messages per phase (default 20000)")
     parser.add_argument("--handler", choices=tuple(HANDLERS), default="noop",
-                        help="noop: record only; orm: one business row per message through the ORM")
+                        help="noop: record only; orm: one business row per message through the ORM; "
+                             "batch: a batch handler, one bulk_create of business rows per call")
     parser.add_argument("--concurrency", type=positive_int, default=None, metavar="C",
                         help="the worker's --concurrency (default: SLUICE_CONCURRENCY)")
     parser.add_argument("--batch-size", type=positive_int, default=None, metavar="B",
@@ -71,12 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    def body(argv):
-        parser = argparse.ArgumentParser(prog="python -m benchmarks transport", description=HELP)
-        add_arguments(parser)
-        emit_result(run(parser.parse_args(argv)))
-
-    return run_main(body, argv)
+    return standard_main("transport", HELP, add_arguments, run, argv)
 
 
 def percentile(values: list[float], p: float) -> float | None:
@@ -232,7 +234,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             trouble += worker.trouble()
 
         total = filled + n + 1 + IDLE_SENDS
-        if message_type == ORM:
+        if message_type in (ORM, BATCH):
             check_business_rows(total)
         if trouble:
             log(f"{len(trouble)} worker stderr line(s) looked like trouble (shown above)")
@@ -261,4 +263,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "drained": filled,
             "e2e_ms": e2e_s * 1000,
             "worker_trouble_lines": len(trouble),
+            # Where e2e goes: the producer's own span, and messages per handler call (one
+            # start time per call; 1.0 for per-message handlers) in each phase.
+            "e2e_producer_ms": (sent["last_commit_ns"] - sent["first_send_ns"]) / 1e6,
+            "e2e_first_start_ms": (min(r[1] for r in records) - sent["first_send_ns"]) / 1e6,
+            "drain_messages_per_call": messages_per_call(drained),
+            "e2e_messages_per_call": messages_per_call(records),
         }
+
+
+def messages_per_call(records: list) -> float:
+    """Messages per handler call: a batch handler's records of one call share their start."""
+    return round(len(records) / max(len({r[1] for r in records}), 1), 1)

@@ -49,6 +49,10 @@ class SluiceSettings:
     #: Messages one receive statement takes, processed in one transaction in chunks of 32 (one
     #: savepoint each).  100: the transport benchmark's best on PostgreSQL (drain 3.4x batch 8's).
     RECEIVE_BATCH_SIZE: int = 100
+    #: Run the hot statements (receive, peek, insert) as server-side prepared statements
+    #: where the database can (PostgreSQL: psycopg 3, on each connection).  Turn off behind
+    #: PgBouncer in transaction mode, which gives a session's statements to other backends.
+    PREPARED_STATEMENTS: bool = True
     #: ``sends_atomic_with_receive`` (default), ``receive_only`` or ``outbox``.
     TRANSACTION_MODE: str = "sends_atomic_with_receive"
     #: Immediate retries after the first failed attempt, before the error queue.

@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import nullcontext
+from functools import partial
+from typing import Any, Sequence
 
 from django.db import connections
 
+from core.conf import get_settings
 from core.dialects import dialect_for
 
 _lock = threading.Lock()
@@ -58,3 +62,97 @@ def writer_turn(alias: str):
         return nullcontext()
     with _lock:
         return _turns.setdefault(alias, FairLock())
+
+
+class StatementCursor:
+    """A cursor for Sluice's own statements on the Django connection of an alias (so they
+    run in whatever transaction is open there), with two things Django's cursor does not
+    offer: ``execute(..., prepare=True)`` and parameters bound by the server.
+
+    Where the dialect can (:attr:`Dialect.supports_server_binding`: PostgreSQL through
+    psycopg 3), the statements go through a driver cursor of server-side binding on the
+    connection Django already holds.  Django's own psycopg cursor binds on the client:
+    it quotes every array element as text in Python, which was a third of a
+    ``send_many``; bound by the server they travel as parameters, binary where the
+    statement says ``%b``.  ``prepare=True`` (the hot statements: receive, peek, insert)
+    makes it a server-side prepared statement of that connection unless
+    ``SLUICE_PREPARED_STATEMENTS`` is off (PgBouncer in transaction mode hands a
+    session's statements to other backends).  As with Django's cursor: driver errors
+    become Django's (``wrap_database_errors``), a broken transaction is refused, the
+    connection's ``execute_wrappers`` run around each statement, and statements are
+    logged in ``connection.queries`` when Django logs them (DEBUG,
+    ``CaptureQueriesContext``).  Elsewhere it is Django's cursor and ``prepare`` is
+    ignored.
+    """
+
+    __slots__ = ("_db", "_cursor", "_server", "_prepare")
+
+    def __init__(self, alias: str) -> None:
+        db = connections[alias]
+        d = dialect_for(db)
+        self._db = db
+        self._server = d.supports_server_binding
+        if self._server:
+            db.ensure_connection()
+            self._prepare = d.supports_prepared_statements and get_settings().PREPARED_STATEMENTS
+            self._cursor = d.server_cursor(db.connection, self._prepare)
+        else:
+            self._cursor = db.cursor()
+            self._prepare = False
+
+    @classmethod
+    def around(cls, cursor: Any) -> "StatementCursor":
+        """A StatementCursor over a Django cursor one already has (client-side binding,
+        ``prepare`` ignored)."""
+        self = cls.__new__(cls)
+        self._db, self._cursor, self._server, self._prepare = cursor.db, cursor, False, False
+        return self
+
+    def execute(self, sql: str, params: Sequence[Any] = (), *, prepare: bool = False) -> "StatementCursor":
+        if not self._server:
+            self._cursor.execute(sql, params)
+            return self
+        db = self._db
+        db.validate_no_broken_transaction()
+        if db.execute_wrappers:
+            run = partial(self._run, prepare=prepare)
+            for wrapper in reversed(db.execute_wrappers):
+                run = partial(wrapper, run)
+            run(sql, params, False, {"connection": db, "cursor": self})
+        else:
+            self._run(sql, params, False, None, prepare=prepare)
+        return self
+
+    def _run(self, sql: str, params: Sequence[Any], many: bool, context: Any, *, prepare: bool) -> None:
+        db = self._db
+        logged = db.queries_logged
+        started = time.monotonic() if logged else 0.0
+        with db.wrap_database_errors:
+            self._cursor.execute(sql, params, prepare=prepare and self._prepare)
+        if logged:
+            db.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        if not self._server:
+            return self._cursor.fetchall()  # Django's cursor wraps its errors itself
+        with self._db.wrap_database_errors:
+            return self._cursor.fetchall()
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        if not self._server:
+            return self._cursor.fetchone()
+        with self._db.wrap_database_errors:
+            return self._cursor.fetchone()
+
+    @property
+    def rowcount(self) -> int:
+        return self._cursor.rowcount
+
+    def close(self) -> None:
+        self._cursor.close()
+
+    def __enter__(self) -> "StatementCursor":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

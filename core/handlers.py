@@ -6,14 +6,23 @@
     def place_order(message, context):
         Order.objects.create(...)                      # same transaction as the receive
         context.send("billing", {"order": 1}, message_type="BillOrder")   # ditto
+
+    @handler("orders", "OrderPlaced", batch=True)   # a list of messages of one type
+    def orders_placed(messages, context):
+        Order.objects.bulk_create([Order(ref=m.json()["ref"]) for m in messages])
+
+A batch handler gets the messages of its type from one chunk of a receive batch (up to
+core.pump.CHUNK_SIZE).  When it raises, the pump calls it again one message at a time
+(one-element lists) to find the culprit: the others' work commits once, the culprit
+takes the normal failure path.  In ``outbox`` and ``receive_only`` modes it is always
+called with one message.
 """
 from __future__ import annotations
 
 import importlib
 import logging
 import threading
-from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 from core.conf import get_settings
 from core.messages import Headers, Message
@@ -34,15 +43,27 @@ class Sender(Protocol):
     def send(self, queue: str, body: Any, **options: Any) -> str: ...
 
 
-@dataclass
 class HandlerContext:
-    """What a handler can do besides its own business writes."""
+    """What a handler can do besides its own business writes.
 
-    message: Message
-    #: Transport for outgoing messages: in ``sends_atomic_with_receive`` mode it shares
-    #: the receive's connection and transaction; in ``outbox`` mode it collects them.
-    transport: Sender
-    extra: dict[str, Any] = field(default_factory=dict)
+    ``transport``: where outgoing messages go — in ``sends_atomic_with_receive`` mode it
+    shares the receive's connection and transaction; in ``outbox`` mode it collects
+    them.  One is made per handled message, so it is kept small (slots; ``extra`` made
+    on first use)."""
+
+    __slots__ = ("message", "transport", "_extra")
+
+    def __init__(self, message: Message, transport: Sender, extra: dict[str, Any] | None = None) -> None:
+        self.message = message
+        self.transport = transport
+        self._extra = extra
+
+    @property
+    def extra(self) -> dict[str, Any]:
+        """Free space for middleware and handlers (made on first use)."""
+        if self._extra is None:
+            self._extra = {}
+        return self._extra
 
     @property
     def attempt(self) -> int:
@@ -72,31 +93,82 @@ class HandlerContext:
         return self.send(address.split("@")[0], body, **options)
 
 
+class BatchContext:
+    """What a batch handler gets beside its list of messages: the transaction's alias and
+    transport, and per message a :class:`HandlerContext` (:meth:`for_message`) whose
+    ``send`` / ``reply`` keep that message's conversation."""
+
+    __slots__ = ("messages", "transport")
+
+    def __init__(self, messages: Sequence[Message], transport: Sender) -> None:
+        self.messages = messages
+        self.transport = transport
+
+    @property
+    def using(self) -> str:
+        """The database alias of the receive transaction (write business data here)."""
+        return self.transport.using
+
+    def for_message(self, message: Message) -> HandlerContext:
+        return HandlerContext(message, self.transport)
+
+    def send(self, queue: str, body: Any, **options: Any) -> str:
+        """Send a message (no conversation headers: use :meth:`for_message` for those)."""
+        return self.transport.send(queue, body, **options)
+
+
+class BatchHandler(Protocol):
+    def __call__(self, messages: list[Message], context: BatchContext) -> Any: ...
+
+
+def as_single(fn: BatchHandler) -> Handler:
+    """A batch handler as a one-message handler (modes that run messages one by one)."""
+
+    def single(message: Message, context: HandlerContext) -> Any:
+        return fn([message], BatchContext((message,), context.transport))
+
+    return single
+
+
 class HandlerRegistry:
     """(queue, message type) → handler; a handler registered with no type takes the rest."""
 
     def __init__(self) -> None:
         self._handlers: dict[tuple[str, str | None], Handler] = {}
+        self._batch: set[tuple[str, str | None]] = set()
         self._lock = threading.Lock()
 
-    def register(self, queue: str, message_type: str | None, fn: Handler) -> Handler:
+    def register(self, queue: str, message_type: str | None, fn: Handler | BatchHandler, *,
+                 batch: bool = False) -> Handler | BatchHandler:
+        """``batch``: ``fn(messages, context)`` takes a list (see the module doc)."""
+        key = (queue, message_type)
         with self._lock:
-            existing = self._handlers.get((queue, message_type))
-            if existing is not None and existing is not fn:
+            existing = self._handlers.get(key)
+            if existing is not None and (existing is not fn or (key in self._batch) != batch):
                 raise ValueError(f"queue {queue!r} already has a handler for {message_type or 'any type'}")
-            self._handlers[(queue, message_type)] = fn
+            self._handlers[key] = fn  # type: ignore[assignment]
+            if batch:
+                self._batch.add(key)
         return fn
 
     def unregister(self, queue: str, message_type: str | None) -> None:
         with self._lock:
             self._handlers.pop((queue, message_type), None)
+            self._batch.discard((queue, message_type))
 
-    def resolve(self, queue: str, message: Message) -> Handler | None:
+    def lookup(self, queue: str, message: Message) -> tuple[Handler | BatchHandler | None, bool]:
+        """The handler for ``message`` and whether it is a batch handler."""
         for name in message.message_types():
-            fn = self._handlers.get((queue, name)) or self._handlers.get((queue, name.rsplit(".", 1)[-1]))
-            if fn is not None:
-                return fn
-        return self._handlers.get((queue, None))
+            for key in ((queue, name), (queue, name.rsplit(".", 1)[-1])):
+                fn = self._handlers.get(key)
+                if fn is not None:
+                    return fn, key in self._batch
+        key = (queue, None)
+        fn = self._handlers.get(key)
+        return fn, fn is not None and key in self._batch
+
+    def resolve(self, queue: str, message: Message) -> Handler | BatchHandler | None:
+        return self.lookup(queue, message)[0]
 
     def queues(self) -> list[str]:
         return sorted({queue for queue, _ in self._handlers})
@@ -105,11 +177,12 @@ class HandlerRegistry:
 handlers = HandlerRegistry()
 
 
-def handler(queue: str, message_type: str | None = None) -> Callable[[Handler], Handler]:
-    """Decorator: register ``fn(message, context)`` for a queue and message type."""
+def handler(queue: str, message_type: str | None = None, *, batch: bool = False) -> Callable[[Any], Any]:
+    """Decorator: register ``fn(message, context)`` for a queue and message type; with
+    ``batch=True``, ``fn(messages, context)`` for lists of messages (see the module doc)."""
 
-    def register(fn: Handler) -> Handler:
-        return handlers.register(queue, message_type, fn)
+    def register(fn: Any) -> Any:
+        return handlers.register(queue, message_type, fn, batch=batch)
 
     return register
 

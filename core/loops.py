@@ -20,6 +20,12 @@ log = logging.getLogger("sluice.loops")
 
 
 class Loop(Protocol):
+    """``name`` and :meth:`step`; optionally ``threads`` (how many threads run
+    :meth:`step` at once, default 1: a pump runs one per unit of concurrency, each with
+    its own wait) and ``bind_wake(wake)``: ``wake(lane)`` cuts that thread's wait short,
+    ``wake()`` every thread's.  Inside a step, :func:`current_lane` says which thread
+    this is."""
+
     name: str
 
     def step(self) -> float:
@@ -55,14 +61,33 @@ def discard_connection(alias: str) -> None:
         conn.close()
 
 
+_lane = threading.local()
+
+
+def current_lane() -> int:
+    """Which of its loop's threads runs this step (0 outside a runner)."""
+    return getattr(_lane, "index", 0)
+
+
+def lanes_of(loop: Loop) -> int:
+    """How many threads run ``loop`` (its ``threads`` attribute, default 1)."""
+    return max(1, int(getattr(loop, "threads", 1)))
+
+
 class ThreadRunner:
-    """Runs each loop in its own thread until :meth:`stop`."""
+    """Runs each loop in its own thread (``loop.threads`` threads) until :meth:`stop`."""
 
     def __init__(self, loops: list[Loop]) -> None:
         self.loops = loops
         self._stop = threading.Event()
-        self._wake: dict[str, threading.Event] = {loop.name: threading.Event() for loop in loops}
+        # One event per thread: each thread keeps the no-lost-wake-up rule on its own
+        # (cleared just before its step, so a wake after that cuts its next wait short).
+        self._wake: dict[str, list[threading.Event]] = {
+            loop.name: [threading.Event() for _ in range(lanes_of(loop))] for loop in loops}
         self._threads: list[threading.Thread] = []
+        self._running: dict[str, int] = {}
+        self._running_lock = threading.Lock()
+        self._breakers: dict[str, RepeatedFailuresOverTimeCircuitBreaker] = {}
         self.errors: dict[str, int] = {loop.name: 0 for loop in loops}
         self.steps: dict[str, int] = {loop.name: 0 for loop in loops}
         self.last_step: dict[str, float] = {}
@@ -70,25 +95,38 @@ class ThreadRunner:
     def start(self) -> "ThreadRunner":
         for loop in self.loops:
             bind = getattr(loop, "bind_wake", None)
-            if bind is not None:  # loops that can be woken early (the delayed mover)
-                bind(lambda name=loop.name: self.wake(name))
-            thread = threading.Thread(target=self._run, args=(loop,), name=f"sluice-{loop.name}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+            if bind is not None:  # loops that can be woken early (pumps, the delayed mover)
+                bind(lambda lane=None, name=loop.name: self.wake(name, lane))
+            lanes = lanes_of(loop)
+            self._running[loop.name] = lanes
+            # Every loop is guarded: a step that raises arms this breaker (1 s pauses), 30 s of
+            # failures trigger it (10 s pauses, CRITICAL log); a good step closes it.
+            self._breakers[loop.name] = RepeatedFailuresOverTimeCircuitBreaker(
+                f"loop:{loop.name}", get_settings().TIME_TO_TRIGGER_RECEIVE_BREAKER)
+            for lane in range(lanes):
+                name = f"sluice-{loop.name}" + (f"-{lane}" if lane else "")
+                thread = threading.Thread(target=self._run, args=(loop, lane), name=name, daemon=True)
+                thread.start()
+                self._threads.append(thread)
         return self
 
-    def wake(self, name: str) -> None:
-        """Cut a loop's current wait short."""
-        event = self._wake.get(name)
-        if event is not None:
-            event.set()
+    def wake(self, name: str, lane: int | None = None) -> None:
+        """Cut a loop's current wait short: one thread's (``lane``), or all of them."""
+        events = self._wake.get(name)
+        if events is None:
+            return
+        if lane is None:
+            for event in events:
+                event.set()
+        elif 0 <= lane < len(events):
+            events[lane].set()
 
-    def _run(self, loop: Loop) -> None:
-        wake = self._wake[loop.name]
-        # Every loop is guarded: a step that raises arms this breaker (1 s pauses), 30 s of
-        # failures trigger it (10 s pauses, CRITICAL log); a good step closes it.
-        breaker = RepeatedFailuresOverTimeCircuitBreaker(f"loop:{loop.name}", get_settings().TIME_TO_TRIGGER_RECEIVE_BREAKER)
-        log.info("loop %s started", loop.name)
+    def _run(self, loop: Loop, lane: int = 0) -> None:
+        wake = self._wake[loop.name][lane]
+        _lane.index = lane
+        breaker = self._breakers[loop.name]
+        if lane == 0:
+            log.info("loop %s started (%d thread%s)", loop.name, lanes_of(loop), "" if lanes_of(loop) == 1 else "s")
         try:
             while not self._stop.is_set():
                 try:
@@ -109,17 +147,23 @@ class ThreadRunner:
                     wake.wait(wait)
                 wake.clear()
         finally:
+            with self._running_lock:
+                self._running[loop.name] -= 1
+                last = self._running[loop.name] == 0
             try:
-                loop.close()
+                if last:  # the loop's last thread closes it, once
+                    loop.close()
             finally:
                 connections.close_all()
-                log.info("loop %s stopped", loop.name)
+                if last:
+                    log.info("loop %s stopped", loop.name)
 
     def stop(self, timeout: float | None = 30.0) -> bool:
         """Ask every loop to stop after its current step; True when all have stopped."""
         self._stop.set()
-        for event in self._wake.values():
-            event.set()
+        for events in self._wake.values():
+            for event in events:
+                event.set()
         for thread in self._threads:
             thread.join(timeout)
         return not any(t.is_alive() for t in self._threads)
@@ -127,7 +171,8 @@ class ThreadRunner:
     def snapshot(self) -> list[dict]:
         """Each loop's name, whether its thread lives, its steps, errors and last step time."""
         alive = {t.name: t.is_alive() for t in self._threads}
-        return [{"name": loop.name, "alive": alive.get(f"sluice-{loop.name}", False),
+        return [{"name": loop.name, "alive": any(alive.get(f"sluice-{loop.name}" + (f"-{lane}" if lane else ""), False)
+                                                 for lane in range(lanes_of(loop))),
                  "steps": self.steps[loop.name], "errors": self.errors[loop.name],
                  "last_step": self.last_step.get(loop.name)} for loop in self.loops]
 

@@ -1,35 +1,46 @@
-"""The message pump: peek, then receive and process up to the concurrency limit.
+"""The message pump: per-thread receive loops, chunked processing.
 
-One step of :class:`MessagePump`:
+A pump runs ``concurrency`` threads (its ``threads``; core.loops.ThreadRunner starts
+one per unit, each with its own wait).  One :meth:`MessagePump.step` on a thread:
 
-1. *Peek*: estimate the queue length from max − min RowVersion (never a row count),
-   capped by ``max_records_to_peek``.  Empty → wait ``peek_delay``, or until a send
-   wakes the pump (core.wakeups: a commit in this process at once; another process's
-   through LISTEN/NOTIFY on PostgreSQL; the delayed mover's forwards too, as they go
-   through the same insert path).
-2. *Receive*: up to ``concurrency`` threads each take batches of
-   ``receive_batch_size`` rows in one transaction until the peeked budget is spent or
-   a receive comes back short (someone else got there first) — then back to peek.
-3. *Process*: each message runs its handler inside its own savepoint, so one failure
-   rolls back only that message's work; the failure is recorded in the same
-   transaction (core.recoverability).
+1. *Peek* — only when the thread comes back from an idle wait that no wake-up cut
+   short: estimate the queue length from max − min RowVersion (never a row count).
+   Empty → wait ``peek_delay``.  A wake-up (core.wakeups: a commit in this process at
+   once; another process's through LISTEN/NOTIFY on PostgreSQL; the delayed mover's
+   forwards, which go through the same insert path) skips the peek: the thread
+   receives at once.
+2. *Receive* up to ``receive_batch_size`` rows (capped by ``max_records_to_peek`` and
+   by the peek's estimate) in one statement and one transaction, and *process* them:
+   in ``sends_atomic_with_receive`` chunk by chunk, one savepoint per chunk of
+   :data:`CHUNK_SIZE`; otherwise one message at a time.
+3. A full batch → step again at once (and wake an idle thread of the pump: more may
+   wait); a short one → wait for a wake-up or the peek delay — unless a wake-up came
+   in that found no idle thread: then this one steps again at once.
 
-Each received message comes to one :class:`~core.outcomes.MessageOutcome`, decided in
-:meth:`MessagePump._process` and counted in one place (:meth:`receive_and_process`).
-How a handler runs — in a savepoint, on its own, or through the outbox — is the
-transaction mode's (core.transaction_modes, one strategy object per mode).
+No wake-up is lost, and one wake-up rouses one thread (not a herd of empty receives):
+a wake first raises the pump's ``pending`` flag, then looks for an idle thread; if it
+finds one it sets that thread's event (cleared by the runner only before a step) and
+lowers the flag.  A thread marks itself idle *before* it looks at the flag on its way
+to a wait.  So either the wake sees the thread idle and sets its event, or the thread
+sees the flag (left up because no thread was idle), lowers it and steps again at once.
+A step lowers the flag as it begins: it will see the rows of every wake-up so far.
+
+Each received message comes to one :class:`~core.outcomes.MessageOutcome`, counted in
+one place (:meth:`MessagePump.receive_and_process`).  How a handler runs — in a chunk's
+savepoint, on its own, or through the outbox — is the transaction mode's
+(core.transaction_modes).  Batch handlers (``@handler(..., batch=True)``) get the
+messages of their type in a chunk as one list; when one raises, the chunk runs again
+with that list split into one-message calls, which finds the culprit.
 """
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, transaction
 
 from core.breakers import RepeatedFailuresOverTimeCircuitBreaker
 from core.conf import MIN_PEEK_DELAY, get_settings
@@ -37,8 +48,8 @@ from core.db import writer_turn
 from core.errors import ConfigurationError, NoHandler
 from core.expiry import on_expired_receive
 from core.failures import RETRY_OF, mark_resolved
-from core.handlers import HandlerRegistry, handlers as default_handlers
-from core.loops import discard_connection
+from core.handlers import HandlerRegistry, as_single, handlers as default_handlers
+from core.loops import current_lane, discard_connection
 from core.messages import Message
 from core.outcomes import MessageOutcome
 from core.queues import dialect, missing_indexes
@@ -88,22 +99,32 @@ class _HandlerFailed(Exception):
         self.index = -1
 
 
-class _Budget:
-    """How many more messages this peek cycle may receive (shared by the threads)."""
+class _Unit:
+    """What one handler call covers in a chunk: one message, or (a batch handler) the
+    chunk's messages of one type.  ``fn`` None: settled without a handler (poison,
+    expired, no handler: :meth:`MessagePump._settle`)."""
 
-    def __init__(self, total: int) -> None:
-        self._left = total
-        self._lock = threading.Lock()
+    __slots__ = ("fn", "messages", "batch")
 
-    def take(self, want: int) -> int:
-        with self._lock:
-            got = min(want, self._left)
-            self._left -= got
-            return got
+    def __init__(self, fn: Any, messages: list[Message], batch: bool) -> None:
+        self.fn = fn
+        self.messages = messages
+        self.batch = batch
+
+
+class _Lane:
+    """One receive thread's state (see the module doc)."""
+
+    __slots__ = ("peek", "idle")
+
+    def __init__(self) -> None:
+        self.peek = True    # look before receiving (after an idle wait no wake-up cut short)
+        self.idle = False   # between a short step and the next one
 
 
 class MessagePump:
-    """Receives and processes the messages of one queue.  A loop (see core.loops)."""
+    """Receives and processes the messages of one queue.  A loop (see core.loops) run
+    by ``threads`` threads at once."""
 
     def __init__(
         self,
@@ -141,6 +162,8 @@ class MessagePump:
             log.info("%s allows one writer at a time: pump %s uses 1 thread, not %d",
                      dialect(self.business_alias).vendor, queue, self.concurrency)
             self.concurrency = 1
+        #: How many threads run :meth:`step` (core.loops.ThreadRunner).
+        self.threads = self.concurrency
         self.strategy = mode_for(self.mode, self.business_alias)
         self.receive_alias = self.strategy.receive_alias
         self.receiver = Transport(self.receive_alias)
@@ -156,9 +179,10 @@ class MessagePump:
         self._stats_lock = threading.Lock()
         self._stopping = threading.Event()
         self._closed = False
-        self._executor = ThreadPoolExecutor(self.concurrency, thread_name_prefix=f"sluice-{queue}")
+        self._lanes = [_Lane() for _ in range(self.threads)]
+        self._pending = False  # a wake-up no idle thread was roused for (module doc)
         missing_indexes(queue, self.receive_alias)
-        self._wake: Callable[[], None] = lambda: None
+        self._wake: Callable[..., None] = lambda lane=None: None
         self._hub_handle = wake_hub.register(queue_key(queue), self._on_wake)
         receive_dialect = dialect(self.receive_alias)
         self._poll_while_lost = receive_dialect.wake_poll_interval
@@ -166,12 +190,26 @@ class MessagePump:
             acquire_listener(self.receive_alias) if receive_dialect.supports_notify else None
 
     # -- waking ---------------------------------------------------------------------
-    def bind_wake(self, wake: Callable[[], None]) -> None:
-        """The runner's way to cut this loop's wait short."""
+    def bind_wake(self, wake: Callable[..., None]) -> None:
+        """The runner's way to cut a thread's wait short: ``wake(lane)``."""
         self._wake = wake
 
     def _on_wake(self, _due_epoch: float = 0.0) -> None:
-        self._wake()
+        """Rows were committed to the queue: raise the flag, then rouse an idle thread
+        (order matters: module doc)."""
+        self._pending = True
+        if self._rouse():
+            self._pending = False
+
+    def _rouse(self) -> bool:
+        """Set the event of one idle thread; False when none is idle."""
+        for index, lane in enumerate(self._lanes):
+            if lane.idle:
+                lane.idle = False
+                lane.peek = False  # there is something to take: no peek first
+                self._wake(index)
+                return True
+        return False
 
     def _idle_wait(self) -> float:
         """How long an empty queue waits: the peek delay, but no longer than the dialect's
@@ -182,33 +220,58 @@ class MessagePump:
 
     # -- the loop -------------------------------------------------------------
     def step(self) -> float:
-        try:
-            estimate = min(self.receiver.peek_estimate(self.queue), self.max_records_to_peek)
-        except DatabaseError as exc:
-            discard_connection(self.receive_alias)
-            return self.receive_breaker.failure(exc)
-        self.receive_breaker.success()
-        if estimate == 0:
+        """One receive on this thread (module doc): 0 to step again at once, else the
+        seconds to wait for a wake-up."""
+        lane = self._lanes[current_lane() % len(self._lanes)]
+        lane.idle = False
+        self._pending = False  # this step begins after any wake-up so far: it sees their rows
+        if self._stopping.is_set():
             return self._idle_wait()
-        budget = _Budget(estimate)
-        workers = min(self.concurrency, math.ceil(estimate / self.batch_size))
-        futures = [self._executor.submit(self._receive_until_short, budget) for _ in range(workers)]
-        received, failure = 0, None
-        for future in futures:
+        want = min(self.batch_size, self.max_records_to_peek)
+        if lane.peek:
             try:
-                received += future.result()
-            except DatabaseError as exc:  # the database, not a handler: handlers' errors are data
-                failure = exc
-        if failure is not None:
-            return self.processing_breaker.failure(failure)
+                estimate = self.receiver.peek_estimate(self.queue)
+            except DatabaseError as exc:
+                discard_connection(self.receive_alias)
+                return self.receive_breaker.failure(exc)
+            self.receive_breaker.success()
+            if estimate == 0:
+                return self._short(lane)
+            want = min(want, estimate)
+        try:
+            got = self.receive_and_process(want)
+        except DatabaseError as exc:  # the database, not a handler: handlers' errors are data
+            discard_connection(self.receive_alias)
+            lane.peek = True
+            return self.processing_breaker.failure(exc)
+        except Exception:
+            discard_connection(self.receive_alias)
+            lane.peek = True
+            raise
         self.processing_breaker.success()
-        return 0.0 if received else self._idle_wait()
+        if got >= want:
+            lane.peek = False  # more may wait: straight to the next receive, with a helper
+            self._rouse()
+            return 0.0
+        return self._short(lane)
+
+    def _short(self, lane: _Lane) -> float:
+        """The queue looked empty: wait — unless a wake-up found no idle thread."""
+        lane.idle = True  # before looking at the flag (module doc)
+        if self._pending:
+            self._pending = False
+            lane.idle = False
+            lane.peek = False
+            return 0.0
+        lane.peek = True
+        return self._idle_wait()
 
     def stop(self) -> None:
         """Finish the current batches, take no new ones."""
         self._stopping.set()
 
     def close(self) -> None:
+        """Release the wake-up registrations (each thread's connections are its runner's)."""
         if self._closed:
             return  # (a runner closes its loops; their owner may too)
         self._closed = True
@@ -217,37 +280,8 @@ class MessagePump:
         if self._listener is not None:
             release_listener(self.receive_alias, self._listener)
             self._listener = None
-        # One close per pool thread: the barrier keeps each task on its own thread.
-        barrier = threading.Barrier(self.concurrency)
-
-        def close_connections() -> None:
-            connections.close_all()
-            try:
-                barrier.wait(timeout=5)
-            except threading.BrokenBarrierError:
-                pass
-
-        for _ in range(self.concurrency):
-            self._executor.submit(close_connections)
-        self._executor.shutdown(wait=True)
 
     # -- receiving --------------------------------------------------------------
-    def _receive_until_short(self, budget: _Budget) -> int:
-        received = 0
-        try:
-            while not self._stopping.is_set():
-                want = budget.take(self.batch_size)
-                if not want:
-                    break
-                got = self.receive_and_process(want)
-                received += got
-                if got < want:
-                    break  # another receiver got there first, or the queue is empty: peek again
-        except Exception:
-            discard_connection(self.receive_alias)
-            raise
-        return received
-
     def receive_and_process(self, limit: int = 1) -> int:
         """Receive up to ``limit`` messages in one transaction and process each: chunk by
         chunk (one savepoint per chunk) where the transaction mode allows it, else one
@@ -257,11 +291,13 @@ class MessagePump:
         with writer_turn(self.receive_alias), transaction.atomic(using=self.receive_alias):
             messages = self.receiver.receive_batch(self.queue, limit)
             batch = self.strategy.batch(messages)
+            resolved: dict[str | None, tuple[Any, bool]] = {}  # one registry look-up per type per batch
             if getattr(batch, "chunked", False):
                 outcomes = [outcome for start in range(0, len(messages), CHUNK_SIZE)
-                            for outcome in self._process_chunk(messages[start:start + CHUNK_SIZE], batch, records)]
+                            for outcome in self._process_chunk(messages[start:start + CHUNK_SIZE], batch, records,
+                                                               resolved)]
             else:
-                outcomes = [self._process(message, batch, records) for message in messages]
+                outcomes = [self._process(message, batch, records, resolved) for message in messages]
             for outcome in outcomes:
                 stats.count(outcome)  # the one place each message's outcome is counted
             records.write(self.receive_alias)  # processing records: one INSERT per batch, this transaction
@@ -271,23 +307,49 @@ class MessagePump:
         batch.after_commit()
         return len(messages)
 
-    def _process_chunk(self, chunk: list[Message], batch: Any,
-                       records: RecordBatch | NoRecords) -> list[MessageOutcome]:
-        """Run a chunk in ONE savepoint.  When a handler raises, the savepoint rolls back,
-        that message's failure is recorded (in the receive's transaction, outside the
+    def _lookup(self, message: Message, resolved: dict[str | None, tuple[Any, bool]]) -> tuple[Any, bool]:
+        key = message.message_type
+        found = resolved.get(key)
+        if found is None:
+            found = resolved[key] = self.handlers.lookup(self.queue, message)
+        return found
+
+    def _units(self, chunk: list[Message], resolved: dict[str | None, tuple[Any, bool]]) -> list[_Unit]:
+        """The chunk's handler calls, in order: a batch handler's messages of one type go
+        together, at the place of the first of them."""
+        units: list[_Unit] = []
+        groups: dict[tuple[int, str | None], _Unit] = {}
+        for message in chunk:
+            fn, is_batch = (None, False) if message.poison or message.expired else self._lookup(message, resolved)
+            if not is_batch:
+                units.append(_Unit(fn, [message], False))
+                continue
+            key = (id(fn), message.message_type)
+            unit = groups.get(key)
+            if unit is None:
+                unit = groups[key] = _Unit(fn, [], True)
+                units.append(unit)
+            unit.messages.append(message)
+        return units
+
+    def _process_chunk(self, chunk: list[Message], batch: Any, records: RecordBatch | NoRecords,
+                       resolved: dict[str | None, tuple[Any, bool]]) -> list[MessageOutcome]:
+        """Run a chunk in ONE savepoint.  When a handler raises, the savepoint rolls back;
+        a batch handler's list is split into one-message calls and the chunk runs again;
+        a single message's failure is recorded (in the receive's transaction, outside the
         savepoint) and the chunk runs again without it — its earlier messages included:
-        their handlers run twice, their database work (and processing records) counts once.
-        Outcomes in order."""
+        their handlers run twice, their database work (and processing records) counts
+        once.  Outcomes in order."""
         outcomes: dict[int, MessageOutcome] = {}
-        pending = list(chunk)
+        pending = self._units(chunk, resolved)
         while pending:
             mark = records.mark()  # the chunk's processing records go if its savepoint does
             try:
                 with transaction.atomic(using=self.receive_alias):  # the chunk's savepoint
                     done = []
-                    for index, message in enumerate(pending):
+                    for index, unit in enumerate(pending):
                         try:
-                            done.append(self._run(message, batch, records))
+                            done.append(self._run(unit, batch, records))
                         except _HandlerFailed as failed:
                             failed.index = index
                             raise
@@ -295,18 +357,30 @@ class MessagePump:
             except _HandlerFailed as failed:
                 batch.discard()
                 records.rollback_to(mark)
-                culprit = pending.pop(failed.index)
-                outcomes[id(culprit)] = self._failed(culprit, failed, records)
+                unit = pending[failed.index]
+                if len(unit.messages) > 1:  # which of the batch? One message at a time tells
+                    log.info("batch handler for %d message(s) on %s failed (%s); calling it per message",
+                             len(unit.messages), self.queue, failed.cause)
+                    pending[failed.index:failed.index + 1] = [_Unit(unit.fn, [m], True) for m in unit.messages]
+                else:
+                    culprit = pending.pop(failed.index).messages[0]
+                    outcomes[id(culprit)] = self._failed(culprit, failed, records)
                 continue
-            outcomes.update((id(m), outcome) for m, outcome in zip(pending, done))
+            for unit, outcome in zip(pending, done):
+                for message in unit.messages:
+                    outcomes[id(message)] = outcome
             break
         return [outcomes[id(m)] for m in chunk]
 
-    def _process(self, message: Message, batch: BatchScope, records: RecordBatch | NoRecords) -> MessageOutcome:
-        """What one received message comes to, inside the receive's transaction (and its
-        processing record, written with the batch)."""
+    def _process(self, message: Message, batch: BatchScope, records: RecordBatch | NoRecords,
+                 resolved: dict[str | None, tuple[Any, bool]]) -> MessageOutcome:
+        """What one received message comes to, on its own (modes without chunks), inside
+        the receive's transaction (and its processing record, written with the batch)."""
+        fn, is_batch = (None, False) if message.poison or message.expired else self._lookup(message, resolved)
+        if is_batch:
+            fn = as_single(fn)
         try:
-            return self._run(message, batch, records)
+            return self._run(_Unit(fn, [message], False), batch, records)
         except _HandlerFailed as failed:
             return self._failed(message, failed, records)
 
@@ -315,9 +389,8 @@ class MessagePump:
         records.handler_failed(message, failure, failed.started_us)
         return MessageOutcome.ERRORED if failure is FailureOutcome.ERROR else MessageOutcome.RETRIED
 
-    def _run(self, message: Message, batch: BatchScope, records: RecordBatch | NoRecords) -> MessageOutcome:
-        """:meth:`_process` up to the handler; a handler's exception comes out as
-        :class:`_HandlerFailed` (its failure is recorded by the caller)."""
+    def _settle(self, message: Message, records: RecordBatch | NoRecords) -> MessageOutcome:
+        """A message no handler sees: poison, expired, or no handler for its type."""
         if message.poison:
             self.recoverability.move_poison(message)
             records.to_error_queue(message)
@@ -325,24 +398,35 @@ class MessagePump:
         if message.expired:
             records.expired(message, on_expired_receive(self.receiver, message))
             return MessageOutcome.EXPIRED
-        fn = self.handlers.resolve(self.queue, message)
-        if fn is None:
-            self.recoverability.move_to_error(
-                message, NoHandler(f"no handler on {self.queue} for message type {message.message_type!r}"))
-            records.to_error_queue(message)
-            return MessageOutcome.ERRORED
-        started = time.monotonic()
+        self.recoverability.move_to_error(
+            message, NoHandler(f"no handler on {self.queue} for message type {message.message_type!r}"))
+        records.to_error_queue(message)
+        return MessageOutcome.ERRORED
+
+    def _run(self, unit: _Unit, batch: BatchScope, records: RecordBatch | NoRecords) -> MessageOutcome:
+        """One handler call (or a settled message); a handler's exception comes out as
+        :class:`_HandlerFailed` (its failure is recorded by the caller)."""
+        if unit.fn is None:
+            return self._settle(unit.messages[0], records)
+        debug = log.isEnabledFor(logging.DEBUG)
+        started = time.monotonic() if debug else 0.0
         started_us = now_us()
         try:
-            outcome = batch.handle(message, fn)
+            if unit.batch:
+                outcome = batch.handle_batch(unit.messages, unit.fn)  # type: ignore[attr-defined]
+            else:
+                outcome = batch.handle(unit.messages[0], unit.fn)
         except Exception as exc:  # the handler's failure is data, not a crash
             raise _HandlerFailed(exc, started_us) from exc
         if outcome is MessageOutcome.DUPLICATE:
-            log.debug("message %s on %s is a duplicate: handler skipped", message.id, self.queue)
+            if debug:
+                log.debug("message %s on %s is a duplicate: handler skipped", unit.messages[0].id, self.queue)
             return outcome
-        records.processed(message, started_us)
-        if RETRY_OF in message.headers:  # a retried failed message succeeded: its record is resolved
-            mark_resolved(message.headers[RETRY_OF], using=self.receive_alias)
-        log.debug("handled %s (%s) on %s in %.1f ms", message.id, message.message_type, self.queue,
-                  (time.monotonic() - started) * 1000)
+        for message in unit.messages:
+            records.processed(message, started_us)
+            if RETRY_OF in message.headers:  # a retried failed message succeeded: its record is resolved
+                mark_resolved(message.headers[RETRY_OF], using=self.receive_alias)
+        if debug:
+            log.debug("handled %d message(s) (%s) on %s in %.1f ms", len(unit.messages),
+                      unit.messages[0].message_type, self.queue, (time.monotonic() - started) * 1000)
         return outcome

@@ -249,6 +249,32 @@ def ensure_queue_table(name: str, using: str | None = None) -> None:
             cursor.execute(sql, params)
 
 
+def apply_table_upkeep(using: str | None = None) -> list[str]:
+    """Give every registered queue's table the dialect's storage settings
+    (:meth:`Dialect.table_upkeep`: PostgreSQL's autovacuum thresholds), for tables made
+    before Sluice set them; ``sluice setup`` runs it.  Idempotent, and nothing where the
+    dialect has none.  Returns the queues it went over."""
+    alias = _alias(using)
+    d = dialect(alias)
+    if not d.supports_table_upkeep:
+        return []
+    names = sorted(QueueRecord.objects.using(alias).values_list("name", flat=True))
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        lock = d.ddl_lock()
+        if lock:
+            cursor.execute(*lock)
+        for name in names:
+            for sql, params in d.table_upkeep(name):
+                cursor.execute(sql, params)
+        active = d.table_upkeep_active()
+        if active is not None:
+            cursor.execute(*active)
+            if not cursor.fetchone()[0]:
+                log.warning("autovacuum is off on this database server: queue tables pile up dead rows "
+                            "until someone runs VACUUM; turn it on (autovacuum = on in postgresql.conf)")
+    return names
+
+
 def delete_queue(name: str, using: str | None = None) -> None:
     """Drop a queue's table and registry row (its messages are gone)."""
     validate_name(name)

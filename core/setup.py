@@ -9,7 +9,7 @@ from core.conf import get_settings
 from core.handlers import handlers, load_handler_modules
 from core.models import QueueKind
 from core.outbox import OutboxStore, create_outbox_table
-from core.queues import create_queue, missing_indexes
+from core.queues import apply_table_upkeep, create_queue, missing_indexes
 from core.scheduling import delayed_store
 
 log = logging.getLogger("sluice.setup")
@@ -35,6 +35,7 @@ def setup_infrastructure(using: str | None = None) -> list[tuple[str, bool]]:
         _, created = create_queue(name, kind=kind, using=alias)
         missing_indexes(name, alias)
         done.append((name, created))
+    apply_table_upkeep(alias)  # queues made by `sluice queue create` or an older Sluice too
     table, created = create_outbox_table(alias)
     OutboxStore(alias, table).missing_indexes()
     done.append((table, created))

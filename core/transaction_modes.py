@@ -14,6 +14,8 @@ One small strategy object per mode (SLUICE_TRANSACTION_MODE), chosen once per pu
 
 A pump runs several receive batches at once (one per thread), so per-batch state lives
 in the :class:`BatchScope` that :meth:`TransactionMode.batch` returns, never in the mode.
+Only :class:`ChunkedScope` takes batch handlers' lists (``handle_batch``); the other
+modes run a batch handler with one message at a time (core.handlers.as_single).
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from django.db import transaction
 from core.conf import TRANSACTION_MODES
 from core.db import independent_alias
 from core.errors import ConfigurationError
-from core.handlers import Handler, HandlerContext
+from core.handlers import BatchContext, BatchHandler, Handler, HandlerContext
 from core.messages import Headers, Message
 from core.outbox import Outbox
 from core.outcomes import MessageOutcome
@@ -117,7 +119,12 @@ class ChunkedScope:
         self.sender = ChunkBufferedTransport(alias)
 
     def handle(self, message: Message, fn: Handler) -> MessageOutcome:
-        fn(message, HandlerContext(message=message, transport=self.sender))
+        fn(message, HandlerContext(message, self.sender))
+        return MessageOutcome.SUCCEEDED
+
+    def handle_batch(self, messages: list[Message], fn: BatchHandler) -> MessageOutcome:
+        """A batch handler's call: ``messages`` of one type from one chunk, as one list."""
+        fn(list(messages), BatchContext(messages, self.sender))
         return MessageOutcome.SUCCEEDED
 
     def flush(self) -> None:
@@ -145,7 +152,7 @@ class ReceiveOnly(_StatelessMode):
         self.receive_alias = independent_alias(business_alias)
 
     def handle(self, message: Message, fn: Handler) -> MessageOutcome:
-        fn(message, HandlerContext(message=message, transport=self.sender))
+        fn(message, HandlerContext(message, self.sender))
         return MessageOutcome.SUCCEEDED
 
 
@@ -172,7 +179,7 @@ class _OutboxBatch:
     def handle(self, message: Message, fn: Handler) -> MessageOutcome:
         message_id = message_id_of(message)
         result = self.outbox.phase1(
-            message_id, lambda sender: fn(message, HandlerContext(message=message, transport=sender)), self.known)
+            message_id, lambda sender: fn(message, HandlerContext(message, sender)), self.known)
         if result.needs_dispatch:
             self.to_dispatch.append(message_id)
         return MessageOutcome.DUPLICATE if result.duplicate else MessageOutcome.SUCCEEDED

@@ -9,7 +9,6 @@ sends go through the same connection as the receive that delivered its message.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import uuid
 from dataclasses import dataclass
@@ -19,19 +18,19 @@ from typing import Any, Iterator, Mapping, Sequence
 from django.db import DatabaseError, connections, transaction
 
 from core.conf import get_settings
+from core.db import StatementCursor
 from core.dialects import Dialect, dialect_for
 from core.errors import BodyTooLarge, InvalidMessage, PoisonMessage, UnknownQueue
 from core.messages import (Headers, Message, decode_headers, encode_headers, parse_timespan, timespan,
                            wire_time)
+from core.outgoing import (ID_NAMESPACE, MAX_MESSAGE_ID_LENGTH, OutgoingMessage, encode_body, like_first,  # noqa: F401
+                           row_id_for, validate_message_id)
 from core.queues import QueueInfo, registry, validate_name, validate_ttl
 from core.scheduling import DelayedMessage, DelayedMessageStore, delayed_store, resolve_due
 from core.wakeups import notify_queue, queue_key, wake_hub
 
 log = logging.getLogger("sluice.transport")
 
-#: Namespace for turning a non-UUID message id into the table's uuid Id column.
-ID_NAMESPACE = uuid.UUID("5f1a7c2e-8b0d-4f57-9a52-3c1e5d0b7a11")
-MAX_MESSAGE_ID_LENGTH = 200
 #: The most rows one purge statement deletes (SQL Server escalates past 5,000 row locks).
 MAX_PURGE_BATCH = 4000
 
@@ -47,62 +46,6 @@ class QueueCounts:
     @property
     def pending(self) -> int:
         return self.total - self.expired
-
-
-@dataclass(frozen=True)
-class OutgoingMessage:
-    """A row ready for its queue table: what :meth:`Transport.enqueue` inserts.
-
-    Made by :meth:`Transport.build` (a new message, validated), :meth:`Transport.outgoing`
-    (headers already complete: the delayed mover, failed-message retries, the outbox)
-    or :meth:`Transport.move` (a received message into another queue)."""
-
-    queue: str
-    row_id: str
-    headers: dict[str, str]
-    body: bytes
-    correlation_id: str | None
-    reply_to: str | None
-    #: Expires = the database's now + this many seconds (None: see ``expires``).
-    ttl_seconds: float | None
-    #: An absolute Expires kept from a received row (an immediate retry keeps its expiry);
-    #: used only when ``ttl_seconds`` is None.  None and no TTL: the row never expires.
-    expires: dt.datetime | None = None
-
-    @property
-    def message_id(self) -> str:
-        return self.headers[Headers.MESSAGE_ID]
-
-
-def encode_body(body: Any, content_type: str | None) -> tuple[bytes, str]:
-    """Bytes and content type for a body given as bytes, text or a JSON-able value."""
-    if isinstance(body, (bytes, bytearray, memoryview)):
-        return bytes(body), content_type or "application/octet-stream"
-    if isinstance(body, str):
-        return body.encode("utf-8"), content_type or "text/plain"
-    try:
-        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8"), \
-            content_type or "application/json"
-    except (TypeError, ValueError) as exc:
-        raise InvalidMessage(f"body must be bytes, text or JSON-serialisable: {exc}") from None
-
-
-def validate_message_id(message_id: Any) -> str:
-    """The message id if it is 1–200 printable characters; InvalidMessage otherwise."""
-    if not isinstance(message_id, str) or not message_id.strip() or len(message_id) > MAX_MESSAGE_ID_LENGTH \
-            or any(ord(c) < 32 for c in message_id):
-        raise InvalidMessage(
-            f"message id must be 1–{MAX_MESSAGE_ID_LENGTH} printable characters, not {message_id!r}"
-        )
-    return message_id
-
-
-def row_id_for(message_id: str) -> str:
-    """The uuid for the Id column: the message id itself when it is a UUID."""
-    try:
-        return str(uuid.UUID(message_id))
-    except ValueError:
-        return str(uuid.uuid5(ID_NAMESPACE, message_id))
 
 
 class Transport:
@@ -127,8 +70,8 @@ class Transport:
         validate_name(name)
         return registry.get(name, self.using)
 
-    def _cursor(self):
-        return connections[self.using].cursor()
+    def _cursor(self) -> StatementCursor:
+        return StatementCursor(self.using)
 
     # -- making rows -------------------------------------------------------------
     def build(
@@ -174,6 +117,25 @@ class Transport:
             all_headers[Headers.REPLY_TO_ADDRESS] = reply_to
         all_headers.pop(Headers.TIME_TO_BE_RECEIVED, None)  # the TTL argument decides
         return self.outgoing(queue, message_id, all_headers, data, ttl=validate_ttl(ttl))
+
+    def build_many(self, queue: str, bodies: Sequence[Any], *, message_id: str | None = None,
+                   headers: Mapping[str, str] | None = None, correlation_id: str | None = None,
+                   content_type: str | None = None, **options: Any) -> list[OutgoingMessage]:
+        """:meth:`build` for several bodies with the same options, in order.  The options
+        are validated once (the first message is built the long way); the others copy
+        its headers with their own ids (:func:`core.outgoing.like_first`)."""
+        bodies = list(bodies)
+        same = dict(message_id=message_id, headers=headers, correlation_id=correlation_id,
+                    content_type=content_type, **options)
+        if not bodies:
+            return []
+        first = self.build(queue, bodies[0], **same)
+        if message_id is not None:  # one id for all: rare enough for the long way
+            return [first, *(self.build(queue, body, **same) for body in bodies[1:])]
+        rest = like_first(first, bodies[1:], content_type=content_type,
+                          max_body_bytes=get_settings().MAX_BODY_BYTES, options_headers=headers,
+                          correlation_id=correlation_id)
+        return [first, *(m if isinstance(m, OutgoingMessage) else self.build(queue, m, **same) for m in rest)]
 
     def outgoing(self, queue: str, message_id: str, headers: Mapping[str, str], body: bytes, *,
                  ttl: float | None = None, forever: bool = False) -> OutgoingMessage:
@@ -221,13 +183,14 @@ class Transport:
             for (queue, with_ttl), group in groups.items():
                 if with_ttl:
                     rows = [[m.row_id, m.correlation_id, m.reply_to, *d.ttl_params(m.ttl_seconds),
-                             encode_headers(m.headers), m.body] for m in group]
+                             m.encoded_headers(), m.body] for m in group]
                 else:
                     rows = [[m.row_id, m.correlation_id, m.reply_to, d.datetime_param(m.expires),
-                             encode_headers(m.headers), m.body] for m in group]
+                             m.encoded_headers(), m.body] for m in group]
                 size = d.insert_rows_per_statement(len(rows[0]))
                 for start in range(0, len(rows), size):
-                    cursor.execute(*d.insert_rows(queue, rows[start:start + size], with_ttl))
+                    sql, params = d.insert_rows(queue, rows[start:start + size], with_ttl)
+                    cursor.execute(sql, params, prepare=True)
         names = sorted({queue for queue, _ in groups})
         for queue in names:
             registry.record_activity(queue, self.using)
@@ -330,7 +293,7 @@ class Transport:
         batch) put them in the delayed store instead, as :meth:`send` does.  Inside
         ``transaction.atomic()`` the batch commits as a whole."""
         wait, when = resolve_due(delay, deliver_at)
-        messages = [self.build(queue, body, **options) for body in bodies]
+        messages = self.build_many(queue, bodies, **options)
         if wait is None and when is None:
             self.enqueue(messages)
         else:
@@ -349,7 +312,7 @@ class Transport:
         info = self._queue(queue)
         d = self.dialect
         with self._cursor() as cursor:
-            cursor.execute(d.receive(queue), [limit])
+            cursor.execute(d.receive(queue), [limit], prepare=True)
             rows = cursor.fetchall()
         messages = sorted((self.to_message(queue, d.to_row(raw)) for raw in rows), key=lambda m: m.row_version)
         if messages:
@@ -362,14 +325,12 @@ class Transport:
 
     def to_message(self, queue: str, row) -> Message:
         """A Message from a normalised row (headers parsed; poison when they cannot be)."""
-        message = Message(id=row.id, headers={}, body=row.body, queue=queue, row_version=row.row_version,
-                          expires=row.expires, expired=row.expired, correlation_id=row.correlation_id,
-                          reply_to=row.reply_to, raw_headers=row.headers)
         try:
-            message.headers = decode_headers(row.headers)
+            headers, poison = decode_headers(row.headers), None
         except PoisonMessage as exc:
-            message.poison = str(exc)
-        return message
+            headers, poison = {}, str(exc)
+        return Message(row.id, headers, row.body, queue, row.row_version, row.expires, row.expired,
+                       row.correlation_id, row.reply_to, row.headers, poison)
 
     # -- looking -------------------------------------------------------------
     def peek_estimate(self, queue: str) -> int:
@@ -377,7 +338,7 @@ class Transport:
         info = self._queue(queue)
         registry.record_activity(info.name, self.using)  # a listening pump keeps a temporary queue alive
         with self._cursor() as cursor:
-            cursor.execute(self.dialect.peek_estimate(queue), [])
+            cursor.execute(self.dialect.peek_estimate(queue), [], prepare=True)
             value = cursor.fetchone()[0]
         return max(int(value or 0), 0)
 

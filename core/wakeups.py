@@ -145,9 +145,10 @@ class PostgresListener(threading.Thread):
                     for channel in self.channels:
                         conn.execute(f"LISTEN {channel}")
                     self.backend_pid = conn.info.backend_pid
-                    self.connected.set()
                     self.lost.clear()
                     wake_hub.wake_all()  # (re)connected: something may have been missed
+                    # Set last, so that whoever waits for it knows that wake-up is behind.
+                    self.connected.set()
                     while not self._stopping.is_set():
                         for note in conn.notifies(timeout=1.0):
                             self.callback(note.channel, note.payload, note.pid)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Local demo: start Redis, migrate, create the queues, collect static files, create the
 # dashboard login, then run the web dashboard (gunicorn) and one Celery worker (hosting
-# Sluice's pumps and delayed mover, with beat embedded for the periodic tasks) side by
+# Sluice's pumps and delayed mover, with Celery beat, a process of its own, for the periodic tasks) side by
 # side until Ctrl-C. Used by `make run` (after scripts/bootstrap.sh).
 #
 # The web app runs as in production — gunicorn with sluice/gunicorn_conf.py, DEBUG off,
@@ -56,12 +56,16 @@ bash scripts/services.sh redis
 new_secret "$RUN_DIR/admin_password" 12
 "$PY" manage.py sluice user add "$ADMIN_USER" --role operator --password "$(cat "$RUN_DIR/admin_password")" --update
 
-# One Celery worker: the bootstep runs the pumps, the mover and the health heartbeat;
-# -B embeds beat (purge, idle queues, error ingestion). Demo traffic unless DEMO=0.
+# One Celery worker: the bootstep runs the pumps, the mover and the health heartbeat.
+# Beat (purge, idle queues, error ingestion) runs as a process of its own, as in the
+# compose file: an embedded beat (-B) is forked after the worker's loop threads hold
+# SQLite connections, and now and then hung at exit on a lock held across the fork.
+# Demo traffic unless DEMO=0.
 export SLUICE_DEMO_TRAFFIC=1
 [ "${DEMO:-1}" = 0 ] && export SLUICE_DEMO_TRAFFIC=0
-worker_cmd=("$PY" -m celery -A workers worker -B --pool=threads --concurrency=2 --loglevel=info
-            --schedule="$RUN_DIR/celerybeat-schedule" --hostname="sluice@%h")
+worker_cmd=("$PY" -m celery -A workers worker --pool=threads --concurrency=2 --loglevel=info
+            --hostname="sluice@%h")
+beat_cmd=("$PY" -m celery -A workers beat --loglevel=info --schedule="$RUN_DIR/celerybeat-schedule")
 # gunicorn as in production (sluice/gunicorn_conf.py); the access log goes to a file here
 # because the dashboard's polling would bury the worker's log in this terminal.
 web_cmd=("$PY" -m gunicorn -c python:sluice.gunicorn_conf --bind "$RUN_ADDR"
@@ -74,25 +78,26 @@ set -m
 
 web_pid=
 worker_pid=
+beat_pid=
 
 alive() { [ -n "$1" ] && kill -0 "$1" 2>/dev/null; }
 # group_alive PID: a process is left in the child's process group (each child leads its
-# own, see set -m): gunicorn's workers, the worker's embedded beat process.
+# own, see set -m): gunicorn's workers, a worker's pool.
 group_alive() { [ -n "$1" ] && kill -0 -- "-$1" 2>/dev/null; }
 
 # stop_children SIGNAL: signal both process groups (as a terminal's Ctrl-C signals its
-# foreground group), wait up to STOP_TIMEOUT s, then SIGKILL what is left: a stuck beat
+# foreground group), wait up to STOP_TIMEOUT s, then SIGKILL what is left: a stuck
 # process must not outlive `make run`.
 stop_children() {
     local sig=$1 pid i
-    for pid in $web_pid $worker_pid; do
+    for pid in $web_pid $worker_pid $beat_pid; do
         if group_alive "$pid"; then kill -s "$sig" -- "-$pid" 2>/dev/null || true; fi
     done
     for ((i = 0; i < STOP_TIMEOUT * 10; i++)); do
-        group_alive "$web_pid" || group_alive "$worker_pid" || break
+        group_alive "$web_pid" || group_alive "$worker_pid" || group_alive "$beat_pid" || break
         sleep 0.1
     done
-    for pid in $web_pid $worker_pid; do
+    for pid in $web_pid $worker_pid $beat_pid; do
         if group_alive "$pid"; then
             say "process group $pid did not stop within ${STOP_TIMEOUT}s; killing it"
             kill -s KILL -- "-$pid" 2>/dev/null || true
@@ -104,7 +109,7 @@ stop_children() {
 # shellcheck disable=SC2317  # invoked from the traps below
 on_signal() {
     trap '' INT TERM HUP
-    say "received SIG$1: stopping web server and worker"
+    say "received SIG$1: stopping web server, worker and beat"
     local fwd=$1
     [ "$fwd" = HUP ] && fwd=TERM
     stop_children "$fwd"
@@ -122,6 +127,8 @@ trap 'on_signal HUP' HUP
 web_pid=$!
 "${worker_cmd[@]}" &
 worker_pid=$!
+"${beat_cmd[@]}" &
+beat_pid=$!
 
 # serving URL: true once the web app answers (any HTTP status: /healthz says 503 while
 # the database is down, but the server is up).
@@ -151,7 +158,7 @@ for ((i = 0; i < 900; i++)); do
     sleep 0.1
 done
 
-say "worker: celery worker + beat (pid $worker_pid; its log is this terminal; demo traffic: $SLUICE_DEMO_TRAFFIC)"
+say "worker: celery worker (pid $worker_pid) + beat (pid $beat_pid); their logs are this terminal; demo traffic: $SLUICE_DEMO_TRAFFIC"
 say "web: gunicorn (pid $web_pid; access log $RUN_DIR/access.log)"
 say "status: .venv/bin/python manage.py sluice status"
 say "database: ${DATABASE_URL:-sqlite:///var/sluice.sqlite3}"

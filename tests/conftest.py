@@ -6,6 +6,7 @@ import contextlib
 import copy
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import threading
@@ -15,7 +16,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 
 from core.handlers import handlers
 from core.queues import create_queue, delete_queue, registry
@@ -27,6 +28,14 @@ ROOT = Path(__file__).resolve().parent.parent
 # (core/startup.py).  The tests start real ones (Celery workers, `sluice worker`,
 # gunicorn) as child processes, which inherit this environment: a random key per run.
 os.environ.setdefault("DJANGO_SECRET_KEY", "tests-" + secrets.token_urlsafe(40))
+
+
+# A pytest started in the background by a non-interactive shell (make test's passes, a CI
+# runner's step) has SIGINT ignored, and its children would inherit that: a test's Ctrl-C
+# (SIGINT) to a child would do nothing, and bash cannot even trap a signal ignored on entry
+# (scripts/run.sh in tests/test_deploy.py).  Children must start as from a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 #: DATABASE_URL scheme → the database the suite runs on.
@@ -53,20 +62,72 @@ def database_vendor(url: str | None = None) -> str:
         raise pytest.UsageError(f"DATABASE_URL scheme {scheme!r} is not one the tests know") from None
 
 
+#: Fixtures through which a test uses the test database (pytest-django's, and live_server's).
+DATABASE_FIXTURES = {"db", "transactional_db", "live_server", "django_db_reset_sequences",
+                     "django_db_serialized_rollback"}
+#: Markers of tests that run in one pass of `make test` only, the SQLite one: they never touch
+#: the test database, so a second pass would only double their minutes.  Each maps to the
+#: skip reason on the other databases.  ``SLUICE_TEST_ONE_PASS=always`` (or, for Spark,
+#: the older ``SLUICE_TEST_SPARK_ONLY=always``) runs them in every pass.
+ONE_PASS_MARKERS = {
+    "spark_only": "Spark only, no database: runs in the SQLite pass of make test",
+    "no_database": "uses no test database (a database of its own, or none): runs in the SQLite pass of make test",
+}
+
+
+def pytest_configure(config):
+    # Registered here, not in pyproject.toml: scripts/bootstrap.sh reinstalls the project
+    # whenever pyproject.toml changes.
+    config.addinivalue_line(
+        "markers", "no_database: uses no test database (a SQLite file of its own, or none), so the database the "
+        "suite runs on changes nothing: runs in one pass of make test, the SQLite one (refused on a test that "
+        "uses the test database)")
+
+
+def uses_test_database(item) -> bool:
+    return item.get_closest_marker("django_db") is not None or \
+        bool(DATABASE_FIXTURES & set(getattr(item, "fixturenames", ())))
+
+
+def shard() -> tuple[int, int] | None:
+    """``SLUICE_TEST_SHARD=K/N``: this pytest runs part K of N of the suite (every Nth test in
+    collection order, from the Kth), with test databases of its own — how make test runs
+    each database's pass as N pytest processes at once (scripts/test_passes.sh)."""
+    value = os.environ.get("SLUICE_TEST_SHARD", "")
+    if not value:
+        return None
+    try:
+        k, n = (int(x) for x in value.split("/"))
+    except ValueError:
+        k = n = 0
+    if not 1 <= k <= n:
+        raise pytest.UsageError(f"SLUICE_TEST_SHARD={value!r}: want K/N with 1 <= K <= N")
+    return k, n
+
+
 def pytest_collection_modifyitems(config, items):
+    part = shard()
+    if part:
+        k, n = part
+        deselected = [item for i, item in enumerate(items) if i % n != k - 1]
+        items[:] = [item for i, item in enumerate(items) if i % n == k - 1]
+        config.hook.pytest_deselected(items=deselected)
     vendor = database_vendor()
+    always = os.environ.get("SLUICE_TEST_ONE_PASS") == "always"
     for item in items:
         for marker, vendors in DATABASE_MARKERS.items():
             if marker in item.keywords and vendor not in vendors:
                 item.add_marker(pytest.mark.skip(
                     reason=f"needs {' or '.join(sorted(vendors))} (DATABASE_URL is {vendor})"))
                 break
-        # Spark-only tests never touch the database: running them in both passes of `make
-        # test` would only double their minutes.  They run in the SQLite pass
-        # (SLUICE_TEST_SPARK_ONLY=always: in every pass).
-        if "spark_only" in item.keywords and vendor != "sqlite" and \
-                os.environ.get("SLUICE_TEST_SPARK_ONLY") != "always":
-            item.add_marker(pytest.mark.skip(reason="Spark only, no database: runs in the SQLite pass of make test"))
+        if "no_database" in item.keywords and uses_test_database(item):
+            # Skipping it on PostgreSQL would lose coverage: the marker must be true.
+            raise pytest.UsageError(f"{item.nodeid} is marked no_database but uses the test database")
+        for marker, reason in ONE_PASS_MARKERS.items():
+            if marker in item.keywords and vendor != "sqlite" and not always and not (
+                    marker == "spark_only" and os.environ.get("SLUICE_TEST_SPARK_ONLY") == "always"):
+                item.add_marker(pytest.mark.skip(reason=reason))
+                break
 
 
 OTHER = "other"
@@ -84,18 +145,25 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
     from django.conf import settings
     from django.db import connections
 
-    if OTHER in connections.settings:  # SLUICE_OTHER_DATABASE_URL set for this run
-        return
-    other = copy.deepcopy(connections["default"].settings_dict)
-    if other["ENGINE"].endswith("sqlite3"):
-        path = Path(other["NAME"])
-        other["NAME"] = str(path.with_name(f"{path.stem}-other{path.suffix}"))
-        other["TEST"] = {**other["TEST"], "NAME": str(path.with_name(f"test_{path.stem}-other{path.suffix}"))}
-    else:
-        other["NAME"] = f"{other['NAME']}_other"
-        other["TEST"] = {**other["TEST"], "NAME": None}
-    settings.DATABASES[OTHER] = other
-    connections.settings[OTHER] = other
+    if OTHER not in connections.settings:  # else SLUICE_OTHER_DATABASE_URL set for this run
+        other = copy.deepcopy(connections["default"].settings_dict)
+        if other["ENGINE"].endswith("sqlite3"):
+            path = Path(other["NAME"])
+            other["NAME"] = str(path.with_name(f"{path.stem}-other{path.suffix}"))
+            other["TEST"] = {**other["TEST"], "NAME": str(path.with_name(f"test_{path.stem}-other{path.suffix}"))}
+        else:
+            other["NAME"] = f"{other['NAME']}_other"
+            other["TEST"] = {**other["TEST"], "NAME": None}
+        settings.DATABASES[OTHER] = other
+        connections.settings[OTHER] = other
+    part = shard()
+    if part:
+        # The parts of a pass run at once, on the same server: test databases of their own.
+        for alias in (DEFAULT_DB_ALIAS, OTHER):
+            db = connections.settings[alias]
+            db["TEST"] = {**db.get("TEST", {})}
+            db["TEST"]["NAME"] = f"{db['TEST'].get('NAME') or 'test_' + db['NAME']}_part{part[0]}"
+            settings.DATABASES[alias] = db
 
 
 @pytest.fixture(scope="session", autouse=True)

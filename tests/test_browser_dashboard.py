@@ -64,8 +64,16 @@ def test_operator_retries_a_group_and_watches_the_progress_bar_finish(live_serve
     expect(row).to_contain_text("TimeoutError @ shop/handlers.py:charge")
     expect(row).to_contain_text("25")
 
-    with page.expect_response(lambda r: "/failed/operations/" in r.url, timeout=15_000):
-        row.get_by_role("button", name="Retry group").click()
+    button = row.get_by_role("button", name="Retry group")
+    # Under load a click can land before htmx has processed the button; wait until it has
+    # (htmx keeps its state on the element), so the click is the htmx action it tests.
+    page.wait_for_function("b => !!b['htmx-internal-data']", arg=button.element_handle(), timeout=30_000)
+    # Wait for the action's own request, not for a poll of the progress region: when the
+    # worker finishes the 25 before the page reloads, that page has nothing left to poll.
+    # 30 s: make test runs its pytest processes at once on two cores, browsers included.
+    with page.expect_response(lambda r: "/failed/retry/" in r.url and r.request.method == "POST",
+                              timeout=30_000):
+        button.click()
     assert confirms and "25 message(s)" in confirms[0]
     op = BulkOperation.objects.get()
     bar = page.locator(f'#operations [data-operation="{op.pk}"]')

@@ -96,14 +96,31 @@ def test_screenshots(live_server, page, scene, tmp_path):
     row.get_by_role("button", name="Retry group").click()
     running = page.locator('#operations [data-status="running"]')
     expect(running).to_have_count(1, timeout=20_000)
-    # Wait until the bar is visibly under way, then take the picture while it runs.
+
+    def running_progress() -> int | None:
+        """The running bar's value, read without waiting: the region is swapped every second,
+        and under load the operation may finish between two swaps, leaving no bar to wait for."""
+        return page.locator("#operations").evaluate(
+            "e => { const p = e.querySelector('[data-status=\"running\"] .progress');"
+            " return p ? Number(p.getAttribute('aria-valuenow') || 0) : null; }")
+
+    # Take pictures while the bar is under way until one shows it visibly so (>= 60); keep the
+    # last one taken with the bar running before and after it.
+    picture, now = None, 0
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
-        now = int(running.locator(".progress").get_attribute("aria-valuenow") or 0)
-        if now >= 60:
-            break
+        before = running_progress()
+        if before is None and picture is not None:
+            break  # finished
+        if before:
+            image = page.screenshot()
+            after = running_progress()
+            if after:
+                picture, now = image, after
+                if now >= 60:
+                    break
         time.sleep(0.2)
-    assert 0 < now < 400, now
-    page.screenshot(path=str(out / "failed-groups.png"))
+    assert picture is not None and 0 < now < 400, now
+    (out / "failed-groups.png").write_bytes(picture)
     expect(page.locator('#operations [data-status="finished"]')).to_have_count(1, timeout=60_000)
     assert net.failures == []

@@ -265,6 +265,10 @@ def test_sigkill_during_a_purge_run(cluster, make_queue):
     assert sorted(queue_ids(q))  # readable
 
     # Back with beat: the dead run's lease turns runs away until it lapses, then one finishes.
+    # One run is asked for at once, ahead of beat: it waits in Redis for the new worker, so a
+    # run meets the lease even when a loaded machine starts the worker and beat slowly (the
+    # lease lapses 9 s after the kill).
+    cluster.client().send_task("sluice.purge_expired")
     second = cluster.worker(env)
     beat = cluster.beat(env)
     wait_for(lambda: t.counts(q).expired == 0, timeout=60, interval=0.2, what="the purge finished")

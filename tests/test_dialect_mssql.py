@@ -38,6 +38,7 @@ from core.dialects import dialect_for
 from core.dialects.base import COLUMNS, MESSAGE_COLUMNS
 from core.dialects.mssql import MSSQLDialect
 from core.queues import MAX_TTL_SECONDS, QueueInfo, queue_model, registry, validate_name
+from core.db import StatementCursor
 from core.transport import Transport, row_id_for
 from sluice.dburl import DatabaseUrlError, parse_database_url
 
@@ -222,7 +223,9 @@ def test_every_named_statement_is_covered():
 
     helpers = {"quote", "table", "index_names", "delayed_time_index", "create_schema", "to_row", "to_datetime", "datetime_param",
                "ttl_params", "browse_params", "now_sql", "expires_after_ttl_sql", "expired_sql",
-               "delayed_insert_params", "delayed_insert_many_params", "insert_rows_per_statement", "delayed_fetch_params", "notify", "error_codes", "is_transient", "is_missing_table"}
+               "delayed_insert_params", "delayed_insert_many_params", "insert_rows_per_statement", "delayed_fetch_params", "notify", "error_codes", "is_transient", "is_missing_table",
+                   # PostgreSQL only (capability flags): no SQL Server statement to check.
+                   "server_cursor", "table_upkeep", "table_upkeep_active"}
     public = {n for cls in (Dialect, DelayedSQL) for n, v in vars(cls).items()
               if callable(v) and not n.startswith("_")} - helpers
     # The outbox's statements are checked by tests/test_outbox_mssql_sql.py, the dashboard's
@@ -829,7 +832,7 @@ class _FakeMSSQLTransport(Transport):
         from mssql.base import CursorWrapper as MSSQLCursorWrapper
 
         driver = _DriverCursor(self.log, self.rows_for, self.rowcounts)
-        return DjangoCursorWrapper(MSSQLCursorWrapper(driver, self.conn), self.conn)
+        return StatementCursor.around(DjangoCursorWrapper(MSSQLCursorWrapper(driver, self.conn), self.conn))
 
 
 def _bound_values(sql: str, params: tuple) -> dict[str, object]:

@@ -9,13 +9,14 @@ from django.db import connections
 
 from core.demo.models import PingRecord
 from core.errors import ConfigurationError, InvalidMessage, InvalidTTL, UnknownQueue
+from core.loops import ThreadRunner
 from core.messages import Headers
 from core.outbox import Outbox, OutboxDispatcher, UnknownDestination
 from core.outbox import OutboxSender
 from core.pump import MessagePump
 from core.queues import dialect
 from core.transport import Transport
-from tests.conftest import OTHER, drain, uses_other_database
+from tests.conftest import OTHER, drain, uses_other_database, wait_for
 
 
 
@@ -142,7 +143,8 @@ def test_two_copies_processed_at_once_write_business_data_once(outbox, make_queu
     transport.send(source, "a", message_id="twin")
     pump = pump_for(source, concurrency=2, receive_batch_size=1)
     pump.outbox.pessimistic = control == "pessimistic"
-    drain(pump)
+    with ThreadRunner([pump]):  # its two threads receive one copy each, at once
+        wait_for(lambda: pump.stats.received == 2, timeout=10, what="both copies received")
     assert PingRecord.objects.filter(message_id="twin").count() == 1
     assert transport.counts(target).total == 1
     assert pump.stats.duplicates == 1 and pump.stats.succeeded == 1

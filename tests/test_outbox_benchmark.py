@@ -5,7 +5,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
+
+# A SQLite database of its own (benchmarks/common.py): one pass of `make test` is enough.
+pytestmark = pytest.mark.no_database
 
 
 def test_the_outbox_benchmark_prints_one_json_line():

@@ -7,12 +7,17 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 import pyarrow.dataset as ds
 
 from benchmarks.pipeline import generate
 from pipeline import schema
 from pipeline.arrow_schema import RECORD_SCHEMA
 from tests.conftest import ROOT
+
+# A SQLite database of its own (benchmarks/common.py): one pass of `make test` is enough.
+pytestmark = pytest.mark.no_database
 
 
 def test_the_export_benchmark_prints_one_json_line():

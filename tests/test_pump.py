@@ -132,14 +132,35 @@ def test_expired_messages_are_dead_lettered_when_the_queue_says_so(transport, ma
     assert dead[0].headers[Headers.EXPIRED_REASON] == "TTLExpiredException"
 
 
-def test_max_records_to_peek_really_caps_one_cycle(transport, queue, pump_for, temp_handlers):
+def test_max_records_to_peek_really_caps_one_receive(transport, queue, pump_for, temp_handlers):
     temp_handlers(queue, None, lambda m, c: None)
     for i in range(30):
         transport.send(queue, str(i))
-    pump = pump_for(queue, max_records_to_peek=7, receive_batch_size=3, concurrency=2)
-    assert pump.step() == 0  # work was done: peek again at once
+    pump = pump_for(queue, max_records_to_peek=7, receive_batch_size=50, concurrency=2)
+    assert pump.step() == 0  # a full receive: more may wait, receive again at once
     assert pump.stats.received == 7
     assert transport.counts(queue).total == 23
+    assert pump.step() == 0 and pump.stats.received == 14
+
+
+def test_a_thread_receives_full_batches_back_to_back_and_waits_after_a_short_one(
+        transport, queue, pump_for, temp_handlers):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    temp_handlers(queue, None, lambda m, c: None)
+    transport.send_many(queue, [str(i) for i in range(25)])
+    pump = pump_for(queue, receive_batch_size=10, peek_delay=7)
+    if pump._listener is not None:  # connecting wakes every loop once: not in the middle of this
+        assert pump._listener.connected.wait(10)
+    with CaptureQueriesContext(connection) as queries:
+        assert [pump.step(), pump.step(), pump.step()] == [0, 0, 7]  # 10, 10, then 5: short, wait
+    assert pump.stats.received == 25
+    # One peek, when the thread started; none between full batches.
+    peeks = [q for q in queries.captured_queries if q["sql"].lstrip().upper().startswith("SELECT")
+             and "MAX(" in q["sql"].upper()]
+    assert len(peeks) == 1
+    assert pump.step() == 7  # idle: peeks (no receive) and waits the peek delay
 
 
 def test_peek_delay_rules(transactional_db, queue, caplog):
@@ -148,6 +169,10 @@ def test_peek_delay_rules(transactional_db, queue, caplog):
     pump = MessagePump(queue, peek_delay=11, delayed_retries=0)
     try:
         assert "messages may back up" in caplog.text
+        if pump._listener is not None:
+            # Connecting wakes every loop once (a NOTIFY may have been missed): let that
+            # wake-up land before the step, or the step rightly goes round again at once.
+            assert pump._listener.connected.wait(10)
         assert pump.step() == 11  # empty queue: wait the peek delay
     finally:
         pump.close()

@@ -66,7 +66,8 @@ def test_one_insert_per_receive_batch_in_the_receive_transaction(transport, queu
     with CaptureQueriesContext(connection) as ctx:
         assert pump.receive_and_process(10) == 10
     inserts = [q["sql"] for q in ctx.captured_queries if "sluice_processing_record" in q["sql"]]
-    assert len(inserts) == 1 and inserts[0].count("), (") == 9
+    # One call: a multi-row VALUES, or on PostgreSQL one pipelined executemany (one round trip).
+    assert len(inserts) == 1 and (inserts[0].count("), (") == 9 or inserts[0].startswith("10 times: "))
     assert len(records_of(queue)) == 10
 
 

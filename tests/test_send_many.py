@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from core.errors import InvalidMessage
+from core.errors import BodyTooLarge, InvalidMessage
+from core.messages import Headers
+from core.outgoing import new_ids
 from core.queues import dialect
 from tests.test_delayed import store  # noqa: F401 — the fixture
 
@@ -77,3 +80,53 @@ def test_send_many_with_a_delay_lands_in_the_delayed_store_in_one_statement(tran
         milliseconds=1)), later[1]: pytest.approx(at, abs=dt.timedelta(milliseconds=1))}
     with pytest.raises(InvalidMessage, match="not both"):
         transport.send_many(queue, ["x"], delay=60, deliver_at=dt.datetime.now(dt.timezone.utc))
+
+
+def test_each_message_of_a_batch_has_the_headers_a_single_send_gives_it(transport, queue):
+    """The batch builder validates the options once and copies the first message's
+    headers: every message still gets its own id, correlation id (its own id) and
+    conversation; the options' headers are on all of them."""
+    options = dict(message_type="orders.Placed", ttl=60, reply_to="replies", headers={"Tenant": "acme \"ü\""})
+    ids = transport.send_many(queue, [{"n": i} for i in range(50)], **options)
+    single = transport.send(queue, {"n": 50}, **options)
+    messages = all_messages(transport, queue)
+    assert [m.id for m in messages] == [*ids, single]
+    for m in messages:
+        assert uuid.UUID(m.id).version == 4 and str(uuid.UUID(m.id)) == m.id
+        assert m.headers[Headers.MESSAGE_ID] == m.id == m.headers[Headers.CORRELATION_ID] == m.correlation_id
+        assert m.headers["Tenant"] == 'acme "ü"' and m.reply_to == "replies"
+        assert m.headers[Headers.ENCLOSED_MESSAGE_TYPES] == "orders.Placed"
+        assert m.headers[Headers.CONTENT_TYPE] == "application/json"
+        assert m.headers[Headers.TIME_TO_BE_RECEIVED] == "00:01:00"
+        assert set(m.headers) == set(messages[-1].headers)  # the same names as a single send's
+    assert len({m.headers[Headers.CONVERSATION_ID] for m in messages}) == 51
+
+
+def test_a_batch_keeps_given_correlation_and_conversation_and_mixed_body_types(transport, queue):
+    ids = transport.send_many(queue, [{"a": 1}, "text", b"\x00bytes", {"b": 2}], correlation_id="corr-1",
+                              headers={Headers.CONVERSATION_ID: "conv-1"})
+    messages = all_messages(transport, queue)
+    assert [m.id for m in messages] == ids and len(set(ids)) == 4
+    assert {m.correlation_id for m in messages} == {"corr-1"}
+    assert {m.headers[Headers.CORRELATION_ID] for m in messages} == {"corr-1"}
+    assert {m.headers[Headers.CONVERSATION_ID] for m in messages} == {"conv-1"}
+    assert [m.headers[Headers.CONTENT_TYPE] for m in messages] == [
+        "application/json", "text/plain", "application/octet-stream", "application/json"]
+    assert [m.body for m in messages] == [b'{"a":1}', b"text", b"\x00bytes", b'{"b":2}']
+
+
+def test_a_bad_body_anywhere_in_a_batch_sends_nothing(transport, queue, settings):
+    settings.SLUICE_MAX_BODY_BYTES = 100
+    with pytest.raises(BodyTooLarge):
+        transport.send_many(queue, ["small", "x" * 101])
+    with pytest.raises(InvalidMessage):
+        transport.send_many(queue, ["small", object()])
+    assert transport.counts(queue).total == 0
+
+
+def test_new_ids_are_random_version_4_uuids_in_canonical_form():
+    ids = new_ids(1000)
+    assert len(set(ids)) == 1000
+    for text in ids:
+        value = uuid.UUID(text)
+        assert value.version == 4 and value.variant == uuid.RFC_4122 and str(value) == text

@@ -35,7 +35,11 @@ def handled(queue, temp_handlers):
 
 def idle_pump(pump_for, queue):
     pump = pump_for(queue, peek_delay=IDLE)
-    assert pump.step() == IDLE  # empty: it would sleep the whole peek delay
+    if pump._listener is not None:
+        assert pump._listener.connected.wait(10)
+    # Empty: it would sleep the whole peek delay.  (A step during which the listener's
+    # connect woke every loop looks once more instead: that wake-up found no idle thread.)
+    assert IDLE in (pump.step(), pump.step())
     return pump
 
 
@@ -56,7 +60,8 @@ def test_a_rolled_back_send_wakes_no_one_and_a_committed_one_wakes_at_commit(tra
         assert pump._listener.connected.wait(10)
         time.sleep(0.2)
     woken = []
-    pump.bind_wake(lambda: woken.append(time.monotonic()))
+    pump.bind_wake(lambda lane=None: woken.append(lane))
+    assert pump.step() == IDLE  # idle again: the next wake-up sets its thread's event
     with pytest.raises(RuntimeError):
         with transaction.atomic():
             transport.send(queue, "never")
@@ -65,7 +70,7 @@ def test_a_rolled_back_send_wakes_no_one_and_a_committed_one_wakes_at_commit(tra
     with transaction.atomic():
         transport.send(queue, "later")
         assert woken == []  # not before the commit: the pump would find nothing
-    assert len(woken) == 1
+    assert woken == [0]  # its one thread, once
 
 
 def test_the_delayed_mover_wakes_the_pumps_of_the_queues_it_forwarded_to(transport, queue, pump_for,
@@ -129,3 +134,32 @@ def test_a_released_listener_is_stopped_and_replaced_on_next_use(transactional_d
         assert again is not listener and again.connected.wait(10)
     finally:
         release_listener("default", again)
+
+
+def test_a_wake_up_rouses_one_idle_thread_and_a_full_batch_rouses_another(transport, queue, pump_for,
+                                                                         temp_handlers):
+    threads: list[str] = []
+
+    def record(message, context) -> None:
+        threads.append(threading.current_thread().name)
+        time.sleep(0.01)  # busy: another thread must help with the rest
+
+    temp_handlers(queue, None, record)
+    pump = pump_for(queue, peek_delay=IDLE, concurrency=2, receive_batch_size=5)
+    if not pump.threads == 2:
+        pytest.skip("one writer at a time: a pump has one thread")
+    with ThreadRunner([pump]):
+        wait_for(lambda: all(lane.idle for lane in pump._lanes), timeout=5, what="both threads idle")
+        transport.send_many(queue, [str(i) for i in range(40)])  # one commit: one wake-up
+        wait_for(lambda: len(threads) == 40, timeout=5, what="all 40 handled long before the peek delay")
+    assert len(set(threads)) == 2  # the first full batch roused the second thread
+
+
+def test_a_burst_of_single_sends_to_a_busy_pump_loses_no_wake_up(transport, queue, pump_for, handled):
+    pump = pump_for(queue, peek_delay=IDLE, concurrency=3, receive_batch_size=2)
+    with ThreadRunner([pump]):
+        for i in range(60):
+            transport.send(queue, str(i))
+            time.sleep(0.002 * (i % 3))  # sends land while threads receive, wait, or are about to
+        wait_for(lambda: len(handled) == 60, timeout=2, what="every send handled well before the peek delay")
+    assert sorted(int(body) for body, _ in handled) == list(range(60))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 import datetime as dt
 import hashlib
+import re
 import uuid
 from typing import Any, NamedTuple
 
@@ -60,6 +61,17 @@ class Dialect(abc.ABC):
     #: (PostgreSQL LISTEN/NOTIFY); otherwise movers poll every ``wake_poll_interval`` s.
     supports_notify: bool = False
     wake_poll_interval: float = 0.5
+    #: Statements can run through a driver cursor that binds parameters on the server, on
+    #: the connection Django holds (:meth:`server_cursor`; core.db.StatementCursor).
+    supports_server_binding: bool = False
+    #: That cursor can make a statement a server-side prepared one (``prepare=True``).
+    supports_prepared_statements: bool = False
+    #: Queue tables take per-table storage settings (:meth:`table_upkeep`): PostgreSQL's
+    #: autovacuum thresholds for a table whose rows are all deleted soon after insertion.
+    supports_table_upkeep: bool = False
+    #: ``executemany`` of a short INSERT costs one round trip (psycopg 3 pipelines it), so
+    #: it beats one long multi-row VALUES whose text the driver parses again every time.
+    pipelines_executemany: bool = False
     # The fragments (see FRAGMENTS): None here, so a dialect that forgets one fails.
     limit: str | None = None
     readpast_hint: str | None = None
@@ -114,14 +126,14 @@ class Dialect(abc.ABC):
     def to_row(self, raw: tuple[Any, ...]) -> Row:
         id_, corr, reply, expires, headers, body, row_version, expired = raw
         return Row(
-            id=str(uuid.UUID(str(id_))) if _is_uuid(id_) else str(id_),
-            correlation_id=corr,
-            reply_to=reply,
-            expires=self.to_datetime(expires),
-            headers=headers if isinstance(headers, str) else bytes(headers).decode("utf-8", "replace"),
-            body=bytes(body) if body is not None else b"",
-            row_version=int(row_version),
-            expired=bool(expired),
+            _row_id(id_),
+            corr,
+            reply,
+            None if expires is None else self.to_datetime(expires),
+            headers if type(headers) is str else bytes(headers).decode("utf-8", "replace"),
+            body if type(body) is bytes else (bytes(body) if body is not None else b""),
+            row_version if type(row_version) is int else int(row_version),
+            expired if type(expired) is bool else bool(expired),
         )
 
     def to_datetime(self, value: Any) -> dt.datetime | None:
@@ -130,6 +142,8 @@ class Dialect(abc.ABC):
             return None
         if isinstance(value, str):
             value = dt.datetime.fromisoformat(value)
+        if value.tzinfo is dt.timezone.utc:
+            return value
         if value.tzinfo is None:
             return value.replace(tzinfo=dt.timezone.utc)
         return value.astimezone(dt.timezone.utc)
@@ -143,6 +157,12 @@ class Dialect(abc.ABC):
     def ttl_params(self, ttl_seconds: float) -> list[Any]:
         """Parameters of :meth:`expires_after_ttl_sql` for a TTL in seconds."""
         return [ttl_seconds]
+
+    def server_cursor(self, raw_connection: Any, prepare: bool) -> Any:
+        """A driver cursor binding parameters on the server, on ``raw_connection`` (the
+        driver connection Django holds), whose ``execute(..., prepare=True)`` prepares
+        when ``prepare``; only where :attr:`supports_server_binding`."""
+        raise NotImplementedError(f"{self.vendor} statements bind through Django's cursor")
 
     # -- errors -----------------------------------------------------------------
     @abc.abstractmethod
@@ -178,6 +198,18 @@ class Dialect(abc.ABC):
 
     def ddl_lock(self) -> tuple[str, list[Any]] | None:
         """A statement that serialises DDL across processes for this transaction."""
+        return None
+
+    def table_upkeep(self, name: str) -> list[tuple[str, list[Any]]]:
+        """Idempotent statements that give a queue (or delayed-store) table the storage
+        settings of a table whose rows are deleted soon after they are inserted; none
+        unless :attr:`supports_table_upkeep`.  Part of :meth:`create_queue_table`, and
+        run over existing tables by ``sluice setup``."""
+        return []
+
+    def table_upkeep_active(self) -> tuple[str, list[Any]] | None:
+        """A SELECT returning one row whose first column is true when the database will
+        act on :meth:`table_upkeep`'s settings (None: nothing to check)."""
         return None
 
     @abc.abstractmethod
@@ -313,6 +345,20 @@ class Dialect(abc.ABC):
         """Lock a queue table against every other writer until the transaction ends
         (None: the transaction's own lock already does, as SQLite's BEGIN IMMEDIATE)."""
         return None
+
+
+#: A UUID in its canonical text form (lower case, dashes): kept as it is.
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def _row_id(value: Any) -> str:
+    """The Id column as text: a UUID in canonical form (the driver's UUID object, or text
+    in any spelling), anything else as it is."""
+    if type(value) is uuid.UUID:
+        return str(value)
+    if type(value) is str and _CANONICAL_UUID.fullmatch(value):
+        return value
+    return str(uuid.UUID(str(value))) if _is_uuid(value) else str(value)
 
 
 def _is_uuid(value: Any) -> bool:

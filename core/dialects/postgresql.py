@@ -12,12 +12,33 @@ from core.dialects.outbox_sql import OutboxSQL
 # pg_advisory_xact_lock key for Sluice's DDL ("sluice" as an int).
 DDL_LOCK_KEY = 0x736C7569
 
+#: psycopg's prepare_threshold that never prepares a statement on its own (see server_cursor).
+PREPARE_NOTHING_AUTOMATICALLY = 2**62
+
+#: Autovacuum settings of every queue table and the delayed store.  A queue table's rows
+#: are all deleted soon after they are inserted: by the default thresholds (20 % of the
+#: table dead) autovacuum waits while the dead rows pile up at the front of the RowVersion
+#: index, which every receive scans from the start.  Here it runs as soon as 1,000 rows
+#: are dead, without the cost-based pauses, and statistics follow the table's swings.
+#: The tables stay logged: a receive's delete is as durable as the send's insert.
+TABLE_UPKEEP = (
+    ("autovacuum_vacuum_scale_factor", "0"),
+    ("autovacuum_vacuum_threshold", "1000"),
+    ("autovacuum_vacuum_cost_delay", "0"),
+    ("autovacuum_analyze_scale_factor", "0"),
+    ("autovacuum_analyze_threshold", "5000"),
+)
+
 
 class PostgreSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
     vendor = "postgresql"
     true_literal = "TRUE"
     false_literal = "FALSE"
     supports_notify = True
+    supports_server_binding = True
+    supports_prepared_statements = True
+    supports_table_upkeep = True
+    pipelines_executemany = True
     limit = " LIMIT %s"
     readpast_hint = nolock_hint = lock_skip_hint = ""  # MVCC: readers never wait for writers
     skip_locked_suffix = " FOR UPDATE SKIP LOCKED"
@@ -27,6 +48,19 @@ class PostgreSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
     transient_errors = frozenset({"40001", "40P01", "55P03", "57014", "08000", "08003", "08006",
                                   "57P01", "57P02", "57P03"})
     missing_table_errors = frozenset({"42P01"})  # undefined_table
+
+    def server_cursor(self, raw_connection: Any, prepare: bool) -> Any:
+        # psycopg 3's plain Cursor binds on the server ($1 …), sending bytes and arrays as
+        # parameters instead of quoted literals; Django's default is a ClientCursor.
+        import psycopg
+
+        if prepare and raw_connection.prepare_threshold is None:
+            # Django sets psycopg's threshold to None (no automatic preparation), which
+            # also refuses execute(prepare=True).  A threshold no statement reaches keeps
+            # automatic preparation off and lets the chosen statements be prepared.
+            # (Django's ClientCursor never prepares, whatever the threshold.)
+            raw_connection.prepare_threshold = PREPARE_NOTHING_AUTOMATICALLY
+        return psycopg.Cursor(raw_connection)
 
     def error_codes(self, exc: BaseException) -> set[str]:
         code = getattr(exc, "sqlstate", None)  # psycopg errors
@@ -62,7 +96,17 @@ class PostgreSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
                 'WHERE "Expires" IS NOT NULL',
                 [],
             ),
+            *self.table_upkeep(name),
         ]
+
+    def table_upkeep(self, name: str) -> list[tuple[str, list[Any]]]:
+        # SHARE UPDATE EXCLUSIVE: sends and receives go on while it runs.
+        settings = ", ".join(f"{key} = {value}" for key, value in TABLE_UPKEEP)
+        return [(f"ALTER TABLE IF EXISTS {self.table(name)} SET ({settings})", [])]
+
+    def table_upkeep_active(self) -> tuple[str, list[Any]]:
+        # Per-table settings cannot turn autovacuum on when the server has it off.
+        return ("SELECT current_setting('autovacuum') = 'on'", [])
 
     def drop_queue_table(self, name: str) -> list[tuple[str, list[Any]]]:
         return [(f"DROP TABLE IF EXISTS {self.table(name)}", [])]
@@ -101,7 +145,7 @@ class PostgreSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
             else ("u.e", "timestamptz")
         sql = (f"INSERT INTO {self.table(name)} ({self._insert_columns()}) "
                f"SELECT u.i, u.c, u.r, TRUE, {expires}, u.h, u.b "
-               f"FROM unnest(%s::uuid[], %s::varchar[], %s::varchar[], %s::{kind}[], %s::text[], %s::bytea[]) "
+               f"FROM unnest(%b::uuid[], %b::varchar[], %b::varchar[], %b::{kind}[], %b::text[], %b::bytea[]) "
                "WITH ORDINALITY AS u(i, c, r, e, h, b, n) ORDER BY u.n")
         return sql, [list(column) for column in zip(*rows)]
 
@@ -153,6 +197,7 @@ class PostgreSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
              '"Id" varchar(250) NOT NULL PRIMARY KEY, "Destination" varchar(200) NOT NULL, "State" bytea NULL, '
              '"Time" timestamptz NOT NULL, "Headers" text NOT NULL, "RetryCount" integer NOT NULL DEFAULT 0)', []),
             (f'CREATE INDEX IF NOT EXISTS {self.quote(self.delayed_time_index(name))} ON {t} ("Time")', []),
+            *self.table_upkeep(name),
         ]
 
 

@@ -16,6 +16,7 @@ from django.db import connections
 
 from core.conf import get_settings
 from core.messages import Headers, Message
+from core.queues import dialect
 from core.records.models import ProcessingRecord
 from pipeline import schema
 
@@ -106,11 +107,17 @@ def insert_rows(rows: Sequence[tuple], using: str) -> None:
     """Multi-row INSERTs of ``rows`` (tuples in :data:`COLUMNS` order); the batch size
     comes from Django's own per-database parameter limit (SQLite, SQL Server's 2,100)."""
     conn = connections[using]
-    step = max(1, conn.ops.bulk_batch_size(_FIELDS, rows))
     qn = conn.ops.quote_name
     head = f"INSERT INTO {qn(ProcessingRecord._meta.db_table)} ({', '.join(qn(c) for c in COLUMNS)}) VALUES "
     one = "(" + ", ".join(["%s"] * len(COLUMNS)) + ")"
     with conn.cursor() as cursor:
+        if dialect(using).pipelines_executemany:
+            # One short statement, parsed once and pipelined (one round trip): a multi-row
+            # VALUES of a batch is too long for psycopg's query cache, and splitting its
+            # text again for every batch cost more than the insert.
+            cursor.executemany(head + one, rows)
+            return
+        step = max(1, conn.ops.bulk_batch_size(_FIELDS, rows))
         for i in range(0, len(rows), step):
             chunk = rows[i:i + step]
             cursor.execute(head + ", ".join([one] * len(chunk)), [v for row in chunk for v in row])
