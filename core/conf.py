@@ -46,8 +46,8 @@ class SluiceSettings:
     PEEK_DELAY: float = 1.0
     #: Most messages one peek cycle will receive before peeking again.
     MAX_RECORDS_TO_PEEK: int = 500
-    #: Messages one receive statement takes, processed in one transaction in chunks of 32 (one
-    #: savepoint each).  100: the transport benchmark's best on PostgreSQL (drain 3.4x batch 8's).
+    #: Messages one receive statement takes, processed in one transaction in chunks (one
+    #: savepoint each; core.chunks).  100: the transport benchmark's best on PostgreSQL (drain 3.4x batch 8's).
     RECEIVE_BATCH_SIZE: int = 100
     #: Run the hot statements (receive, peek, insert) as server-side prepared statements
     #: where the database can (PostgreSQL: psycopg 3, on each connection).  Turn off behind

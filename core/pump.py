@@ -11,8 +11,9 @@ one per unit, each with its own wait).  One :meth:`MessagePump.step` on a thread
    receives at once.
 2. *Receive* up to ``receive_batch_size`` rows (capped by ``max_records_to_peek`` and
    by the peek's estimate) in one statement and one transaction, and *process* them:
-   in ``sends_atomic_with_receive`` chunk by chunk, one savepoint per chunk of
-   :data:`CHUNK_SIZE`; otherwise one message at a time.
+   in ``sends_atomic_with_receive`` chunk by chunk, one savepoint per chunk
+   (:class:`ChunkSize`: the whole batch until a handler fails); otherwise one message
+   at a time.
 3. A full batch → step again at once (and wake an idle thread of the pump: more may
    wait); a short one → wait for a wake-up or the peek delay — unless a wake-up came
    in that found no idle thread: then this one steps again at once.
@@ -43,6 +44,7 @@ from typing import Any, Callable
 from django.db import DatabaseError, transaction
 
 from core.breakers import RepeatedFailuresOverTimeCircuitBreaker
+from core.chunks import ChunkSize, HandlerFailed, Unit, run_in_savepoints, units
 from core.conf import MIN_PEEK_DELAY, get_settings
 from core.db import writer_turn
 from core.errors import ConfigurationError, NoHandler
@@ -81,35 +83,6 @@ class PumpStats:
 
     def count(self, outcome: MessageOutcome) -> None:
         setattr(self, outcome.value, getattr(self, outcome.value) + 1)
-
-
-#: Messages per savepoint in a receive batch (sends_atomic_with_receive): a batch of
-#: SLUICE_RECEIVE_BATCH_SIZE rows takes batch/CHUNK_SIZE savepoints plus one per handler
-#: failure — far below the 64 subtransactions PostgreSQL caches per transaction.
-CHUNK_SIZE = 32
-
-
-class _HandlerFailed(Exception):
-    """A handler raised ``cause`` (the pump records it as the message's failure)."""
-
-    def __init__(self, cause: BaseException, started_us: int | None = None) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-        self.started_us = started_us  # when its handler started (the processing record's start)
-        self.index = -1
-
-
-class _Unit:
-    """What one handler call covers in a chunk: one message, or (a batch handler) the
-    chunk's messages of one type.  ``fn`` None: settled without a handler (poison,
-    expired, no handler: :meth:`MessagePump._settle`)."""
-
-    __slots__ = ("fn", "messages", "batch")
-
-    def __init__(self, fn: Any, messages: list[Message], batch: bool) -> None:
-        self.fn = fn
-        self.messages = messages
-        self.batch = batch
 
 
 class _Lane:
@@ -181,6 +154,7 @@ class MessagePump:
         self._closed = False
         self._lanes = [_Lane() for _ in range(self.threads)]
         self._pending = False  # a wake-up no idle thread was roused for (module doc)
+        self.chunk_size = ChunkSize(self.batch_size)
         missing_indexes(queue, self.receive_alias)
         self._wake: Callable[..., None] = lambda lane=None: None
         self._hub_handle = wake_hub.register(queue_key(queue), self._on_wake)
@@ -293,9 +267,7 @@ class MessagePump:
             batch = self.strategy.batch(messages)
             resolved: dict[str | None, tuple[Any, bool]] = {}  # one registry look-up per type per batch
             if getattr(batch, "chunked", False):
-                outcomes = [outcome for start in range(0, len(messages), CHUNK_SIZE)
-                            for outcome in self._process_chunk(messages[start:start + CHUNK_SIZE], batch, records,
-                                                               resolved)]
+                outcomes = self._process_chunked(messages, batch, records, resolved)
             else:
                 outcomes = [self._process(message, batch, records, resolved) for message in messages]
             for outcome in outcomes:
@@ -314,63 +286,22 @@ class MessagePump:
             found = resolved[key] = self.handlers.lookup(self.queue, message)
         return found
 
-    def _units(self, chunk: list[Message], resolved: dict[str | None, tuple[Any, bool]]) -> list[_Unit]:
-        """The chunk's handler calls, in order: a batch handler's messages of one type go
-        together, at the place of the first of them."""
-        units: list[_Unit] = []
-        groups: dict[tuple[int, str | None], _Unit] = {}
-        for message in chunk:
-            fn, is_batch = (None, False) if message.poison or message.expired else self._lookup(message, resolved)
-            if not is_batch:
-                units.append(_Unit(fn, [message], False))
-                continue
-            key = (id(fn), message.message_type)
-            unit = groups.get(key)
-            if unit is None:
-                unit = groups[key] = _Unit(fn, [], True)
-                units.append(unit)
-            unit.messages.append(message)
-        return units
-
-    def _process_chunk(self, chunk: list[Message], batch: Any, records: RecordBatch | NoRecords,
-                       resolved: dict[str | None, tuple[Any, bool]]) -> list[MessageOutcome]:
-        """Run a chunk in ONE savepoint.  When a handler raises, the savepoint rolls back;
-        a batch handler's list is split into one-message calls and the chunk runs again;
-        a single message's failure is recorded (in the receive's transaction, outside the
-        savepoint) and the chunk runs again without it — its earlier messages included:
-        their handlers run twice, their database work (and processing records) counts
-        once.  Outcomes in order."""
-        outcomes: dict[int, MessageOutcome] = {}
-        pending = self._units(chunk, resolved)
-        while pending:
-            mark = records.mark()  # the chunk's processing records go if its savepoint does
-            try:
-                with transaction.atomic(using=self.receive_alias):  # the chunk's savepoint
-                    done = []
-                    for index, unit in enumerate(pending):
-                        try:
-                            done.append(self._run(unit, batch, records))
-                        except _HandlerFailed as failed:
-                            failed.index = index
-                            raise
-                    batch.flush()  # the chunk's sends, before its savepoint is released
-            except _HandlerFailed as failed:
-                batch.discard()
-                records.rollback_to(mark)
-                unit = pending[failed.index]
-                if len(unit.messages) > 1:  # which of the batch? One message at a time tells
-                    log.info("batch handler for %d message(s) on %s failed (%s); calling it per message",
-                             len(unit.messages), self.queue, failed.cause)
-                    pending[failed.index:failed.index + 1] = [_Unit(unit.fn, [m], True) for m in unit.messages]
-                else:
-                    culprit = pending.pop(failed.index).messages[0]
-                    outcomes[id(culprit)] = self._failed(culprit, failed, records)
-                continue
-            for unit, outcome in zip(pending, done):
-                for message in unit.messages:
-                    outcomes[id(message)] = outcome
-            break
-        return [outcomes[id(m)] for m in chunk]
+    def _process_chunked(self, messages: list[Message], batch: Any, records: RecordBatch | NoRecords,
+                         resolved: dict[str | None, tuple[Any, bool]]) -> list[MessageOutcome]:
+        """The batch chunk by chunk, each chunk as large as :class:`ChunkSize` says."""
+        outcomes: list[MessageOutcome] = []
+        start = 0
+        while start < len(messages):
+            chunk = messages[start:start + self.chunk_size.current]
+            done: dict[int, MessageOutcome] = {}
+            pending = units(chunk, lambda message: self._lookup(message, resolved))
+            failures = run_in_savepoints(pending, self.receive_alias, batch, records, done,
+                                         run=lambda unit: self._run(unit, batch, records),
+                                         fail=lambda message, failed: self._failed(message, failed, records))
+            outcomes += [done[id(m)] for m in chunk]
+            self.chunk_size.after(len(chunk), failures)
+            start += len(chunk)
+        return outcomes
 
     def _process(self, message: Message, batch: BatchScope, records: RecordBatch | NoRecords,
                  resolved: dict[str | None, tuple[Any, bool]]) -> MessageOutcome:
@@ -380,11 +311,11 @@ class MessagePump:
         if is_batch:
             fn = as_single(fn)
         try:
-            return self._run(_Unit(fn, [message], False), batch, records)
-        except _HandlerFailed as failed:
+            return self._run(Unit(fn, [message], False), batch, records)
+        except HandlerFailed as failed:
             return self._failed(message, failed, records)
 
-    def _failed(self, message: Message, failed: "_HandlerFailed", records: RecordBatch | NoRecords) -> MessageOutcome:
+    def _failed(self, message: Message, failed: HandlerFailed, records: RecordBatch | NoRecords) -> MessageOutcome:
         failure = self.recoverability.on_failure(message, failed.cause)
         records.handler_failed(message, failure, failed.started_us)
         return MessageOutcome.ERRORED if failure is FailureOutcome.ERROR else MessageOutcome.RETRIED
@@ -403,9 +334,9 @@ class MessagePump:
         records.to_error_queue(message)
         return MessageOutcome.ERRORED
 
-    def _run(self, unit: _Unit, batch: BatchScope, records: RecordBatch | NoRecords) -> MessageOutcome:
+    def _run(self, unit: Unit, batch: BatchScope, records: RecordBatch | NoRecords) -> MessageOutcome:
         """One handler call (or a settled message); a handler's exception comes out as
-        :class:`_HandlerFailed` (its failure is recorded by the caller)."""
+        :class:`HandlerFailed` (its failure is recorded by the caller)."""
         if unit.fn is None:
             return self._settle(unit.messages[0], records)
         debug = log.isEnabledFor(logging.DEBUG)
@@ -417,7 +348,7 @@ class MessagePump:
             else:
                 outcome = batch.handle(unit.messages[0], unit.fn)
         except Exception as exc:  # the handler's failure is data, not a crash
-            raise _HandlerFailed(exc, started_us) from exc
+            raise HandlerFailed(exc, started_us) from exc
         if outcome is MessageOutcome.DUPLICATE:
             if debug:
                 log.debug("message %s on %s is a duplicate: handler skipped", unit.messages[0].id, self.queue)

@@ -109,7 +109,7 @@ class ChunkBufferedTransport(Transport):
 
 class ChunkedScope:
     """One receive batch in ``sends_atomic_with_receive``: the pump runs it chunk by
-    chunk, each chunk in ONE savepoint (core.pump.MessagePump._process_chunk); a handler
+    chunk, each chunk in ONE savepoint (core.chunks.run_in_savepoints); a handler
     runs without a savepoint of its own and its sends are buffered per chunk."""
 
     chunked = True

@@ -9,7 +9,6 @@ import pytest
 from core.demo.models import PingRecord
 from core.handlers import BatchContext, handler, handlers
 from core.messages import Headers
-from core.pump import CHUNK_SIZE
 from core.records.models import ProcessingRecord
 from core.transport import Transport
 from tests.conftest import drain
@@ -45,9 +44,8 @@ def test_a_batch_handler_gets_the_messages_of_its_type_as_one_list(transport, qu
     batch_handler("Ping", store)
     ids = transport.send_many(queue, [{"n": i} for i in range(70)], message_type="Ping")
     drain(pump_for(queue, receive_batch_size=100))
-    # One call per chunk, each in FIFO order.
-    assert calls == [list(range(0, CHUNK_SIZE)), list(range(CHUNK_SIZE, 2 * CHUNK_SIZE)),
-                     list(range(2 * CHUNK_SIZE, 70))]
+    # One call per chunk, in FIFO order: while nothing fails the chunk is the whole batch.
+    assert calls == [list(range(70))]
     assert sorted(PingRecord.objects.values_list("message_id", flat=True)) == sorted(ids)
     outcomes = ProcessingRecord.objects.filter(queue=queue).values_list("outcome", flat=True)
     assert list(outcomes) == ["processed"] * 70
@@ -68,8 +66,9 @@ def test_a_failing_batch_handler_falls_back_to_one_message_at_a_time_and_isolate
     ids = transport.send_many(queue, [{"n": i} for i in range(20)], message_type="Ping")
     pump = pump_for(queue, receive_batch_size=20, immediate_retries=5)
     assert pump.receive_and_process(20) == 20
-    # The list of 20 failed; one call per message up to the culprit (7), then the 19 others again.
-    assert calls == [20] + [1] * 8 + [1] * 19
+    # The list of 20 failed; one call per message up to the culprit (7); then the 7 before it
+    # again, in a savepoint of their own, and the 12 after it.
+    assert calls == [20] + [1] * 8 + [1] * 7 + [1] * 12
     rows = list(PingRecord.objects.values_list("message_id", flat=True))
     assert sorted(rows) == sorted(set(ids) - {ids[7]})  # each other row exactly once
     left = Transport().browse(queue, limit=100)

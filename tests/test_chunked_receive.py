@@ -1,7 +1,9 @@
 """Chunked receive: one savepoint per chunk of a receive batch, not per message.
 
-A failing handler rolls its chunk back; the failure is recorded once and the chunk's
-other messages run again, so business rows stay exactly-once."""
+A chunk is the whole batch while nothing fails.  A failing handler rolls its chunk back;
+the failure is recorded once, the messages before it run again and the ones after go on,
+so business rows stay exactly-once; after a failure the pump's chunks are smaller for a
+while (core.chunks.ChunkSize)."""
 from __future__ import annotations
 
 import signal
@@ -13,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 
 from core.demo.models import PingRecord
 from core.messages import Headers
-from core.pump import CHUNK_SIZE
+from core.chunks import ChunkSize
 from core.records.models import ProcessingRecord
 from core.transport import Transport
 from tests.conftest import start_workers, wait_for
@@ -50,19 +52,34 @@ def test_message_37_of_a_chunked_batch_of_128_fails_alone(transport, queue, pump
     # The handlers' sends: one per successful message, none from the rolled-back run.
     echoes = sorted(m.json()["echo"] for m in left if m.headers.get(Headers.ENCLOSED_MESSAGE_TYPES) == "Echo")
     assert echoes == [n for n in range(128) if n != 37]
-    # 37 is the 6th message of the second chunk: the 5 before it ran twice, nothing else did.
-    start = 37 // CHUNK_SIZE * CHUNK_SIZE
-    assert {n for n, count in runs.items() if count == 2} == set(range(start, 37))
+    # The batch was one chunk: the 37 before the culprit ran twice, nothing else did.
+    assert {n for n, count in runs.items() if count == 2} == set(range(37))
     assert runs[37] == 1 and all(runs[n] == 1 for n in range(38, 128))
     assert (pump.stats.succeeded, pump.stats.retried) == (127, 1)
     savepoints = [q for q in queries.captured_queries if q["sql"].upper().startswith("SAVEPOINT")]
-    assert len(savepoints) == 128 // CHUNK_SIZE + 1  # one per chunk, one more for the re-run
+    assert len(savepoints) == 3  # the batch's; then 0-36 again, and 38-127, each in its own
     inserts = [q for q in queries.captured_queries if q["sql"].startswith("INSERT INTO")
                and "sluice_demo_ping" not in q["sql"] and ProcessingRecord._meta.db_table not in q["sql"]]
-    assert len(inserts) == 128 // CHUNK_SIZE + 1  # each chunk's sends in one statement; the retry's move
+    assert len(inserts) == 3  # the sends of 0-36 in one statement, of 38-127 in another; the retry's move
+    assert pump.chunk_size.current == 32  # a failure: the next chunks are a quarter the size
     # The processing records count each message once: the re-run chunk's first run left none.
     outcomes = list(ProcessingRecord.objects.filter(queue=queue).values_list("outcome", flat=True))
     assert sorted(outcomes) == ["processed"] * 127 + ["retried"]
+
+
+def test_chunks_shrink_after_a_failure_and_grow_back_while_nothing_fails():
+    size = ChunkSize(100)
+    assert size.current == 100  # nothing failed yet: the whole batch in one savepoint
+    size.after(100, failures=1)
+    assert size.current == 25
+    size.after(25, failures=2)
+    size.after(8, failures=1)
+    assert size.current == 8  # never below the smallest chunk
+    for expected in (16, 32, 64, 100, 100):
+        size.after(size.current, failures=0)
+        assert size.current == expected
+    assert ChunkSize(1000).smallest == 63  # at most 16 chunks' savepoints in a batch
+    assert ChunkSize(5).smallest == 5
 
 
 @pytest.mark.row_locking

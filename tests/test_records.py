@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext, override_settings
 from core.messages import Headers
 from core.queues import dialect
 from core.records.models import ProcessingRecord
-from core.records.writer import now_us, sent_us
+from core.records.writer import insert_rows, now_us, sent_us
 from tests.conftest import drain
 
 
@@ -66,8 +66,8 @@ def test_one_insert_per_receive_batch_in_the_receive_transaction(transport, queu
     with CaptureQueriesContext(connection) as ctx:
         assert pump.receive_and_process(10) == 10
     inserts = [q["sql"] for q in ctx.captured_queries if "sluice_processing_record" in q["sql"]]
-    # One call: a multi-row VALUES, or on PostgreSQL one pipelined executemany (one round trip).
-    assert len(inserts) == 1 and (inserts[0].count("), (") == 9 or inserts[0].startswith("10 times: "))
+    # One statement: a multi-row VALUES, or on PostgreSQL one array per column (unnest).
+    assert len(inserts) == 1 and (inserts[0].count("), (") == 9 or "unnest(" in inserts[0])
     assert len(records_of(queue)) == 10
 
 
@@ -99,6 +99,18 @@ def test_switched_off(transport, queue, pump_for, temp_handlers):
         drain(pump_for(queue))
     assert records_of(queue) == []
     assert transport.counts(queue).total == 0
+
+
+def test_a_batch_of_records_with_columns_all_missing_and_wide_numbers(transactional_db):
+    """The one-statement insert copes with a column that is NULL in every row (a batch of
+    poison messages has no types, no time sent) and with microseconds past 2**31."""
+    late = 2 ** 53
+    insert_rows([("m-1", None, "q-wide", "e", None, 1, late, "error_queue", 1),
+                 ("m-2", None, "q-wide", "e", None, 2, late + 1, "error_queue", 3)], "default")
+    insert_rows([("m-3", "Order", "q-wide", "e", 5, 6, 7, "processed", 1)], "default")
+    rows = ProcessingRecord.objects.filter(queue="q-wide").order_by("message_id")
+    assert [(r.message_id, r.message_type, r.time_sent_us, r.ended_us, r.attempt) for r in rows] == [
+        ("m-1", None, None, late, 1), ("m-2", None, None, late + 1, 3), ("m-3", "Order", 5, 7, 1)]
 
 
 def test_time_sent_header_parsing():

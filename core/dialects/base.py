@@ -15,7 +15,7 @@ import datetime as dt
 import hashlib
 import re
 import uuid
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 #: Columns of a queue table, as the SQL transport lays them out.
 COLUMNS = ("Id", "CorrelationId", "ReplyToAddress", "Recoverable", "Expires", "Headers", "Body", "RowVersion")
@@ -69,9 +69,10 @@ class Dialect(abc.ABC):
     #: Queue tables take per-table storage settings (:meth:`table_upkeep`): PostgreSQL's
     #: autovacuum thresholds for a table whose rows are all deleted soon after insertion.
     supports_table_upkeep: bool = False
-    #: ``executemany`` of a short INSERT costs one round trip (psycopg 3 pipelines it), so
-    #: it beats one long multi-row VALUES whose text the driver parses again every time.
-    pipelines_executemany: bool = False
+    #: Many rows go into a table as ONE statement taking one array parameter per column
+    #: (:meth:`insert_arrays`): its text is the same for any number of rows, so it is
+    #: prepared once, where a multi-row VALUES is a new statement for each row count.
+    supports_array_insert: bool = False
     # The fragments (see FRAGMENTS): None here, so a dialect that forgets one fails.
     limit: str | None = None
     readpast_hint: str | None = None
@@ -260,6 +261,11 @@ class Dialect(abc.ABC):
         """INSERT one message with an explicit Expires (or NULL).  Params:
         id, correlation_id, reply_to, expires, headers, body."""
         return f"INSERT INTO {self.table(name)} ({self._insert_columns()}) VALUES {self._insert_row(False)}"
+
+    def insert_arrays(self, table: str, columns: Sequence[str], types: Sequence[str]) -> str:
+        """INSERT into ``table`` (quoted) of one array parameter per column; ``types`` are
+        the columns' SQL types.  Only where :attr:`supports_array_insert`."""
+        raise NotImplementedError(f"{self.vendor} takes no array parameters (supports_array_insert)")
 
     def insert_rows_per_statement(self, params_per_row: int) -> int:
         """How many rows one :meth:`insert_rows` statement takes (within max_parameters)."""

@@ -2,7 +2,7 @@
 an advisory lock around DDL so concurrent start-ups do not race on the catalog."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from core.dialects.base import Dialect
 from core.dialects.delayed_sql import DelayedSQL
@@ -38,7 +38,7 @@ class PostgreSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
     supports_server_binding = True
     supports_prepared_statements = True
     supports_table_upkeep = True
-    pipelines_executemany = True
+    supports_array_insert = True
     limit = " LIMIT %s"
     readpast_hint = nolock_hint = lock_skip_hint = ""  # MVCC: readers never wait for writers
     skip_locked_suffix = " FOR UPDATE SKIP LOCKED"
@@ -135,6 +135,10 @@ class PostgreSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
 
     def insert_rows_per_statement(self, params_per_row: int) -> int:
         return 10_000  # six array parameters, whatever the number of rows
+
+    def insert_arrays(self, table: str, columns: Sequence[str], types: Sequence[str]) -> str:
+        arrays = ", ".join(f"%b::{t}[]" for t in types)
+        return f"INSERT INTO {table} ({', '.join(self.quote(c) for c in columns)}) SELECT * FROM unnest({arrays})"
 
     def insert_rows(self, name: str, rows: list[list[Any]], with_ttl: bool) -> tuple[str, list[Any]]:
         """One ``INSERT … SELECT … FROM unnest(<one array per column>) WITH ORDINALITY``,

@@ -15,6 +15,7 @@ from typing import Sequence
 from django.db import connections
 
 from core.conf import get_settings
+from core.db import StatementCursor
 from core.messages import Headers, Message
 from core.queues import dialect
 from core.records.models import ProcessingRecord
@@ -104,20 +105,22 @@ class RecordBatch:
 
 
 def insert_rows(rows: Sequence[tuple], using: str) -> None:
-    """Multi-row INSERTs of ``rows`` (tuples in :data:`COLUMNS` order); the batch size
-    comes from Django's own per-database parameter limit (SQLite, SQL Server's 2,100)."""
+    """INSERT ``rows`` (tuples in :data:`COLUMNS` order): one statement of one array per
+    column where the dialect takes arrays (prepared once: its text never changes), else
+    multi-row VALUES, as many rows per statement as Django's own per-database parameter
+    limit allows (SQLite, SQL Server's 2,100)."""
     conn = connections[using]
-    qn = conn.ops.quote_name
-    head = f"INSERT INTO {qn(ProcessingRecord._meta.db_table)} ({', '.join(qn(c) for c in COLUMNS)}) VALUES "
+    d = dialect(using)
+    table = conn.ops.quote_name(ProcessingRecord._meta.db_table)
+    if d.supports_array_insert:
+        sql = d.insert_arrays(table, COLUMNS, [field.db_type(conn) for field in _FIELDS])
+        with StatementCursor(using) as cursor:
+            cursor.execute(sql, [list(column) for column in zip(*rows)], prepare=True)
+        return
+    head = f"INSERT INTO {table} ({', '.join(conn.ops.quote_name(c) for c in COLUMNS)}) VALUES "
     one = "(" + ", ".join(["%s"] * len(COLUMNS)) + ")"
+    step = max(1, conn.ops.bulk_batch_size(_FIELDS, rows))
     with conn.cursor() as cursor:
-        if dialect(using).pipelines_executemany:
-            # One short statement, parsed once and pipelined (one round trip): a multi-row
-            # VALUES of a batch is too long for psycopg's query cache, and splitting its
-            # text again for every batch cost more than the insert.
-            cursor.executemany(head + one, rows)
-            return
-        step = max(1, conn.ops.bulk_batch_size(_FIELDS, rows))
         for i in range(0, len(rows), step):
             chunk = rows[i:i + step]
             cursor.execute(head + ", ".join([one] * len(chunk)), [v for row in chunk for v in row])
