@@ -12,6 +12,7 @@ from django.db import DatabaseError, connections, transaction
 
 from core.breakers import RepeatedFailuresOverTimeCircuitBreaker
 from core.conf import get_settings
+from core.db import StatementCursor
 from core.delayed.wake import NOTIFY_CHANNEL, notify_payload, wake_hub
 from core.dialects import Dialect, dialect_for
 from core.errors import SluiceError
@@ -153,8 +154,10 @@ class SqlDelayedStore:
         """Up to ``limit`` due messages, earliest first, locked until the transaction ends.
         ``at`` None means the database's own now."""
         d = self.dialect
-        with self._cursor() as cursor:
-            cursor.execute(d.delayed_fetch_due(self.table), d.delayed_fetch_params(d.datetime_param(at), limit))
+        # The mover's statements run many times a second: prepared where the database can.
+        with StatementCursor(self.using) as cursor:
+            cursor.execute(d.delayed_fetch_due(self.table), d.delayed_fetch_params(d.datetime_param(at), limit),
+                           prepare=True)
             return [self._message(raw) for raw in cursor.fetchall()]
 
     def fetch_next_due(self, at: dt.datetime) -> DelayedMessage | None:
@@ -186,8 +189,8 @@ class SqlDelayedStore:
     def next_and_now(self) -> tuple[dt.datetime | None, dt.datetime]:
         """(earliest due time or None, the database's now) in one round trip."""
         d = self.dialect
-        with self._cursor() as cursor:
-            cursor.execute(d.delayed_next(self.table), [])
+        with StatementCursor(self.using) as cursor:
+            cursor.execute(d.delayed_next(self.table), [], prepare=True)
             nxt, now = cursor.fetchone()
         return d.to_datetime(nxt), d.to_datetime(now)
 
