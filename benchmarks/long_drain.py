@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         progress.done()
         tenths = [rate(tenth, b - a) for a, b in zip(marks, marks[1:])]
         dead, autovacuums = (0, 0)
-        if d.vendor == "postgresql":
+        if d.supports_table_upkeep:  # dead rows and autovacuum runs: the statistics of the databases that have upkeep
             with connection.cursor() as cursor:
                 dead, autovacuums = table_stats(cursor, QUEUE)
         first, last = tenths[0], tenths[-1]

@@ -22,8 +22,6 @@ from __future__ import annotations
 import abc
 from typing import Protocol, Sequence
 
-from django.db import transaction
-
 from core.conf import TRANSACTION_MODES
 from core.db import independent_alias
 from core.errors import ConfigurationError

@@ -104,6 +104,10 @@ class RecordBatch:
         return written
 
 
+#: The array INSERT's text per database alias (insert_rows).
+_array_sql: dict[str, str] = {}
+
+
 def insert_rows(rows: Sequence[tuple], using: str) -> None:
     """INSERT ``rows`` (tuples in :data:`COLUMNS` order): one statement of one array per
     column where the dialect takes arrays (prepared once: its text never changes), else
@@ -113,7 +117,9 @@ def insert_rows(rows: Sequence[tuple], using: str) -> None:
     d = dialect(using)
     table = conn.ops.quote_name(ProcessingRecord._meta.db_table)
     if d.supports_array_insert:
-        sql = d.insert_arrays(table, COLUMNS, [field.db_type(conn) for field in _FIELDS])
+        sql = _array_sql.get(using)
+        if sql is None:  # once per alias: this runs for every receive batch
+            sql = _array_sql[using] = d.insert_arrays(table, COLUMNS, [field.db_type(conn) for field in _FIELDS])
         with StatementCursor(using) as cursor:
             cursor.execute(sql, [list(column) for column in zip(*rows)], prepare=True)
         return
