@@ -6,6 +6,15 @@ SAVEPOINT and its RELEASE were a third of a no-op drain's time at one per messag
 price is paid on failure: the calls before the failing one run again.  So a chunk is as
 large as the whole batch while nothing fails, and small for a while after something
 does (:class:`ChunkSize`).
+
+While nothing fails, a batch runs *whole* (:func:`run_whole`): in the receive's own
+transaction, with no savepoint at all — a SAVEPOINT is a round trip between a delayed
+message's receive and its handler's start.  A failure there rolls back the receive
+too (:class:`WholeBatchFailed`).  The pump receives again: the failed message's
+failure is recorded on its row without calling its handler again, and the rest run
+in savepoints.  So a failure costs the same handler calls as in a savepoint (the
+ones before it run again), plus one receive; their side effects outside the database
+are not undone, as always.
 """
 from __future__ import annotations
 
@@ -32,16 +41,29 @@ class ChunkSize:
     clean chunk they double, back up to the whole batch.  One per pump, shared by its
     threads: a lost update between two threads only delays an adjustment by a chunk."""
 
-    __slots__ = ("largest", "smallest", "current")
+    __slots__ = ("largest", "smallest", "current", "clean")
 
     def __init__(self, batch_size: int) -> None:
         self.largest = batch_size
         self.smallest = min(batch_size, max(MIN_CHUNK_SIZE, -(-batch_size // 16)))
         self.current = batch_size
+        self.clean = True  # the last chunk had no failure
 
     def after(self, size: int, failures: int) -> None:
-        """A chunk of ``size`` messages ran with ``failures`` failed calls."""
-        self.current = max(self.smallest, size // 4) if failures else min(self.largest, size * 2)
+        """A chunk of ``size`` messages ran with ``failures`` failed calls.  (A clean
+        chunk doubles the next whatever its own size: a receive of a few messages must
+        not shrink the chunks, and after a failure, sparse traffic must grow them back.)"""
+        if failures:
+            self.current = max(self.smallest, size // 4)
+        else:
+            self.current = min(self.largest, self.current * 2)
+        self.clean = not failures
+
+    @property
+    def whole(self) -> bool:
+        """Whether the next batch may run whole, without a savepoint (:func:`run_whole`):
+        the chunks are back to the whole batch and the last one was clean."""
+        return self.clean and self.current >= self.largest
 
 
 class HandlerFailed(Exception):
@@ -52,6 +74,19 @@ class HandlerFailed(Exception):
         self.cause = cause
         self.started_us = started_us  # when its handler started (the processing record's start)
         self.index = -1
+
+
+class WholeBatchFailed(Exception):
+    """A handler failed in a batch run whole: the receive's transaction must roll back
+    (raised through it) and the batch be received again, to run in savepoints.
+    ``culprit``: the RowVersion of the message that failed, when the call was for one
+    message (a batch handler's list does not say which)."""
+
+    def __init__(self, failed: HandlerFailed, unit: Unit, size: int) -> None:
+        super().__init__(str(failed.cause))
+        self.failed = failed
+        self.culprit = unit.messages[0].row_version if len(unit.messages) == 1 else None
+        self.size = size  # how many messages the batch had
 
 
 class Unit:
@@ -85,6 +120,21 @@ def units(chunk: list[Message], lookup: Callable[[Message], tuple[Any, bool]]) -
             found.append(unit)
         unit.messages.append(message)
     return found
+
+
+def run_whole(pending: list[Unit], scope: Any, outcomes: dict[int, MessageOutcome], *,
+              run: Callable[[Unit], MessageOutcome]) -> None:
+    """Run handler calls in the receive's transaction with no savepoint; put each
+    message's outcome in ``outcomes`` (by ``id(message)``).  A failing call raises
+    :class:`WholeBatchFailed`, to be let through the receive's transaction."""
+    for unit in pending:
+        try:
+            outcome = run(unit)
+        except HandlerFailed as failed:
+            raise WholeBatchFailed(failed, unit, sum(len(u.messages) for u in pending)) from failed.cause
+        for message in unit.messages:
+            outcomes[id(message)] = outcome
+    scope.flush()  # the sends, before the receive commits
 
 
 def run_in_savepoints(pending: list[Unit], alias: str, scope: Any, records: Any,

@@ -11,9 +11,9 @@ one per unit, each with its own wait).  One :meth:`MessagePump.step` on a thread
    receives at once.
 2. *Receive* up to ``receive_batch_size`` rows (capped by ``max_records_to_peek`` and
    by the peek's estimate) in one statement and one transaction, and *process* them:
-   in ``sends_atomic_with_receive`` chunk by chunk, one savepoint per chunk
-   (:class:`ChunkSize`: the whole batch until a handler fails); otherwise one message
-   at a time.
+   in ``sends_atomic_with_receive`` the whole batch with no savepoint while nothing
+   fails, else chunk by chunk, one savepoint per chunk (core.chunks); otherwise one
+   message at a time.
 3. A full batch → step again at once (and wake an idle thread of the pump: more may
    wait); a short one → wait for a wake-up or the peek delay — unless a wake-up came
    in that found no idle thread: then this one steps again at once.
@@ -44,7 +44,7 @@ from typing import Any, Callable
 from django.db import DatabaseError, transaction
 
 from core.breakers import RepeatedFailuresOverTimeCircuitBreaker
-from core.chunks import ChunkSize, HandlerFailed, Unit, run_in_savepoints, units
+from core.chunks import ChunkSize, HandlerFailed, Unit, WholeBatchFailed, run_in_savepoints, run_whole, units
 from core.conf import MIN_PEEK_DELAY, get_settings
 from core.db import writer_turn
 from core.errors import ConfigurationError, NoHandler
@@ -258,8 +258,20 @@ class MessagePump:
     # -- receiving --------------------------------------------------------------
     def receive_and_process(self, limit: int = 1) -> int:
         """Receive up to ``limit`` messages in one transaction and process each: chunk by
-        chunk (one savepoint per chunk) where the transaction mode allows it, else one
+        chunk (one savepoint per chunk) where the transaction mode allows it — or, while
+        nothing fails, the whole batch without a savepoint (core.chunks) — else one
         message at a time."""
+        if self.chunk_size.whole:
+            try:
+                return self._receive_and_process(limit, whole=True)
+            except WholeBatchFailed as failed:
+                log.debug("a handler failed in a batch run whole on %s (%s); receiving again, in savepoints",
+                          self.queue, failed)
+                self.chunk_size.after(failed.size, 1)
+                return self._receive_and_process(limit, whole=False, failed_whole=failed)
+        return self._receive_and_process(limit, whole=False)
+
+    def _receive_and_process(self, limit: int, whole: bool, failed_whole: WholeBatchFailed | None = None) -> int:
         stats = PumpStats()
         records = start_batch()
         with writer_turn(self.receive_alias), transaction.atomic(using=self.receive_alias):
@@ -267,7 +279,7 @@ class MessagePump:
             batch = self.strategy.batch(messages)
             resolved: dict[str | None, tuple[Any, bool]] = {}  # one registry look-up per type per batch
             if getattr(batch, "chunked", False):
-                outcomes = self._process_chunked(messages, batch, records, resolved)
+                outcomes = self._process_chunked(messages, batch, records, resolved, whole, failed_whole)
             else:
                 outcomes = [self._process(message, batch, records, resolved) for message in messages]
             for outcome in outcomes:
@@ -287,21 +299,34 @@ class MessagePump:
         return found
 
     def _process_chunked(self, messages: list[Message], batch: Any, records: RecordBatch | NoRecords,
-                         resolved: dict[str | None, tuple[Any, bool]]) -> list[MessageOutcome]:
-        """The batch chunk by chunk, each chunk as large as :class:`ChunkSize` says."""
-        outcomes: list[MessageOutcome] = []
+                         resolved: dict[str | None, tuple[Any, bool]], whole: bool,
+                         failed_whole: WholeBatchFailed | None) -> list[MessageOutcome]:
+        """The batch ``whole`` (no savepoint; a failure raises WholeBatchFailed), or chunk
+        by chunk, each chunk as large as :class:`ChunkSize` says.  ``failed_whole``: this
+        batch's run whole failed; its culprit's failure is recorded, not run again."""
+        done: dict[int, MessageOutcome] = {}
+
+        def lookup(message: Message) -> tuple[Any, bool]:
+            return self._lookup(message, resolved)
+
+        if whole:
+            run_whole(units(messages, lookup), batch, done, run=lambda unit: self._run(unit, batch, records))
+            return [done[id(m)] for m in messages]
+        rest = messages
+        if failed_whole is not None and failed_whole.culprit is not None:
+            for message in messages:
+                if message.row_version == failed_whole.culprit:  # (another worker may have taken it)
+                    done[id(message)] = self._failed(message, failed_whole.failed, records)
+            rest = [m for m in messages if id(m) not in done]
         start = 0
-        while start < len(messages):
-            chunk = messages[start:start + self.chunk_size.current]
-            done: dict[int, MessageOutcome] = {}
-            pending = units(chunk, lambda message: self._lookup(message, resolved))
-            failures = run_in_savepoints(pending, self.receive_alias, batch, records, done,
+        while start < len(rest):
+            chunk = rest[start:start + self.chunk_size.current]
+            failures = run_in_savepoints(units(chunk, lookup), self.receive_alias, batch, records, done,
                                          run=lambda unit: self._run(unit, batch, records),
                                          fail=lambda message, failed: self._failed(message, failed, records))
-            outcomes += [done[id(m)] for m in chunk]
             self.chunk_size.after(len(chunk), failures)
             start += len(chunk)
-        return outcomes
+        return [done[id(m)] for m in messages]
 
     def _process(self, message: Message, batch: BatchScope, records: RecordBatch | NoRecords,
                  resolved: dict[str | None, tuple[Any, bool]]) -> MessageOutcome:

@@ -1,9 +1,11 @@
 """Chunked receive: one savepoint per chunk of a receive batch, not per message.
 
-A chunk is the whole batch while nothing fails.  A failing handler rolls its chunk back;
-the failure is recorded once, the messages before it run again and the ones after go on,
-so business rows stay exactly-once; after a failure the pump's chunks are smaller for a
-while (core.chunks.ChunkSize)."""
+While nothing fails a batch runs whole, in the receive's transaction with no savepoint.
+A failure there rolls the receive back; the batch is received again and runs in
+chunks, one savepoint each.  A failing handler rolls its chunk back; the failure is
+recorded once, the messages before it run again and the ones after go on, so business
+rows stay exactly-once; after a failure the pump's chunks are smaller for a while
+(core.chunks.ChunkSize)."""
 from __future__ import annotations
 
 import signal
@@ -52,19 +54,38 @@ def test_message_37_of_a_chunked_batch_of_128_fails_alone(transport, queue, pump
     # The handlers' sends: one per successful message, none from the rolled-back run.
     echoes = sorted(m.json()["echo"] for m in left if m.headers.get(Headers.ENCLOSED_MESSAGE_TYPES) == "Echo")
     assert echoes == [n for n in range(128) if n != 37]
-    # The batch was one chunk: the 37 before the culprit ran twice, nothing else did.
+    # First the batch ran whole, no savepoint: 0-37, then 37 failed and the receive rolled
+    # back.  Received again: 37's failure recorded without running it again; the rest in
+    # chunks a quarter the size, then doubling (32, 64, then the last 31).  So the 37
+    # before the culprit ran twice, as after a failure in a savepoint; nothing else did.
     assert {n for n, count in runs.items() if count == 2} == set(range(37))
     assert runs[37] == 1 and all(runs[n] == 1 for n in range(38, 128))
     assert (pump.stats.succeeded, pump.stats.retried) == (127, 1)
-    savepoints = [q for q in queries.captured_queries if q["sql"].upper().startswith("SAVEPOINT")]
-    assert len(savepoints) == 3  # the batch's; then 0-36 again, and 38-127, each in its own
+    sql = [q["sql"].upper() for q in queries.captured_queries]
+    first_receive = next(i for i, q in enumerate(sql) if q.startswith("DELETE"))
+    rollback = next(i for i, q in enumerate(sql) if q.startswith("ROLLBACK"))
+    assert not any(q.startswith("SAVEPOINT") for q in sql[first_receive:rollback])
+    assert len([q for q in sql if q.startswith("SAVEPOINT")]) == 3  # 0-31; 32-96 but 37; 97-127
     inserts = [q for q in queries.captured_queries if q["sql"].startswith("INSERT INTO")
                and "sluice_demo_ping" not in q["sql"] and ProcessingRecord._meta.db_table not in q["sql"]]
-    assert len(inserts) == 3  # the sends of 0-36 in one statement, of 38-127 in another; the retry's move
-    assert pump.chunk_size.current == 32  # a failure: the next chunks are a quarter the size
-    # The processing records count each message once: the re-run chunk's first run left none.
+    assert len(inserts) == 4  # the retry's move; the sends of each savepoint, one statement each
+    assert pump.chunk_size.whole  # three clean chunks: back to the whole batch
+    # The processing records count each message once: the runs rolled back left none.
     outcomes = list(ProcessingRecord.objects.filter(queue=queue).values_list("outcome", flat=True))
     assert sorted(outcomes) == ["processed"] * 127 + ["retried"]
+
+
+def test_a_clean_batch_runs_whole_without_a_savepoint(transport, queue, pump_for, temp_handlers):
+    temp_handlers(queue, "Ping", lambda message, context: PingRecord.objects.using(context.using)
+                  .create(message_id=message.id))
+    ids = transport.send_many(queue, [{"n": i} for i in range(50)], message_type="Ping")
+    pump = pump_for(queue, receive_batch_size=50, concurrency=1)
+    assert pump.chunk_size.whole
+    with CaptureQueriesContext(connection) as queries:
+        assert pump.receive_and_process(50) == 50
+    assert set(PingRecord.objects.values_list("message_id", flat=True)) == set(ids)
+    assert not [q for q in queries.captured_queries if q["sql"].upper().startswith(("SAVEPOINT", "RELEASE"))]
+    assert pump.chunk_size.whole and pump.stats.succeeded == 50
 
 
 def test_chunks_shrink_after_a_failure_and_grow_back_while_nothing_fails():
@@ -80,6 +101,13 @@ def test_chunks_shrink_after_a_failure_and_grow_back_while_nothing_fails():
         assert size.current == expected
     assert ChunkSize(1000).smallest == 63  # at most 16 chunks' savepoints in a batch
     assert ChunkSize(5).smallest == 5
+    # A batch runs whole only when the chunks are back to the whole batch and the last was clean.
+    small = ChunkSize(8)
+    assert small.whole
+    small.after(8, failures=1)
+    assert small.current == 8 and not small.whole
+    small.after(8, failures=0)
+    assert small.whole
 
 
 @pytest.mark.row_locking

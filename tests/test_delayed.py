@@ -79,6 +79,25 @@ def test_store_interface(store):
     assert [m.id for m in in_the_store(store)] == ["m2"]
 
 
+def test_claiming_takes_due_messages_out_earliest_first_and_a_rollback_puts_them_back(store):
+    """The mover's fast path: one statement deletes and returns what is due by the
+    database's clock; the transaction that forwards them decides whether they are gone."""
+    now = dt.datetime.now(UTC)
+    for n, seconds in enumerate([-3, -1, -2, 3600]):
+        store.store(DelayedMessage(id=f"m{n}", destination="orders", body=b"%d" % n, headers={"n": str(n)},
+                                   due=now + dt.timedelta(seconds=seconds)))
+    with transaction.atomic():
+        claimed = store.claim_due(10)
+        assert [(m.id, m.body, m.headers, m.retry_count) for m in claimed] == [
+            ("m0", b"0", {"n": "0"}, 0), ("m2", b"2", {"n": "2"}, 0), ("m1", b"1", {"n": "1"}, 0)]
+        assert [m.id for m in in_the_store(store)] == ["m3"]  # gone within the transaction
+        transaction.set_rollback(True)
+    assert sorted(m.id for m in in_the_store(store)) == ["m0", "m1", "m2", "m3"]
+    with transaction.atomic():
+        assert [m.id for m in store.claim_due(2)] == ["m0", "m2"]  # the limit takes the earliest
+    assert sorted(m.id for m in in_the_store(store)) == ["m1", "m3"]
+
+
 def test_storing_the_same_message_id_twice_keeps_the_first(store):
     first = DelayedMessage(id="dup", destination="a", body=b"1", headers={}, due=dt.datetime.now(UTC))
     store.store(first)

@@ -403,7 +403,8 @@ def test_two_movers_elect_one_leader_and_hand_over_on_graceful_stop(empty_store)
 
 @pytest.mark.row_locking
 @pytest.mark.timeout(60)
-def test_fetch_due_in_two_concurrent_transactions_returns_disjoint_rows(empty_store):
+@pytest.mark.parametrize("take", ["fetch_due", "claim_due"])  # the mover's locking fetch and its claim
+def test_fetch_due_in_two_concurrent_transactions_returns_disjoint_rows(empty_store, take):
     store = SqlDelayedStore()
     past = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=5)
     stored = set()
@@ -420,7 +421,7 @@ def test_fetch_due_in_two_concurrent_transactions_returns_disjoint_rows(empty_st
     def first() -> None:
         try:
             with transaction.atomic():
-                got["first"] = [m.id for m in SqlDelayedStore().fetch_due(15)]
+                got["first"] = [m.id for m in getattr(SqlDelayedStore(), take)(15)]
                 first_holds.set()
                 assert second_done.wait(20), "second fetch never finished"
                 transaction.set_rollback(True)
@@ -434,7 +435,7 @@ def test_fetch_due_in_two_concurrent_transactions_returns_disjoint_rows(empty_st
         try:
             assert first_holds.wait(20)
             with transaction.atomic():
-                got["second"] = [m.id for m in SqlDelayedStore().fetch_due(15)]
+                got["second"] = [m.id for m in getattr(SqlDelayedStore(), take)(15)]
                 transaction.set_rollback(True)
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)

@@ -179,6 +179,7 @@ def _statements(d: MSSQLDialect, name: str) -> list[Stmt]:
         out.append(Stmt("delayed_insert_many", d.delayed_insert_many(name, 3, after),
                         len(d.delayed_insert_many_params([("id", "dest", b"", when, "{}")] * 3)), None))
     out.append(Stmt("delayed_fetch_due", d.delayed_fetch_due(name), len(d.delayed_fetch_params(None, 10)), None))
+    out.append(Stmt("delayed_claim_due", d.delayed_claim_due(name), len(d.delayed_claim_params(None, 10)), None))
     for what in ("delayed_remove", "delayed_increment_failure", "delayed_list", "delayed_deliver_now"):
         out.append(Stmt(what, getattr(d, what)(name), 1, None))                # [id] or [limit]
     out.append(Stmt("delayed_next", d.delayed_next(name), 0, None))
@@ -199,7 +200,7 @@ NAMED = ["create_queue_table", "ddl_lock", "drop_queue_table", "existing_indexes
          "create_delayed_table", "delayed_insert_at", "delayed_insert_after", "delayed_fetch_due",
          "delayed_remove", "delayed_increment_failure", "delayed_list", "delayed_deliver_now", "delayed_next",
          "delayed_has_destination", "receive_expired", "max_row_version", "lock_table", "delayed_remove_many",
-         "rename_delayed_table", "insert_rows", "delayed_insert_many"]
+         "rename_delayed_table", "insert_rows", "delayed_insert_many", "delayed_claim_due"]
 
 
 def not_parseable(stmt: Stmt) -> bool:
@@ -223,7 +224,7 @@ def test_every_named_statement_is_covered():
 
     helpers = {"quote", "table", "index_names", "delayed_time_index", "create_schema", "to_row", "to_datetime", "datetime_param",
                "ttl_params", "browse_params", "now_sql", "expires_after_ttl_sql", "expired_sql",
-               "delayed_insert_params", "delayed_insert_many_params", "insert_rows_per_statement", "delayed_fetch_params", "notify", "error_codes", "is_transient", "is_missing_table",
+               "delayed_insert_params", "delayed_insert_many_params", "insert_rows_per_statement", "delayed_fetch_params", "delayed_claim_params", "notify", "error_codes", "is_transient", "is_missing_table",
                    # PostgreSQL only (capability flags): no SQL Server statement to check.
                    "server_cursor", "table_upkeep", "table_upkeep_active", "insert_arrays"}
     public = {n for cls in (Dialect, DelayedSQL) for n, v in vars(cls).items()
@@ -970,6 +971,19 @@ def test_a_dialect_must_define_every_sql_fragment():
     assert d.delayed_fetch_due(NAME).endswith("ORDER BY [Time] OFFSET 0 ROWS FETCH NEXT %s ROWS ONLY")
     assert "[dbo].[orders] WITH (UPDLOCK, READPAST, ROWLOCK) WHERE" in d.delayed_fetch_due(NAME)
     assert d.delayed_fetch_params("at", 10) == ["at", 10]
+
+
+def test_the_movers_claim_takes_due_rows_as_the_receive_does():
+    """The mover's one-statement fetch-and-remove: a CTE over the due rows in Time order,
+    TOP (%s) first — so its parameters are (limit, at), not the fetch's (at, limit) —
+    rows other movers hold passed over, and the deleted rows' columns OUTPUT."""
+    d = MSSQLDialect()
+    sql = d.delayed_claim_due(NAME)
+    assert sql.startswith("SET NOCOUNT ON; WITH message AS (SELECT TOP (%s) * FROM [dbo].[orders] "
+                          "WITH (UPDLOCK, READPAST, ROWLOCK) WHERE [Time] <= COALESCE(%s, GETUTCDATE()) "
+                          "ORDER BY [Time]) DELETE FROM message OUTPUT deleted.[Id], ")
+    assert sql.endswith("deleted.[RetryCount];")
+    assert d.delayed_claim_params("at", 10) == [10, "at"]
 
 
 def test_multi_row_inserts_stay_within_the_parameter_limit_and_keep_list_order():

@@ -1,6 +1,7 @@
 """The mover: a loop that forwards due delayed messages to their queues.
 
-Fetch up to ``batch_size`` due messages → put each in its queue → remove them, all in
+Take up to ``batch_size`` due messages out of the store (one ``DELETE … RETURNING``
+where the store can: ``claim_due``) → put each in its queue, all in
 one transaction when the store and the queues share a database (exactly once), and
 again at once while messages are due.  When nothing is due it sleeps until the next
 due time (at most ``max_sleep``) or until a store anywhere makes an earlier message
@@ -234,13 +235,20 @@ class DelayedMover:
         return conn.connection is not None and conn.is_usable()
 
     def _move_batch(self, isolate: bool) -> int:
+        claim_due = None if isolate else getattr(self.store, "claim_due", None)
         with writer_turn(self.using), transaction.atomic(using=self.using):
-            batch = self._fetch_batch()
-            if isolate:
-                for message in batch:
-                    self._forward_one(message)
-            elif batch:
-                self._forward_all(batch)
+            if claim_due is not None:
+                # Out of the store already (its rows come back if this transaction rolls back).
+                batch = self._guard(lambda: claim_due(self.batch_size))
+                if batch:
+                    self._forward_all(batch, removed=True)
+            else:
+                batch = self._fetch_batch()
+                if isolate:
+                    for message in batch:
+                        self._forward_one(message)
+                elif batch:
+                    self._forward_all(batch, removed=False)
         if batch:
             log.debug("moved %d delayed message(s) from %s", len(batch), self.table)
         return len(batch)
@@ -278,18 +286,18 @@ class DelayedMover:
         headers = {**message.headers, Headers.DELIVERED_AT: delivered_at}
         return self.transport.outgoing(message.destination, message.id, headers, message.body)
 
-    def _forward_all(self, batch: list[DelayedMessage]) -> None:
+    def _forward_all(self, batch: list[DelayedMessage], removed: bool) -> None:
         """The fast path: the whole batch in a constant number of statements (one insert
-        per destination queue, one delete).  Any failure sends the caller to the
-        per-message path."""
+        per destination queue, and one delete unless the batch was claimed: already
+        ``removed``).  Any failure sends the caller to the per-message path."""
         delivered_at = wire_time(dt.datetime.now(dt.timezone.utc))
         outgoing = [self._outgoing(m, delivered_at) for m in batch]
         remove_many = getattr(self.store, "remove_many", None)
         try:
             self.transport.enqueue(outgoing)
-            if remove_many is not None:
+            if not removed and remove_many is not None:
                 remove_many(batch)
-            else:
+            elif not removed:
                 for message in batch:
                     self.store.remove(message)
         except DatabaseError as exc:

@@ -73,6 +73,22 @@ class DelayedSQL(abc.ABC):
     def delayed_fetch_params(self, at: Any, limit: int) -> list[Any]:
         return [at, limit]
 
+    def delayed_claim_due(self, name: str) -> str:
+        """Delete and return up to N messages due at a time (NULL: the database's now),
+        passing over rows another mover holds — the mover's fetch and remove in one
+        statement.  Rows come back in no particular order.  Params:
+        delayed_claim_params(at, limit)."""
+        time, id_ = self.quote("Time"), self.quote("Id")
+        t = self.table(name)
+        return (
+            f"DELETE FROM {t} WHERE {id_} IN (SELECT {id_} FROM {t} "
+            f"WHERE {time} <= COALESCE(%s, {self.now_sql()}) ORDER BY {time}{self.limit}{self.skip_locked_suffix}) "
+            f"RETURNING {self._delayed_columns()}"
+        )
+
+    def delayed_claim_params(self, at: Any, limit: int) -> list[Any]:
+        return [at, limit]
+
     def delayed_remove(self, name: str) -> str:
         return f"DELETE FROM {self.table(name)} WHERE {self.quote('Id')} = %s"
 

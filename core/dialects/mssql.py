@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from core.dialects.base import Dialect
-from core.dialects.delayed_sql import DelayedSQL
+from core.dialects.delayed_sql import DELAYED_COLUMNS, DelayedSQL
 from core.dialects.dashboard_sql import DashboardSQL
 from core.dialects.outbox_sql import OutboxSQL
 
@@ -250,6 +250,20 @@ class MSSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
                               headers: str) -> list[Any]:
         # The id again at the end, for the NOT EXISTS check.
         return [id_, destination, state, *time_params, headers, id_]
+
+    def delayed_claim_due(self, name: str) -> str:
+        # The receive's shape (a CTE with TOP, UPDLOCK + READPAST + ROWLOCK, DELETE …
+        # OUTPUT): rows another mover holds are passed over, not waited for.
+        cols = ", ".join(f"deleted.{self.quote(c)}" for c in DELAYED_COLUMNS)
+        return (
+            "SET NOCOUNT ON; "
+            f"WITH message AS (SELECT TOP (%s) * FROM {self.table(name)} WITH (UPDLOCK, READPAST, ROWLOCK) "
+            f"WHERE [Time] <= COALESCE(%s, {self.now_sql()}) ORDER BY [Time]) "
+            f"DELETE FROM message OUTPUT {cols};"
+        )
+
+    def delayed_claim_params(self, at: Any, limit: int) -> list[Any]:
+        return [limit, at]  # TOP (%s) comes first
 
     # -- outbox -------------------------------------------------------------------
     def outbox_index_names(self, name: str) -> dict[str, str]:
