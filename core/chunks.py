@@ -19,9 +19,10 @@ are not undone, as always.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any, Callable
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 
 from core.messages import Message
 from core.outcomes import MessageOutcome
@@ -80,13 +81,44 @@ class WholeBatchFailed(Exception):
     """A handler failed in a batch run whole: the receive's transaction must roll back
     (raised through it) and the batch be received again, to run in savepoints.
     ``culprit``: the RowVersion of the message that failed, when the call was for one
-    message (a batch handler's list does not say which)."""
+    message (a batch handler's list does not say which) and the error is not a database
+    error — which may be the database's fault (a deadlock victim, a dropped connection),
+    not the message's: that handler runs again in a savepoint, which tells them apart as
+    the chunked path always does, before an attempt is counted."""
 
     def __init__(self, failed: HandlerFailed, unit: Unit, size: int) -> None:
         super().__init__(str(failed.cause))
         self.failed = failed
-        self.culprit = unit.messages[0].row_version if len(unit.messages) == 1 else None
+        one = len(unit.messages) == 1 and not isinstance(failed.cause, DatabaseError)
+        self.culprit = unit.messages[0].row_version if one else None
         self.size = size  # how many messages the batch had
+
+
+class Blamed:
+    """Handler failures found in batches run whole, by the failed message's RowVersion,
+    until a thread of the pump receives that row again and records the failure instead
+    of running the handler again.  The pump puts a failure here *before* the whole
+    run's rollback frees the row, so whichever of its threads takes the row next sees
+    it.  (A row another worker process takes meanwhile runs there again, as after any
+    rollback; its entry here goes after ``keep`` newer ones.)"""
+
+    def __init__(self, keep: int = 1024) -> None:
+        self.keep = keep
+        self._failures: dict[int, HandlerFailed] = {}
+        self._lock = threading.Lock()
+
+    def __bool__(self) -> bool:
+        return bool(self._failures)  # no lock: a hint, checked again in take()
+
+    def put(self, row_version: int, failed: HandlerFailed) -> None:
+        with self._lock:
+            self._failures[row_version] = failed
+            while len(self._failures) > self.keep:
+                del self._failures[next(iter(self._failures))]
+
+    def take(self, row_version: int) -> HandlerFailed | None:
+        with self._lock:
+            return self._failures.pop(row_version, None)
 
 
 class Unit:

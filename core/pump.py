@@ -44,7 +44,7 @@ from typing import Any, Callable
 from django.db import DatabaseError, transaction
 
 from core.breakers import RepeatedFailuresOverTimeCircuitBreaker
-from core.chunks import ChunkSize, HandlerFailed, Unit, WholeBatchFailed, run_in_savepoints, run_whole, units
+from core.chunks import Blamed, ChunkSize, HandlerFailed, Unit, WholeBatchFailed, run_in_savepoints, run_whole, units
 from core.conf import MIN_PEEK_DELAY, get_settings
 from core.db import writer_turn
 from core.errors import ConfigurationError, NoHandler
@@ -155,6 +155,7 @@ class MessagePump:
         self._lanes = [_Lane() for _ in range(self.threads)]
         self._pending = False  # a wake-up no idle thread was roused for (module doc)
         self.chunk_size = ChunkSize(self.batch_size)
+        self.blamed = Blamed()  # failures of batches run whole, to record, not run again
         missing_indexes(queue, self.receive_alias)
         self._wake: Callable[..., None] = lambda lane=None: None
         self._hub_handle = wake_hub.register(queue_key(queue), self._on_wake)
@@ -267,11 +268,9 @@ class MessagePump:
             except WholeBatchFailed as failed:
                 log.debug("a handler failed in a batch run whole on %s (%s); receiving again, in savepoints",
                           self.queue, failed)
-                self.chunk_size.after(failed.size, 1)
-                return self._receive_and_process(limit, whole=False, failed_whole=failed)
         return self._receive_and_process(limit, whole=False)
 
-    def _receive_and_process(self, limit: int, whole: bool, failed_whole: WholeBatchFailed | None = None) -> int:
+    def _receive_and_process(self, limit: int, whole: bool) -> int:
         stats = PumpStats()
         records = start_batch()
         with writer_turn(self.receive_alias), transaction.atomic(using=self.receive_alias):
@@ -279,7 +278,7 @@ class MessagePump:
             batch = self.strategy.batch(messages)
             resolved: dict[str | None, tuple[Any, bool]] = {}  # one registry look-up per type per batch
             if getattr(batch, "chunked", False):
-                outcomes = self._process_chunked(messages, batch, records, resolved, whole, failed_whole)
+                outcomes = self._process_chunked(messages, batch, records, resolved, whole)
             else:
                 outcomes = [self._process(message, batch, records, resolved) for message in messages]
             for outcome in outcomes:
@@ -299,25 +298,36 @@ class MessagePump:
         return found
 
     def _process_chunked(self, messages: list[Message], batch: Any, records: RecordBatch | NoRecords,
-                         resolved: dict[str | None, tuple[Any, bool]], whole: bool,
-                         failed_whole: WholeBatchFailed | None) -> list[MessageOutcome]:
+                         resolved: dict[str | None, tuple[Any, bool]], whole: bool) -> list[MessageOutcome]:
         """The batch ``whole`` (no savepoint; a failure raises WholeBatchFailed), or chunk
-        by chunk, each chunk as large as :class:`ChunkSize` says.  ``failed_whole``: this
-        batch's run whole failed; its culprit's failure is recorded, not run again."""
+        by chunk, each chunk as large as :class:`ChunkSize` says.  A message whose
+        handler failed in a batch run whole (``self.blamed``) has that failure recorded,
+        not its handler run again."""
         done: dict[int, MessageOutcome] = {}
 
         def lookup(message: Message) -> tuple[Any, bool]:
             return self._lookup(message, resolved)
 
-        if whole:
-            run_whole(units(messages, lookup), batch, done, run=lambda unit: self._run(unit, batch, records))
-            return [done[id(m)] for m in messages]
-        rest = messages
-        if failed_whole is not None and failed_whole.culprit is not None:
+        rest, taken = messages, []
+        if self.blamed:
             for message in messages:
-                if message.row_version == failed_whole.culprit:  # (another worker may have taken it)
-                    done[id(message)] = self._failed(message, failed_whole.failed, records)
+                failed = self.blamed.take(message.row_version)
+                if failed is not None and not (message.poison or message.expired):  # (expired: units() settles it)
+                    taken.append((message.row_version, failed))
+                    done[id(message)] = self._failed(message, failed, records)
             rest = [m for m in messages if id(m) not in done]
+        if whole:
+            try:
+                run_whole(units(rest, lookup), batch, done, run=lambda unit: self._run(unit, batch, records))
+            except WholeBatchFailed as failed:
+                # Before the rollback frees the rows: no thread of this pump runs a batch
+                # whole for a while, and the one that takes the culprit records its failure.
+                self.chunk_size.after(failed.size, 1)
+                for row_version, earlier in [*taken, (failed.culprit, failed.failed)]:
+                    if row_version is not None:
+                        self.blamed.put(row_version, earlier)
+                raise
+            return [done[id(m)] for m in messages]
         start = 0
         while start < len(rest):
             chunk = rest[start:start + self.chunk_size.current]

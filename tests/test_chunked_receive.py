@@ -9,15 +9,17 @@ rows stay exactly-once; after a failure the pump's chunks are smaller for a whil
 from __future__ import annotations
 
 import signal
+import threading
 import time
 
 import pytest
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.test.utils import CaptureQueriesContext
 
 from core.demo.models import PingRecord
 from core.messages import Headers
 from core.chunks import ChunkSize
+from core.loops import ThreadRunner
 from core.records.models import ProcessingRecord
 from core.transport import Transport
 from tests.conftest import start_workers, wait_for
@@ -86,6 +88,84 @@ def test_a_clean_batch_runs_whole_without_a_savepoint(transport, queue, pump_for
     assert set(PingRecord.objects.values_list("message_id", flat=True)) == set(ids)
     assert not [q for q in queries.captured_queries if q["sql"].upper().startswith(("SAVEPOINT", "RELEASE"))]
     assert pump.chunk_size.whole and pump.stats.succeeded == 50
+
+
+@pytest.mark.parametrize("fails", ["once", "always"])
+def test_a_database_error_in_a_batch_run_whole_runs_again_in_a_savepoint_before_it_counts(
+        fails, transport, queue, pump_for, temp_handlers):
+    # A database error may be the database's fault (a deadlock victim, a dropped
+    # connection), not the message's: it costs an attempt only if it happens again in a
+    # savepoint, as it would have in the chunked path.
+    runs: dict[int, int] = {}
+
+    def handle(message, context):
+        n = message.json()["n"]
+        runs[n] = runs.get(n, 0) + 1
+        if n == 5 and (fails == "always" or runs[n] == 1):
+            raise DatabaseError("deadlock detected")
+        PingRecord.objects.using(context.using).create(message_id=message.id)
+
+    temp_handlers(queue, "Ping", handle)
+    ids = transport.send_many(queue, [{"n": i} for i in range(8)], message_type="Ping")
+    pump = pump_for(queue, receive_batch_size=8, concurrency=1, immediate_retries=5)
+    assert pump.receive_and_process(8) == 8
+    assert runs[5] == 2  # once whole, once in a savepoint
+    left = Transport().browse(queue, limit=10)
+    if fails == "once":
+        assert PingRecord.objects.count() == 8 and left == []
+        assert (pump.stats.succeeded, pump.stats.retried) == (8, 0)
+    else:
+        assert set(PingRecord.objects.values_list("message_id", flat=True)) == set(ids) - {ids[5]}
+        assert [m.id for m in left] == [ids[5]] and left[0].headers[Headers.FAILED_ATTEMPTS] == "1"
+        assert (pump.stats.succeeded, pump.stats.retried) == (7, 1)
+
+
+def test_a_culprit_that_expires_before_its_batch_is_received_again_is_expired_not_retried(
+        transport, queue, pump_for, temp_handlers):
+    def handle(message, context):
+        if message.json()["n"] == 1:
+            time.sleep(2.3)  # past its TTL, by the database's clock
+            raise Boom("too late anyway")
+        PingRecord.objects.using(context.using).create(message_id=message.id)
+
+    temp_handlers(queue, "Ping", handle)
+    ids = [transport.send(queue, {"n": i}, message_type="Ping", ttl=2 if i == 1 else None) for i in range(3)]
+    pump = pump_for(queue, receive_batch_size=3, concurrency=1, immediate_retries=5)
+    assert pump.receive_and_process(3) == 3
+    assert set(PingRecord.objects.values_list("message_id", flat=True)) == {ids[0], ids[2]}
+    assert Transport().browse(queue, limit=10) == []  # not put back for a retry
+    assert (pump.stats.succeeded, pump.stats.expired, pump.stats.retried) == (2, 1, 0)
+
+
+def test_with_four_threads_a_failure_in_a_batch_run_whole_is_counted_once_per_run(
+        transport, queue, error_queue, pump_for, temp_handlers):
+    # When a batch run whole fails, its rollback frees the rows before the thread that ran
+    # it receives again: another thread of the pump may take the culprit first.  It
+    # records the failure too, without running the handler again: each attempt runs once.
+    attempts: dict[int, list[int]] = {}
+    lock = threading.Lock()
+
+    def handle(message, context):
+        n = message.json()["n"]
+        with lock:
+            attempts.setdefault(n, []).append(context.attempt)
+        if n % 4 == 0:
+            raise Boom(f"{n} always fails")
+        PingRecord.objects.using(context.using).create(message_id=message.id)
+
+    temp_handlers(queue, "Ping", handle)
+    for round_ in range(5):  # single sends, so that batches are small and runs many
+        for n in range(round_ * 8, round_ * 8 + 8):
+            transport.send(queue, {"n": n}, message_type="Ping")
+    pump = pump_for(queue, receive_batch_size=4, concurrency=4, immediate_retries=2)
+    with ThreadRunner([pump]):
+        wait_for(lambda: transport.counts(error_queue).total == 10, timeout=30, what="10 in the error queue")
+    assert {n: runs for n, runs in attempts.items() if n % 4 == 0} == {n: [1, 2, 3] for n in range(0, 40, 4)}
+    # The others succeed at their first attempt; one before a culprit in its batch runs
+    # again after the rollback (its side effects outside the database can repeat), and
+    # its business row is written once.
+    assert all(set(attempts[n]) == {1} for n in range(40) if n % 4)
+    assert PingRecord.objects.count() == 30
 
 
 def test_chunks_shrink_after_a_failure_and_grow_back_while_nothing_fails():

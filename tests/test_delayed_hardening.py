@@ -16,7 +16,7 @@ from core.errors import UnknownQueue
 from core.messages import Headers
 from core.queues import create_queue, delete_queue
 from core.transport import Transport
-from tests.conftest import open_transaction, wait_for
+from tests.conftest import OTHER, open_transaction, uses_other_database, wait_for
 from tests.test_delayed import empty, store  # noqa: F401  (fixture)
 
 
@@ -194,3 +194,23 @@ def test_an_unknown_destination_is_a_clear_error_at_forward_time(store, error_qu
     assert failed.id == message_id
     assert failed.headers[Headers.EXCEPTION_TYPE] == f"{UnknownQueue.__module__}.{UnknownQueue.__qualname__}"
     assert failed.headers[Headers.DELAYED_DESTINATION] == name
+
+
+@uses_other_database
+def test_a_store_on_another_database_keeps_a_message_whose_forward_fails(queue):
+    """The mover's claim deletes as it reads, so it runs only where the store shares the
+    mover's transaction.  A store on another database is read, forwarded, then cleared:
+    a forward that fails (its queue is gone) leaves the message there, counted."""
+    other = SqlDelayedStore(using=OTHER)
+    other.setup_infrastructure()
+    empty(other)
+    bad = _due_now(other, f"gone_{uuid.uuid4().hex[:8]}")
+    good = _due_now(other, queue)
+    mover = DelayedMover(other, number_of_retries=5, elect=False, max_sleep=0.5)
+    try:
+        mover.step()
+    finally:
+        mover.close()
+    [kept] = other.list()[0]
+    assert (kept.id, kept.retry_count) == (bad, 1)
+    assert [m.id for m in Transport().browse(queue)] == [good]

@@ -235,7 +235,10 @@ class DelayedMover:
         return conn.connection is not None and conn.is_usable()
 
     def _move_batch(self, isolate: bool) -> int:
-        claim_due = None if isolate else getattr(self.store, "claim_due", None)
+        # The claim deletes as it reads: only inside this transaction (the store on the
+        # mover's own database) may it run before the queue insert that could fail.
+        claim_due = getattr(self.store, "claim_due", None) \
+            if not isolate and getattr(self.store, "using", None) == self.using else None
         with writer_turn(self.using), transaction.atomic(using=self.using):
             if claim_due is not None:
                 # Out of the store already (its rows come back if this transaction rolls back).
