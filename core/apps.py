@@ -8,4 +8,6 @@ class CoreConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from core import checks  # noqa: F401  (registers system checks)
+        # Registers the system checks.  Here, not at the top: they reach the models
+        # (through core.outbox), which cannot load before the app registry is ready.
+        from core import checks  # noqa: F401

@@ -86,12 +86,11 @@ class WholeBatchFailed(Exception):
     not the message's: that handler runs again in a savepoint, which tells them apart as
     the chunked path always does, before an attempt is counted."""
 
-    def __init__(self, failed: HandlerFailed, unit: Unit, size: int) -> None:
+    def __init__(self, failed: HandlerFailed, unit: Unit) -> None:
         super().__init__(str(failed.cause))
         self.failed = failed
         one = len(unit.messages) == 1 and not isinstance(failed.cause, DatabaseError)
         self.culprit = unit.messages[0].row_version if one else None
-        self.size = size  # how many messages the batch had
 
 
 class Blamed:
@@ -163,7 +162,7 @@ def run_whole(pending: list[Unit], scope: Any, outcomes: dict[int, MessageOutcom
         try:
             outcome = run(unit)
         except HandlerFailed as failed:
-            raise WholeBatchFailed(failed, unit, sum(len(u.messages) for u in pending)) from failed.cause
+            raise WholeBatchFailed(failed, unit) from failed.cause
         for message in unit.messages:
             outcomes[id(message)] = outcome
     scope.flush()  # the sends, before the receive commits

@@ -322,7 +322,7 @@ class MessagePump:
             except WholeBatchFailed as failed:
                 # Before the rollback frees the rows: no thread of this pump runs a batch
                 # whole for a while, and the one that takes the culprit records its failure.
-                self.chunk_size.after(failed.size, 1)
+                self.chunk_size.after(len(rest), 1)
                 for row_version, earlier in [*taken, (failed.culprit, failed.failed)]:
                     if row_version is not None:
                         self.blamed.put(row_version, earlier)

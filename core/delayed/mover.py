@@ -86,6 +86,10 @@ class DelayedMover:
         self.number_of_retries = s.DELAYED_NUMBER_OF_RETRIES if number_of_retries is None else number_of_retries
         self.error_queue = error_queue or s.ERROR_QUEUE
         self.transport = Transport(self.using, delayed=self.store)
+        # The claim deletes as it reads: only inside the mover's transaction (a store on
+        # its own database) may it run before the queue insert that could fail.
+        self._claim_due: Callable[[int], list[DelayedMessage]] | None = getattr(self.store, "claim_due", None) \
+            if getattr(self.store, "using", None) == self.using else None
         self.lease = Lease(f"delayed-mover:{self.table}", lease_seconds or s.MOVER_LEASE_SECONDS, self.using) \
             if elect else None
         self.fetch_breaker = RepeatedFailuresOverTimeCircuitBreaker(
@@ -235,10 +239,7 @@ class DelayedMover:
         return conn.connection is not None and conn.is_usable()
 
     def _move_batch(self, isolate: bool) -> int:
-        # The claim deletes as it reads: only inside this transaction (the store on the
-        # mover's own database) may it run before the queue insert that could fail.
-        claim_due = getattr(self.store, "claim_due", None) \
-            if not isolate and getattr(self.store, "using", None) == self.using else None
+        claim_due = None if isolate else self._claim_due
         with writer_turn(self.using), transaction.atomic(using=self.using):
             if claim_due is not None:
                 # Out of the store already (its rows come back if this transaction rolls back).
@@ -295,17 +296,22 @@ class DelayedMover:
         ``removed``).  Any failure sends the caller to the per-message path."""
         delivered_at = wire_time(dt.datetime.now(dt.timezone.utc))
         outgoing = [self._outgoing(m, delivered_at) for m in batch]
-        remove_many = getattr(self.store, "remove_many", None)
         try:
             self.transport.enqueue(outgoing)
-            if not removed and remove_many is not None:
-                remove_many(batch)
-            elif not removed:
-                for message in batch:
-                    self.store.remove(message)
+            if not removed:
+                self._remove_all(batch)
         except DatabaseError as exc:
             raise _DispatchFailed(exc) from exc
         self.moved += len(batch)
+
+    def _remove_all(self, batch: list[DelayedMessage]) -> None:
+        """Take a forwarded batch out of the store: in one statement where it can."""
+        remove_many = getattr(self.store, "remove_many", None)
+        if remove_many is not None:
+            remove_many(batch)
+        else:
+            for message in batch:
+                self.store.remove(message)
 
     def _forward(self, message: DelayedMessage) -> None:
         """Put one message in its queue and take it out of the store."""
