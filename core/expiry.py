@@ -16,8 +16,8 @@ from django.db import connections, transaction
 from core.conf import get_settings
 from core.errors import UnknownQueue
 from core.messages import Headers, Message
-from core.models import QueueRecord
-from core.queues import QueueInfo, list_queues, registry
+from core.models import QueueKind, QueueRecord
+from core.queues import QueueInfo, create_queue, list_queues, registry
 from core.scheduling import delayed_store
 from core.transport import MAX_PURGE_BATCH, Transport
 
@@ -40,7 +40,8 @@ def on_expired_receive(transport: Transport, message: Message) -> str:
     """Drop or dead-letter an expired message taken by a receive; returns what it did."""
     info = registry.get(message.queue, transport.using)
     if info.dead_letter_on_expiry and info.dead_letter_queue:
-        transport.move(message, info.dead_letter_queue, _dead_letter_headers(message))
+        transport.move_to_holding(message, info.dead_letter_queue, _dead_letter_headers(message),
+                                  QueueKind.DEAD_LETTER)
         log.info("expired message %s on %s dead-lettered to %s", message.id, message.queue, info.dead_letter_queue)
         return "dead-lettered"
     log.info("expired message %s on %s dropped (expired %s)", message.id, message.queue, message.expires)
@@ -91,6 +92,20 @@ def _dead_letter_batch(transport: Transport, info: QueueInfo, batch_size: int) -
     return moved, exhausted
 
 
+def _recreate_dead_letter_queue(record: QueueRecord, using: str) -> None:
+    """After an UnknownQueue while dead-lettering: when the queue itself is still there, its
+    dead-letter queue is the one missing; recreate it (loudly), so expired messages move
+    next time instead of piling up."""
+    if not (record.dead_letter_on_expiry and record.dead_letter_queue):
+        return
+    try:
+        registry.get(record.name, using)
+    except UnknownQueue:
+        return  # the queue itself was deleted meanwhile
+    log.error("dead-letter queue %s of %s is missing: recreating it", record.dead_letter_queue, record.name)
+    create_queue(record.dead_letter_queue, kind=QueueKind.DEAD_LETTER, using=using)
+
+
 def purge_expired_messages(using: str | None = None, batch_size: int | None = None,
                            time_budget: float = 20.0) -> dict[str, int]:
     """Remove expired messages from every queue (dead-lettering where the queue asks),
@@ -116,7 +131,7 @@ def purge_expired_messages(using: str | None = None, batch_size: int | None = No
                 if exhausted:
                     break
         except UnknownQueue:
-            continue  # deleted meanwhile
+            _recreate_dead_letter_queue(record, transport.using)  # or the queue was deleted meanwhile
     removed = {k: v for k, v in done.items() if v}
     if removed:
         log.info("purged expired messages: %s", ", ".join(f"{k}={v}" for k, v in removed.items()))

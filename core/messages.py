@@ -55,6 +55,28 @@ class Headers:
     EXPIRED_REASON = "Sluice.DeadLetterReason"
 
 
+#: Headers only Sluice writes: retry counters, failure descriptions, where an operator's
+#: retry goes.  A producer's send drops them (:func:`producer_headers`), so no sender can
+#: skip retries, steer a retry into another queue or resolve someone else's failure.
+CONTROL_HEADERS = frozenset({
+    Headers.FAILED_ATTEMPTS, Headers.TOTAL_FAILED_ATTEMPTS, Headers.DELAYED_RETRIES,
+    Headers.DELAYED_RETRIES_TIMESTAMP, Headers.DELAYED_DESTINATION, Headers.DELIVERED_AT, Headers.RAW_HEADERS,
+    Headers.EXPIRED_REASON, Headers.FAILED_Q, Headers.TIME_OF_FAILURE, Headers.EXCEPTION_TYPE,
+    Headers.EXCEPTION_MESSAGE, Headers.EXCEPTION_STACK_TRACE, Headers.EXCEPTION_SOURCE,
+})
+#: Every ``Sluice.*`` header is Sluice's own too (RetryOf, EditOf, … and any added later).
+CONTROL_PREFIX = "Sluice."
+
+
+def is_control_header(name: str) -> bool:
+    return name in CONTROL_HEADERS or name.startswith(CONTROL_PREFIX)
+
+
+def producer_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """``headers`` without the control headers a producer may not set."""
+    return {k: v for k, v in headers.items() if not is_control_header(k)}
+
+
 #: The stack trace kept in an error-queue message, at most (its end).
 MAX_STACK_TRACE = 16_000
 
@@ -135,6 +157,9 @@ def decode_headers(text: str) -> dict[str, str]:
         value = json.loads(text)
     except (TypeError, ValueError) as exc:
         raise PoisonMessage(f"Headers column is not valid JSON: {exc}") from None
+    except RecursionError:
+        # Nesting deeper than the parser goes: no header map is ever that deep.
+        raise PoisonMessage("Headers column nests JSON too deeply to read") from None
     if not isinstance(value, dict):
         raise PoisonMessage(f"Headers column is JSON {type(value).__name__}, not an object")
     bad = [k for k, v in value.items() if not isinstance(v, str)]

@@ -60,10 +60,12 @@ class FailureStatus(models.TextChoices):
 
 class FailedMessage(models.Model):
     """A message that reached the error queue, ingested by core.failures: one row per
-    message id; a message that fails again updates its row and appends to its history."""
+    message id and queue; a message that fails again updates its row and appends to its
+    history."""
 
-    #: The ``NServiceBus.MessageId`` header (else the error-queue row's Id).
-    message_id = models.CharField(max_length=255, unique=True)
+    #: The ``NServiceBus.MessageId`` header (else the error-queue row's Id).  Unique with
+    #: ``original_queue``: the same id may fail in two queues, and each is its own record.
+    message_id = models.CharField(max_length=255, db_index=True)
     #: ``NServiceBus.FailedQ``: the queue it failed in, where a retry sends it back.
     original_queue = models.CharField(max_length=255, default="")
     #: The first enclosed message type, without a .NET assembly suffix ("" when none).
@@ -108,6 +110,9 @@ class FailedMessage(models.Model):
             models.Index(fields=["status", "archived_at"], name="sluice_fm_archived"),
             # Groups of a status (core.failures.groups, the dashboard) from the index alone.
             models.Index(fields=["status", "group_key", "time_of_failure", "id"], name="sluice_fm_status_groups"),
+        ]
+        constraints = [
+            models.UniqueConstraint(fields=["message_id", "original_queue"], name="sluice_fm_message_queue"),
         ]
 
     def __str__(self) -> str:

@@ -22,6 +22,8 @@ from core.messages import Headers, encode_headers
 #: Namespace for turning a non-UUID message id into the table's uuid Id column.
 ID_NAMESPACE = uuid.UUID("5f1a7c2e-8b0d-4f57-9a52-3c1e5d0b7a11")
 MAX_MESSAGE_ID_LENGTH = 200
+#: The width of the CorrelationId and ReplyToAddress columns.
+MAX_ADDRESS_LENGTH = 255
 _CONTROL = re.compile(r"[\x00-\x1f]")
 #: One encoder for every JSON body: json.dumps() with options builds a new one per call.
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
@@ -80,6 +82,19 @@ def validate_message_id(message_id: Any) -> str:
             f"message id must be 1–{MAX_MESSAGE_ID_LENGTH} printable characters, not {message_id!r}"
         )
     return message_id
+
+
+def validate_columns(headers: Mapping[str, str]) -> None:
+    """InvalidMessage for header values the database would refuse at insert time, where it
+    would fail the whole transaction (a handler's sends fail its receive batch): the
+    CorrelationId / ReplyToAddress columns hold at most 255 printable characters (and
+    PostgreSQL takes no NUL in text).  Other headers travel JSON-encoded, where control
+    characters are escaped, so any string is safe there."""
+    for name in (Headers.CORRELATION_ID, Headers.REPLY_TO_ADDRESS):
+        value = headers.get(name)
+        if value is not None and (len(value) > MAX_ADDRESS_LENGTH or _CONTROL.search(value)):
+            raise InvalidMessage(f"{name} must be at most {MAX_ADDRESS_LENGTH} printable characters "
+                                 f"(no control characters), not {value[:60]!r}{'…' if len(value) > 60 else ''}")
 
 
 def row_id_for(message_id: str) -> str:

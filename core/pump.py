@@ -391,7 +391,7 @@ class MessagePump:
         for message in unit.messages:
             records.processed(message, started_us)
             if RETRY_OF in message.headers:  # a retried failed message succeeded: its record is resolved
-                mark_resolved(message.headers[RETRY_OF], using=self.receive_alias)
+                mark_resolved(message.headers[RETRY_OF], using=self.receive_alias, queue=message.queue)
         if debug:
             log.debug("handled %d message(s) (%s) on %s in %.1f ms", len(unit.messages),
                       unit.messages[0].message_type, self.queue, (time.monotonic() - started) * 1000)

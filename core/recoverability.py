@@ -20,6 +20,7 @@ import logging
 from core.conf import get_settings
 from core.errors import PoisonMessage
 from core.messages import Headers, Message, failure_headers, wire_time
+from core.models import QueueKind
 from core.scheduling import DelayedMessage
 from core.transport import Transport
 
@@ -86,7 +87,10 @@ class Recoverability:
         headers[Headers.TOTAL_FAILED_ATTEMPTS] = str(message.total_failed_attempts + 1)
         # Error-queue messages wait for an operator: no expiry, no TTL header.
         headers.pop(Headers.TIME_TO_BE_RECEIVED, None)
-        self.transport.move(message, self.error_queue, headers)
+        # It failed here, in its own queue: a DelayedDestination another endpoint wrote into
+        # the row must not steer an operator's retry elsewhere.
+        headers.pop(Headers.DELAYED_DESTINATION, None)
+        self.transport.move_to_holding(message, self.error_queue, headers, QueueKind.ERROR)
         log.error("message %s on %s moved to %s after %s attempt(s): %s: %s", message.id, message.queue,
                   self.error_queue, headers[Headers.FAILED_ATTEMPTS], type(exc).__name__, exc)
 
@@ -97,5 +101,5 @@ class Recoverability:
         headers = failure_headers(exc, message.queue)
         headers[Headers.RAW_HEADERS] = message.raw_headers
         headers[Headers.MESSAGE_ID] = message.id
-        self.transport.move(message, self.error_queue, headers)
+        self.transport.move_to_holding(message, self.error_queue, headers, QueueKind.ERROR)
         log.error("poison message %s on %s moved to %s: %s", message.id, message.queue, self.error_queue, exc)

@@ -128,3 +128,9 @@ def _resolve_deliver_at(deliver_at: Any) -> dt.datetime | None:
     # Already past: straight into the queue.  (This one comparison uses our clock; a
     # time a moment ahead of it still goes through the store, whose clock decides.)
     return None if deliver_at <= now else deliver_at
+
+
+def store_name(store: DelayedMessageStore) -> str:
+    """What a store is called in logs, leases and the ``FailedQ`` of a message it could not
+    forward: its table, or its class for a store without one."""
+    return getattr(store, "table", type(store).__name__)

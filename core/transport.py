@@ -21,11 +21,11 @@ from core.conf import get_settings
 from core.db import StatementCursor
 from core.dialects import Dialect, dialect_for
 from core.errors import BodyTooLarge, InvalidMessage, PoisonMessage, UnknownQueue
-from core.messages import (Headers, Message, decode_headers, encode_headers, parse_timespan, timespan,
-                           wire_time)
+from core.messages import (Headers, Message, decode_headers, encode_headers, parse_timespan, producer_headers,
+                           timespan, wire_time)
 from core.outgoing import (ID_NAMESPACE, MAX_MESSAGE_ID_LENGTH, OutgoingMessage, encode_body, like_first,  # noqa: F401
-                           row_id_for, validate_message_id)
-from core.queues import QueueInfo, registry, validate_name, validate_ttl
+                           row_id_for, validate_columns, validate_message_id)
+from core.queues import QueueInfo, create_queue, registry, validate_name, validate_ttl
 from core.scheduling import DelayedMessage, DelayedMessageStore, delayed_store, resolve_due
 from core.wakeups import notify_queue, queue_key, wake_hub
 
@@ -107,7 +107,7 @@ class Transport:
         }
         if headers is not None:
             encode_headers(headers)  # validates: flat string → string
-            all_headers.update(headers)
+            all_headers.update(producer_headers(headers))
         all_headers[Headers.MESSAGE_ID] = message_id
         if message_type is not None:
             all_headers[Headers.ENCLOSED_MESSAGE_TYPES] = message_type
@@ -116,6 +116,7 @@ class Transport:
         if reply_to is not None:
             all_headers[Headers.REPLY_TO_ADDRESS] = reply_to
         all_headers.pop(Headers.TIME_TO_BE_RECEIVED, None)  # the TTL argument decides
+        validate_columns(all_headers)
         return self.outgoing(queue, message_id, all_headers, data, ttl=validate_ttl(ttl))
 
     def build_many(self, queue: str, bodies: Sequence[Any], *, message_id: str | None = None,
@@ -230,6 +231,22 @@ class Transport:
         for an immediate retry (``keep_expiry``: same Expires), or into an error or
         dead-letter queue (no expiry).  Same Id and body."""
         self.enqueue([self.moved(message, queue, headers, keep_expiry=keep_expiry)])
+
+    def move_to_holding(self, message: Message, queue: str, headers: Mapping[str, str], kind: str) -> None:
+        """:meth:`move` into an error or dead-letter queue (``kind``), which Sluice owns:
+        one found missing (dropped by hand, never set up) is recreated, with an ERROR in
+        the log, rather than failing the receive batch that holds the message for ever.
+        The move runs in a savepoint because a missing table aborts the transaction on
+        PostgreSQL; it costs one round trip on a path only failures take."""
+        try:
+            with transaction.atomic(using=self.using):
+                self.move(message, queue, headers)
+            return
+        except UnknownQueue:
+            log.error("%s queue %s is missing: recreating it to take message %s from %s "
+                      "(run `sluice setup` after dropping queues by hand)", kind, queue, message.id, message.queue)
+        create_queue(queue, kind=kind, using=self.using)
+        self.move(message, queue, headers)
 
     def moved(self, message: Message, queue: str, headers: Mapping[str, str], *,
               keep_expiry: bool = False) -> OutgoingMessage:

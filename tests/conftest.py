@@ -337,6 +337,18 @@ def make_other_queue(transactional_db):
             pass
 
 
+def put_row(queue: str, body, *, headers: dict[str, str], message_id: str | None = None,
+            message_type: str | None = None) -> str:
+    """Write a row the way Sluice's own moves (or another endpoint writing into the table)
+    do: control headers such as ``FailedQ`` or ``Sluice.FailedAttempts`` included, which a
+    producer's ``send()`` drops.  Returns the message id."""
+    transport = Transport()
+    built = transport.build(queue, body, message_type=message_type, message_id=message_id)
+    transport.enqueue([transport.outgoing(queue, built.message_id, {**built.headers, **headers}, built.body,
+                                          forever=True)])
+    return built.message_id
+
+
 def drain(pump, max_steps: int = 200) -> None:
     """Run pump steps until a peek finds the queue empty."""
     for _ in range(max_steps):

@@ -12,7 +12,7 @@ from django.test import Client
 from core import failures
 from core.messages import Headers, wire_time
 from core.models import FailedMessage
-from core.transport import Transport
+from tests.conftest import put_row
 
 PASSWORD = "pass-word-123"
 #: Message data that must stay inert on every page: a script tag and an attribute break-out.
@@ -82,6 +82,6 @@ def fail_message(queue: str, body: bytes | str = b'{"order": 7}', *, exception_t
         Headers.EXCEPTION_STACK_TRACE: trace, Headers.FAILED_Q: queue, Headers.TIME_OF_FAILURE: wire_time(when),
         Headers.TOTAL_FAILED_ATTEMPTS: "6", **(headers or {}),
     }
-    Transport().send("error", body, message_type=message_type, message_id=message_id, headers=all_headers)
+    put_row("error", body, message_type=message_type, message_id=message_id, headers=all_headers)
     failures.ingest_errors()
     return FailedMessage.objects.get(message_id=message_id)

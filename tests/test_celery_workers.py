@@ -32,7 +32,7 @@ from core.models import BulkOperation, BulkOperationStatus, FailedMessage, Failu
 from core.transport import Transport
 from tests.celery_support import (CeleryCluster, RedisServer, all_task_runs, clear_delayed, delayed_count,
                                   delayed_ids, overlapping, ping_ids, queue_ids)
-from tests.conftest import wait_for
+from tests.conftest import put_row, wait_for
 from tests.tcp_proxy import TcpProxy
 
 #: Seconds Redis / PostgreSQL stay down in the outage tests.
@@ -288,7 +288,7 @@ def failed_ping_ids(n: int) -> list[str]:
     headers = {Headers.FAILED_Q: "demo", Headers.EXCEPTION_TYPE: "builtins.ValueError",
                Headers.EXCEPTION_MESSAGE: "boom", Headers.TIME_OF_FAILURE: wire_time(timezone.now()),
                Headers.EXCEPTION_STACK_TRACE: 'Traceback:\n  File "core/demo/handlers.py", line 1, in ping\n'}
-    ids = Transport().send_many("error", [{"n": i} for i in range(n)], message_type="Ping", headers=headers)
+    ids = [put_row("error", {"n": i}, message_type="Ping", headers=headers) for i in range(n)]
     assert failures.ingest_errors() == n
     return ids
 

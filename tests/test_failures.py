@@ -18,7 +18,7 @@ from core.failures import (ErrorIngestor, RetryRefused, archive, delete, edit_an
 from core.messages import Headers, parse_wire_time
 from core.models import BulkOperation, FailedMessage, FailureStatus
 from core.queues import delete_queue, dialect
-from tests.conftest import drain
+from tests.conftest import drain, put_row
 
 
 
@@ -106,9 +106,9 @@ def test_ingestion_writes_a_batch_in_a_constant_number_of_statements(error_queue
 
     def to_error_queue(*ids):
         for message_id in ids:
-            transport.send(error_queue, {"id": message_id}, message_id=message_id, message_type="PlaceOrder",
-                           headers={Headers.FAILED_Q: "orders", Headers.EXCEPTION_TYPE: "ValueError",
-                                    Headers.EXCEPTION_MESSAGE: f"bad {message_id}"})
+            put_row(error_queue, {"id": message_id}, message_id=message_id, message_type="PlaceOrder",
+                    headers={Headers.FAILED_Q: "orders", Headers.EXCEPTION_TYPE: "ValueError",
+                             Headers.EXCEPTION_MESSAGE: f"bad {message_id}"})
 
     to_error_queue(*[f"e-{i}" for i in range(5)])
     assert ingest_errors() == 5

@@ -1,7 +1,7 @@
 """Ingestion: error-queue messages become :class:`~core.models.FailedMessage` records.
 
 :func:`ingest_batch` receives a batch from the error queue and upserts one record per
-message id in the same transaction — one INSERT for the new records and one UPDATE for
+message id and queue in the same transaction — one INSERT for the new records and one UPDATE for
 the known ones — so the error rows are deleted only when the records commit: a crash
 loses and doubles nothing.  A message that fails again (after a retry) comes back to the
 same record: ``failure_count`` goes up, the status goes back to unresolved, and its
@@ -25,6 +25,7 @@ from core.failures.records import MAX_IN, POISON_TYPE, append_event, base, event
 from core.loops import discard_connection
 from core.messages import Headers, Message, encode_headers, parse_wire_time
 from core.models import FailedMessage, FailureStatus
+from core.scheduling import delayed_store, store_name
 from core.transport import Transport
 
 log = logging.getLogger("sluice.failures")
@@ -63,7 +64,18 @@ def record_id(message_id: str) -> str:
     return message_id if len(message_id) <= 255 else "sha1:" + hashlib.sha1(message_id.encode()).hexdigest()
 
 
-def failure_of(message: Message, now: dt.datetime) -> Failure:
+def original_queue(headers: dict[str, str], delayed_store_name: str) -> str:
+    """Where the message failed, which is where an operator's retry sends it: ``FailedQ``,
+    except for a message the delayed mover could not forward (``FailedQ`` names the delayed
+    store), whose retry goes to its ``Sluice.DelayedDestination``.  That header is trusted
+    only then: a producer or another endpoint cannot steer retries elsewhere with it."""
+    failed_q = headers.get(Headers.FAILED_Q, "")
+    if failed_q == delayed_store_name and headers.get(Headers.DELAYED_DESTINATION):
+        return headers[Headers.DELAYED_DESTINATION][:255]
+    return failed_q[:255]
+
+
+def failure_of(message: Message, now: dt.datetime, delayed_store_name: str = "") -> Failure:
     if message.poison:
         # Unreadable headers written straight into the error queue: keep the raw text.
         headers = {Headers.MESSAGE_ID: message.id, Headers.RAW_HEADERS: message.raw_headers or ""}
@@ -83,7 +95,7 @@ def failure_of(message: Message, now: dt.datetime) -> Failure:
     types = message.message_types()
     return Failure(
         message_id=record_id(h.get(Headers.MESSAGE_ID) or message.id),
-        original_queue=h.get(Headers.DELAYED_DESTINATION, h.get(Headers.FAILED_Q, ""))[:255],
+        original_queue=original_queue(h, delayed_store_name),
         message_type=(types[0] if types else "")[:255],
         exception_type=h.get(Headers.EXCEPTION_TYPE, "")[:500],
         exception_message=h.get(Headers.EXCEPTION_MESSAGE, ""),
@@ -135,11 +147,15 @@ def ingest_batch(batch_size: int | None = None, using: str | None = None,
         if not messages:
             return 0
         now = timezone.now()
-        failures = [failure_of(m, now) for m in messages]
-        records = {r.message_id: r for r in
+        store = store_name(delayed_store(using))
+        failures = [failure_of(m, now, store) for m in messages]
+        # One record per message id AND queue: two queues' messages may share an id
+        # (explicit ids, send_many(message_id=...)), and each must be retried on its own.
+        records = {(r.message_id, r.original_queue): r for r in
                    base(using).select_for_update().filter(message_id__in={f.message_id for f in failures})}
         for f in failures:  # a batch may hold the same message twice: both land in its record
-            records[f.message_id] = apply_failure(records.get(f.message_id), f, now)
+            key = (f.message_id, f.original_queue)
+            records[key] = apply_failure(records.get(key), f, now)
         known = [r for r in records.values() if r.pk is not None]
         new = [r for r in records.values() if r.pk is None]
         if new:

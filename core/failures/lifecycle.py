@@ -11,20 +11,22 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from core.conf import get_settings
-from core.failures.records import FAILED_PURGE_BATCH_SIZE, MAX_IN, append_event, base, chunks, event
+from core.failures.records import FAILED_PURGE_BATCH_SIZE, MAX_IN, append_event, base, chunks, event, in_queue
 from core.failures.selections import normalise, querysets
 from core.models import FailedMessage, FailureStatus
 
 log = logging.getLogger("sluice.failures")
 
 
-def mark_resolved(message_id: str, using: str | None = None) -> bool:
-    """A retried message was handled: its record is resolved.  Called by the pump inside the
-    receive's transaction (so it commits with it).  False when there is no such record."""
+def mark_resolved(message_id: str, using: str | None = None, queue: str | None = None) -> bool:
+    """A retried message was handled (in ``queue``): its record is resolved.  Called by the
+    pump inside the receive's transaction (so it commits with it).  False when there is no
+    such record.  Records are per message id and queue: the same id may have failed in
+    another queue, and that record stays as it is."""
     using = using or get_settings().DATABASE
     try:
         with transaction.atomic(using=using):  # a savepoint: bookkeeping must not undo the handler's work
-            record = base(using).select_for_update().filter(message_id=message_id).first()
+            record = in_queue(base(using).select_for_update().filter(message_id=message_id), queue).first()
             if record is None or record.status == FailureStatus.RESOLVED:
                 return False
             now = timezone.now()

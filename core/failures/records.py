@@ -6,7 +6,7 @@ import datetime as dt
 import json
 from typing import Any, Iterator, Mapping
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from core.errors import PoisonMessage, SluiceError
 from core.messages import Headers
@@ -79,6 +79,8 @@ def stored_headers(record: FailedMessage) -> dict[str, str]:
         value = json.loads(record.headers or "{}")
     except ValueError as exc:
         raise RetryRefused(f"stored headers are not JSON: {exc}") from None
+    except RecursionError:
+        raise RetryRefused("stored headers nest JSON too deeply to read") from None
     if not isinstance(value, dict):
         raise RetryRefused("stored headers are not a JSON object")
     return value
@@ -87,3 +89,11 @@ def stored_headers(record: FailedMessage) -> dict[str, str]:
 def message_part(headers: Mapping[str, str]) -> dict[str, str]:
     """Headers without the failure description and retry counters."""
     return {k: v for k, v in headers.items() if k not in FAILURE_HEADERS and not k.startswith(EXCEPTION_INFO_PREFIX)}
+
+
+def in_queue(qs: QuerySet, queue: str | None) -> QuerySet:
+    """The records of ``qs`` that failed in ``queue`` (None: any queue).  ``FailedQ`` may
+    carry an endpoint's ``@machine`` suffix (NServiceBus's address form)."""
+    if queue is None:
+        return qs
+    return qs.filter(Q(original_queue=queue) | Q(original_queue__startswith=queue + "@"))

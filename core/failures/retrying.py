@@ -17,7 +17,7 @@ from django.utils import timezone
 from core.conf import get_settings
 from core.errors import InvalidMessage, UnknownQueue
 from core.failures.records import (EDIT_OF, POISON_TYPE, RETRIED_AT, RETRY_OF, RetryRefused, append_event, base, event,
-                                   message_part, stored_headers)
+                                   in_queue, message_part, stored_headers)
 from core.messages import Headers, encode_headers, wire_time
 from core.models import FailedMessage, FailureStatus
 from core.transport import Transport
@@ -78,12 +78,13 @@ class EditedCopy(NamedTuple):
 
 
 def edit_and_retry(message_id: str, new_body: bytes | str, new_headers: Mapping[str, str] | None = None,
-                   requested_by: str = "", using: str | None = None) -> EditedCopy:
+                   requested_by: str = "", using: str | None = None, queue: str | None = None) -> EditedCopy:
     """Send a corrected copy of a failed message to its queue and mark the original resolved,
     in one transaction.  The copy gets a new message id and carries the original's as its
     correlation id (and in ``Sluice.EditOf``), so the two stay linked; the record keeps the
     original body and headers, and its history says what the edit changed.  ``new_headers``
     replace the stored message headers (the failure description is dropped either way).
+    ``queue`` names the queue it failed in, needed only when the id failed in several.
     InvalidHeaders / InvalidMessage for bad input, RetryRefused when it cannot be sent."""
     using = using or get_settings().DATABASE
     if isinstance(new_body, str):
@@ -97,9 +98,13 @@ def edit_and_retry(message_id: str, new_body: bytes | str, new_headers: Mapping[
     if new_headers is not None:
         encode_headers(new_headers)  # InvalidHeaders unless a flat string → string map
     with transaction.atomic(using=using):
-        record = base(using).select_for_update().filter(message_id=message_id).first()
-        if record is None:
-            raise RetryRefused(f"no failed message {message_id!r}")
+        found = list(in_queue(base(using).select_for_update().filter(message_id=message_id), queue)[:2])
+        if not found:
+            raise RetryRefused(f"no failed message {message_id!r}" + (f" from {queue}" if queue else ""))
+        if len(found) > 1:
+            raise RetryRefused(f"message id {message_id!r} failed in several queues "
+                               f"({', '.join(sorted(r.original_queue for r in found))}): name the queue")
+        (record,) = found
         if record.status not in (FailureStatus.UNRESOLVED, FailureStatus.ARCHIVED):
             raise RetryRefused(f"message {message_id} is {record.get_status_display()}; only unresolved or "
                                "archived messages can be edited and retried")

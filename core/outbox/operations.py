@@ -81,6 +81,8 @@ def decode_operations(text: str) -> list[dict[str, Any]]:
         value = json.loads(text)
     except (TypeError, ValueError) as exc:
         raise UnreadableOperations(f"Operations is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise UnreadableOperations("Operations nests JSON too deeply to read") from None
     if not isinstance(value, dict) or value.get("v") != FORMAT_VERSION or not isinstance(value.get("ops"), list):
         raise UnreadableOperations(
             f'Operations is not {{"v": {FORMAT_VERSION}, "ops": [...]}} (this Sluice reads format {FORMAT_VERSION})')

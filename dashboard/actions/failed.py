@@ -206,7 +206,7 @@ def edit_and_retry(user: Any, record_id: Any, body: Any, headers: Any = None, *,
         audit.target, audit.ids = f"failed message {record.message_id}", [str(pk)]
         edited = None if headers is None else _edited_headers(failures.headers_of(record), headers)
         try:
-            copy = failures.edit_and_retry(record.message_id, body, edited,
+            copy = failures.edit_and_retry(record.message_id, body, edited, queue=record.original_queue,
                                            requested_by=getattr(user, "username", ""), using=using)
         except failures.RetryRefused as exc:
             raise ActionError(str(exc), 409) from None
