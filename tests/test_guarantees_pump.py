@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 import threading
 import weakref
 
@@ -236,10 +237,10 @@ def test_an_over_long_correlation_id_fails_its_message_instead_of_stalling_the_q
 
 
 # -- 4-6: attempts are counted on the row --------------------------------------------------
-@pytest.mark.row_locking
 def test_two_pumps_count_each_attempt_once_whichever_takes_the_row(
         transport, queue, error_queue, pump_for, temp_handlers):
-    # Two pumps with their own connections and threads stand in for two worker processes.
+    # Two pumps with their own connections and threads stand in for two worker processes
+    # (on SQLite they take turns at the write lock, as two processes would).
     attempts: dict[int, list[int]] = {}
     lock = threading.Lock()
     seen: list[weakref.ref] = []
@@ -249,17 +250,23 @@ def test_two_pumps_count_each_attempt_once_whichever_takes_the_row(
         with lock:
             attempts.setdefault(n, []).append(context.attempt)
             seen.append(weakref.ref(message))
-        if n % 3 == 0:
+        if n % 10 == 0:
             raise Boom(f"{n} always fails")
 
     temp_handlers(queue, "Ping", handle)
-    for n in range(60):
-        transport.send(queue, {"n": n}, message_type="Ping")
+    for start in range(0, 200, 20):  # in small sends: many small batches
+        transport.send_many(queue, [{"n": n} for n in range(start, start + 20)], message_type="Ping")
     pumps = [pump_for(queue, receive_batch_size=4, concurrency=2, immediate_retries=2) for _ in range(2)]
-    with ThreadRunner(pumps):
-        wait_for(lambda: transport.counts(error_queue).total == 20 and transport.counts(queue).total == 0,
-                 timeout=60, what="20 in the error queue")
-    assert {n: runs for n, runs in attempts.items() if n % 3 == 0} == {n: [1, 2, 3] for n in range(0, 60, 3)}
+    # (Log records keep their arguments, the exceptions among them: pytest's capture of
+    # them must not stand in for the engine keeping a failure's batch alive.)
+    logging.disable(logging.ERROR)
+    try:
+        with ThreadRunner(pumps):
+            wait_for(lambda: transport.counts(error_queue).total == 20 and transport.counts(queue).total == 0,
+                     timeout=60, what="20 in the error queue")
+    finally:
+        logging.disable(logging.NOTSET)
+    assert {n: runs for n, runs in attempts.items() if n % 10 == 0} == {n: [1, 2, 3] for n in range(0, 200, 10)}
     for failed in transport.browse(error_queue, limit=100):
         assert failed.headers[Headers.FAILED_ATTEMPTS] == "3"
     assert sum(p.stats.errored for p in pumps) == 20 and sum(p.stats.retried for p in pumps) == 40
