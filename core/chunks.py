@@ -145,7 +145,7 @@ def run_in_savepoints(pending: list[Unit], alias: str, scope: Any, records: Any,
             unit = pending[failed.index]
             if len(unit.messages) > 1:  # which of the batch? One message at a time tells
                 log.info("batch handler for %d message(s) failed (%s); calling it per message",
-                         len(unit.messages), failed.cause)
+                         len(unit.messages), str(failed.cause))  # text: a record must not keep the traceback
                 pending[failed.index:failed.index + 1] = [Unit(unit.fn, [m], True) for m in unit.messages]
                 continue
             culprit = unit.messages[0]
@@ -189,12 +189,12 @@ def _find_refused(pending: list[Unit], refused: SendsRefused, alias: str, scope:
     if len(alone) == 1:
         culprit = alone[0].messages[0]
         log.warning("the database refused the sends of message %s on %s: %s: %s", culprit.id, culprit.queue,
-                    type(refused.cause).__name__, refused.cause)
+                    type(refused.cause).__name__, str(refused.cause))
         outcomes[id(culprit)] = fail(culprit, HandlerFailed(refused.cause))
         return 1
     log.warning("the database refused the sends of %d message(s) on %s (%s: %s); running them one per "
                 "savepoint to find whose", len(alone), alone[0].messages[0].queue,
-                type(refused.cause).__name__, refused.cause)
+                type(refused.cause).__name__, str(refused.cause))
     failures = 1
     for unit in alone:
         failures += run_in_savepoints([unit], alias, scope, records, outcomes, run=run, fail=fail)

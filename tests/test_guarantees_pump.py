@@ -216,6 +216,27 @@ def test_a_send_the_database_refuses_fails_its_own_message_not_the_batch(
         assert all(runs[n] == [1, 1] for n in range(20) if n != 7)
 
 
+def test_a_send_to_a_queue_whose_table_was_dropped_fails_its_own_message(
+        transport, make_queue, error_queue, pump_for, temp_handlers):
+    queue, out, gone = make_queue(), make_queue(), make_queue()
+
+    def handle(message, context):
+        n = message.json()["n"]
+        context.send(gone if n == 3 else out, {"n": n})
+
+    temp_handlers(queue, "Ping", handle)
+    ids = transport.send_many(queue, [{"n": i} for i in range(10)], message_type="Ping")
+    transport.send(gone, {"n": -1})  # the registry knows the queue ...
+    with connection.cursor() as cursor:  # ... whose table then goes behind its back
+        cursor.execute(f"DROP TABLE {transport.dialect.table(gone)}")
+    pump = pump_for(queue, receive_batch_size=10, concurrency=1, immediate_retries=0)
+    assert pump.receive_and_process(10) == 10
+    assert sent(out) == [n for n in range(10) if n != 3]
+    [failed] = transport.browse(error_queue, limit=10)
+    assert failed.id == ids[3] and failed.headers[Headers.FAILED_Q] == queue
+    assert (pump.stats.succeeded, pump.stats.errored) == (9, 1)
+
+
 @pytest.mark.postgresql
 def test_an_over_long_correlation_id_fails_its_message_instead_of_stalling_the_queue(
         transport, make_queue, error_queue, pump_for, temp_handlers):
