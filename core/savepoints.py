@@ -45,12 +45,14 @@ class SavepointHeld(Generic[T]):
     """Items held for the connection of ``using`` that a rolled-back savepoint drops.
 
     ``base``: the savepoint the holder's owner runs in (None: the whole transaction, or
-    no owner savepoint known); items added with it innermost get no mark."""
+    no owner savepoint known); items added with it innermost get no mark.  A holder
+    belongs to the thread that made it (it keeps that thread's connection)."""
 
-    __slots__ = ("using", "base", "items", "_runs")
+    __slots__ = ("using", "base", "items", "_runs", "_db")
 
     def __init__(self, using: str) -> None:
         self.using = using
+        self._db = connections[using]
         self.base: str | None = None
         self.items: list[T] = []
         #: (index of the run's first item, its innermost savepoint, its mark or None)
@@ -60,7 +62,7 @@ class SavepointHeld(Generic[T]):
         return bool(self.items)
 
     def add(self, items: Iterable[T]) -> None:
-        db = connections[self.using]
+        db = self._db
         sid = innermost_savepoint(db.savepoint_ids) if db.in_atomic_block else None
         if not self._runs or self._runs[-1][1] != sid:
             mark = None
@@ -74,7 +76,7 @@ class SavepointHeld(Generic[T]):
         """The items whose savepoints were not rolled back (the holder is unchanged)."""
         if all(mark is None for _, _, mark in self._runs):
             return list(self.items)
-        live = {id(func) for _, func, _ in connections[self.using].run_on_commit}
+        live = {id(func) for _, func, _ in self._db.run_on_commit}
         kept: list[T] = []
         ends = [start for start, _, _ in self._runs[1:]] + [len(self.items)]
         for (start, _, mark), end in zip(self._runs, ends):
