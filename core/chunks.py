@@ -7,22 +7,23 @@ price is paid on failure: the calls before the failing one run again.  So a chun
 large as the whole batch while nothing fails, and small for a while after something
 does (:class:`ChunkSize`).
 
-While nothing fails, a batch runs *whole* (:func:`run_whole`): in the receive's own
-transaction, with no savepoint at all — a SAVEPOINT is a round trip between a delayed
-message's receive and its handler's start.  A failure there rolls back the receive
-too (:class:`WholeBatchFailed`).  The pump receives again: the failed message's
-failure is recorded on its row without calling its handler again, and the rest run
-in savepoints.  So a failure costs the same handler calls as in a savepoint (the
-ones before it run again), plus one receive; their side effects outside the database
-are not undone, as always.
+A chunk's sends are held and inserted together before its savepoint is released
+(core.transaction_modes.ChunkedScope).  When the database refuses them (a constraint, a
+dropped queue table), nobody can tell from the error whose sends they were: the chunk
+rolls back and its messages run again one savepoint each, so that the refusal fails its
+own message — retries, then the error queue — and the others commit
+(:class:`SendsRefused`).
+
+Every count of a failed attempt is written in the receive's transaction, on the failed
+message's row (core.recoverability): any thread or process that takes the row next
+continues from the right attempt, and nothing about a failure is kept in memory.
 """
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any, Callable
 
-from django.db import DatabaseError, transaction
+from django.db import connections, transaction
 
 from core.messages import Message
 from core.outcomes import MessageOutcome
@@ -42,13 +43,12 @@ class ChunkSize:
     clean chunk they double, back up to the whole batch.  One per pump, shared by its
     threads: a lost update between two threads only delays an adjustment by a chunk."""
 
-    __slots__ = ("largest", "smallest", "current", "clean")
+    __slots__ = ("largest", "smallest", "current")
 
     def __init__(self, batch_size: int) -> None:
         self.largest = batch_size
         self.smallest = min(batch_size, max(MIN_CHUNK_SIZE, -(-batch_size // 16)))
         self.current = batch_size
-        self.clean = True  # the last chunk had no failure
 
     def after(self, size: int, failures: int) -> None:
         """A chunk of ``size`` messages ran with ``failures`` failed calls.  (A clean
@@ -58,13 +58,6 @@ class ChunkSize:
             self.current = max(self.smallest, size // 4)
         else:
             self.current = min(self.largest, self.current * 2)
-        self.clean = not failures
-
-    @property
-    def whole(self) -> bool:
-        """Whether the next batch may run whole, without a savepoint (:func:`run_whole`):
-        the chunks are back to the whole batch and the last one was clean."""
-        return self.clean and self.current >= self.largest
 
 
 class HandlerFailed(Exception):
@@ -77,47 +70,12 @@ class HandlerFailed(Exception):
         self.index = -1
 
 
-class WholeBatchFailed(Exception):
-    """A handler failed in a batch run whole: the receive's transaction must roll back
-    (raised through it) and the batch be received again, to run in savepoints.
-    ``culprit``: the RowVersion of the message that failed, when the call was for one
-    message (a batch handler's list does not say which) and the error is not a database
-    error — which may be the database's fault (a deadlock victim, a dropped connection),
-    not the message's: that handler runs again in a savepoint, which tells them apart as
-    the chunked path always does, before an attempt is counted."""
+class SendsRefused(Exception):
+    """The database refused a chunk's held sends at the flush (``cause``)."""
 
-    def __init__(self, failed: HandlerFailed, unit: Unit) -> None:
-        super().__init__(str(failed.cause))
-        self.failed = failed
-        one = len(unit.messages) == 1 and not isinstance(failed.cause, DatabaseError)
-        self.culprit = unit.messages[0].row_version if one else None
-
-
-class Blamed:
-    """Handler failures found in batches run whole, by the failed message's RowVersion,
-    until a thread of the pump receives that row again and records the failure instead
-    of running the handler again.  The pump puts a failure here *before* the whole
-    run's rollback frees the row, so whichever of its threads takes the row next sees
-    it.  (A row another worker process takes meanwhile runs there again, as after any
-    rollback; its entry here goes after ``keep`` newer ones.)"""
-
-    def __init__(self, keep: int = 1024) -> None:
-        self.keep = keep
-        self._failures: dict[int, HandlerFailed] = {}
-        self._lock = threading.Lock()
-
-    def __bool__(self) -> bool:
-        return bool(self._failures)  # no lock: a hint, checked again in take()
-
-    def put(self, row_version: int, failed: HandlerFailed) -> None:
-        with self._lock:
-            self._failures[row_version] = failed
-            while len(self._failures) > self.keep:
-                del self._failures[next(iter(self._failures))]
-
-    def take(self, row_version: int) -> HandlerFailed | None:
-        with self._lock:
-            return self._failures.pop(row_version, None)
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 class Unit:
@@ -153,21 +111,6 @@ def units(chunk: list[Message], lookup: Callable[[Message], tuple[Any, bool]]) -
     return found
 
 
-def run_whole(pending: list[Unit], scope: Any, outcomes: dict[int, MessageOutcome], *,
-              run: Callable[[Unit], MessageOutcome]) -> None:
-    """Run handler calls in the receive's transaction with no savepoint; put each
-    message's outcome in ``outcomes`` (by ``id(message)``).  A failing call raises
-    :class:`WholeBatchFailed`, to be let through the receive's transaction."""
-    for unit in pending:
-        try:
-            outcome = run(unit)
-        except HandlerFailed as failed:
-            raise WholeBatchFailed(failed, unit) from failed.cause
-        for message in unit.messages:
-            outcomes[id(message)] = outcome
-    scope.flush()  # the sends, before the receive commits
-
-
 def run_in_savepoints(pending: list[Unit], alias: str, scope: Any, records: Any,
                       outcomes: dict[int, MessageOutcome], *,
                       run: Callable[[Unit], MessageOutcome],
@@ -180,7 +123,8 @@ def run_in_savepoints(pending: list[Unit], alias: str, scope: Any, records: Any,
     into one-message calls and they run again.  A single message's failure is recorded
     by ``fail`` (in the receive's transaction, outside the savepoint); the calls before
     it run again in a savepoint of their own — their handlers run twice, their database
-    work counts once — and the calls after it go on in another."""
+    work counts once — and the calls after it go on in another.  When the database
+    refuses the sends, the calls run again one message per savepoint (:func:`_find_refused`)."""
     failures = 0
     while pending:
         mark = records.mark()
@@ -193,7 +137,7 @@ def run_in_savepoints(pending: list[Unit], alias: str, scope: Any, records: Any,
                     except HandlerFailed as failed:
                         failed.index = index
                         raise
-                scope.flush()  # the sends, before the savepoint is released
+                _flush(scope)  # the sends, before the savepoint is released
         except HandlerFailed as failed:
             failures += 1
             scope.discard()
@@ -201,7 +145,7 @@ def run_in_savepoints(pending: list[Unit], alias: str, scope: Any, records: Any,
             unit = pending[failed.index]
             if len(unit.messages) > 1:  # which of the batch? One message at a time tells
                 log.info("batch handler for %d message(s) failed (%s); calling it per message",
-                         len(unit.messages), failed.cause)
+                         len(unit.messages), str(failed.cause))  # text: a record must not keep the traceback
                 pending[failed.index:failed.index + 1] = [Unit(unit.fn, [m], True) for m in unit.messages]
                 continue
             culprit = unit.messages[0]
@@ -211,8 +155,47 @@ def run_in_savepoints(pending: list[Unit], alias: str, scope: Any, records: Any,
                                               run=run, fail=fail)
             pending = pending[failed.index + 1:]
             continue
+        except SendsRefused as refused:
+            scope.discard()
+            records.rollback_to(mark)
+            return failures + _find_refused(pending, refused, alias, scope, records, outcomes, run=run, fail=fail)
         for unit, outcome in zip(pending, done):
             for message in unit.messages:
                 outcomes[id(message)] = outcome
         break
+    return failures
+
+
+def _flush(scope: Any) -> None:
+    """Insert the held sends; whatever stops them is the database refusing them."""
+    try:
+        scope.flush()
+    except Exception as exc:
+        raise SendsRefused(exc) from exc
+
+
+def _find_refused(pending: list[Unit], refused: SendsRefused, alias: str, scope: Any, records: Any,
+                  outcomes: dict[int, MessageOutcome], *,
+                  run: Callable[[Unit], MessageOutcome],
+                  fail: Callable[[Message, HandlerFailed], MessageOutcome]) -> int:
+    """The database refused the sends of ``pending``'s savepoint (rolled back by now).  A
+    single message's refused sends are its failure, recorded like a handler's; several
+    messages run again one savepoint each, which tells whose sends were refused — the
+    others commit (their handlers run twice, their database work counts once).  Returns
+    how many calls failed, this one included."""
+    if connections[alias].needs_rollback:
+        raise refused.cause  # the savepoint could not be rolled back: the connection, not a message
+    alone = [Unit(unit.fn, [m], unit.batch) for unit in pending for m in unit.messages]
+    if len(alone) == 1:
+        culprit = alone[0].messages[0]
+        log.warning("the database refused the sends of message %s on %s: %s: %s", culprit.id, culprit.queue,
+                    type(refused.cause).__name__, str(refused.cause))
+        outcomes[id(culprit)] = fail(culprit, HandlerFailed(refused.cause))
+        return 1
+    log.warning("the database refused the sends of %d message(s) on %s (%s: %s); running them one per "
+                "savepoint to find whose", len(alone), alone[0].messages[0].queue,
+                type(refused.cause).__name__, str(refused.cause))
+    failures = 1
+    for unit in alone:
+        failures += run_in_savepoints([unit], alias, scope, records, outcomes, run=run, fail=fail)
     return failures

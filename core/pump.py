@@ -11,9 +11,9 @@ one per unit, each with its own wait).  One :meth:`MessagePump.step` on a thread
    receives at once.
 2. *Receive* up to ``receive_batch_size`` rows (capped by ``max_records_to_peek`` and
    by the peek's estimate) in one statement and one transaction, and *process* them:
-   in ``sends_atomic_with_receive`` the whole batch with no savepoint while nothing
-   fails, else chunk by chunk, one savepoint per chunk (core.chunks); otherwise one
-   message at a time.
+   in ``sends_atomic_with_receive`` chunk by chunk, one savepoint per chunk — the
+   whole batch in one while nothing fails (core.chunks); otherwise one message at a
+   time.  A failure is recorded in the same transaction, on the message's row.
 3. A full batch → step again at once (and wake an idle thread of the pump: more may
    wait); a short one → wait for a wake-up or the peek delay — unless a wake-up came
    in that found no idle thread: then this one steps again at once.
@@ -44,7 +44,7 @@ from typing import Any, Callable
 from django.db import DatabaseError, transaction
 
 from core.breakers import RepeatedFailuresOverTimeCircuitBreaker
-from core.chunks import Blamed, ChunkSize, HandlerFailed, Unit, WholeBatchFailed, run_in_savepoints, run_whole, units
+from core.chunks import ChunkSize, HandlerFailed, Unit, run_in_savepoints, units
 from core.conf import MIN_PEEK_DELAY, get_settings
 from core.db import writer_turn
 from core.errors import ConfigurationError, NoHandler
@@ -155,7 +155,6 @@ class MessagePump:
         self._lanes = [_Lane() for _ in range(self.threads)]
         self._pending = False  # a wake-up no idle thread was roused for (module doc)
         self.chunk_size = ChunkSize(self.batch_size)
-        self.blamed = Blamed()  # failures of batches run whole, to record, not run again
         missing_indexes(queue, self.receive_alias)
         self._wake: Callable[..., None] = lambda lane=None: None
         self._hub_handle = wake_hub.register(queue_key(queue), self._on_wake)
@@ -259,18 +258,8 @@ class MessagePump:
     # -- receiving --------------------------------------------------------------
     def receive_and_process(self, limit: int = 1) -> int:
         """Receive up to ``limit`` messages in one transaction and process each: chunk by
-        chunk (one savepoint per chunk) where the transaction mode allows it — or, while
-        nothing fails, the whole batch without a savepoint (core.chunks) — else one
-        message at a time."""
-        if self.chunk_size.whole:
-            try:
-                return self._receive_and_process(limit, whole=True)
-            except WholeBatchFailed as failed:
-                log.debug("a handler failed in a batch run whole on %s (%s); receiving again, in savepoints",
-                          self.queue, failed)
-        return self._receive_and_process(limit, whole=False)
-
-    def _receive_and_process(self, limit: int, whole: bool) -> int:
+        chunk (one savepoint per chunk, core.chunks) where the transaction mode allows
+        it, else one message at a time."""
         stats = PumpStats()
         records = start_batch()
         with writer_turn(self.receive_alias), transaction.atomic(using=self.receive_alias):
@@ -278,7 +267,7 @@ class MessagePump:
             batch = self.strategy.batch(messages)
             resolved: dict[str | None, tuple[Any, bool]] = {}  # one registry look-up per type per batch
             if getattr(batch, "chunked", False):
-                outcomes = self._process_chunked(messages, batch, records, resolved, whole)
+                outcomes = self._process_chunked(messages, batch, records, resolved)
             else:
                 outcomes = [self._process(message, batch, records, resolved) for message in messages]
             for outcome in outcomes:
@@ -298,39 +287,18 @@ class MessagePump:
         return found
 
     def _process_chunked(self, messages: list[Message], batch: Any, records: RecordBatch | NoRecords,
-                         resolved: dict[str | None, tuple[Any, bool]], whole: bool) -> list[MessageOutcome]:
-        """The batch ``whole`` (no savepoint; a failure raises WholeBatchFailed), or chunk
-        by chunk, each chunk as large as :class:`ChunkSize` says.  A message whose
-        handler failed in a batch run whole (``self.blamed``) has that failure recorded,
-        not its handler run again."""
+                         resolved: dict[str | None, tuple[Any, bool]]) -> list[MessageOutcome]:
+        """Chunk by chunk, each chunk as large as :class:`ChunkSize` says (the whole batch
+        while nothing fails) and in one savepoint, so that a failure is recorded in this
+        transaction without giving the batch back."""
         done: dict[int, MessageOutcome] = {}
 
         def lookup(message: Message) -> tuple[Any, bool]:
             return self._lookup(message, resolved)
 
-        rest, taken = messages, []
-        if self.blamed:
-            for message in messages:
-                failed = self.blamed.take(message.row_version)
-                if failed is not None and not (message.poison or message.expired):  # (expired: units() settles it)
-                    taken.append((message.row_version, failed))
-                    done[id(message)] = self._failed(message, failed, records)
-            rest = [m for m in messages if id(m) not in done]
-        if whole:
-            try:
-                run_whole(units(rest, lookup), batch, done, run=lambda unit: self._run(unit, batch, records))
-            except WholeBatchFailed as failed:
-                # Before the rollback frees the rows: no thread of this pump runs a batch
-                # whole for a while, and the one that takes the culprit records its failure.
-                self.chunk_size.after(len(rest), 1)
-                for row_version, earlier in [*taken, (failed.culprit, failed.failed)]:
-                    if row_version is not None:
-                        self.blamed.put(row_version, earlier)
-                raise
-            return [done[id(m)] for m in messages]
         start = 0
-        while start < len(rest):
-            chunk = rest[start:start + self.chunk_size.current]
+        while start < len(messages):
+            chunk = messages[start:start + self.chunk_size.current]
             failures = run_in_savepoints(units(chunk, lookup), self.receive_alias, batch, records, done,
                                          run=lambda unit: self._run(unit, batch, records),
                                          fail=lambda message, failed: self._failed(message, failed, records))

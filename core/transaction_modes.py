@@ -22,6 +22,9 @@ from __future__ import annotations
 import abc
 from typing import Protocol, Sequence
 
+from django.db import connections
+from django.db.transaction import TransactionManagementError
+
 from core.conf import TRANSACTION_MODES
 from core.db import independent_alias
 from core.errors import ConfigurationError
@@ -30,6 +33,7 @@ from core.messages import Headers, Message
 from core.outbox import Outbox
 from core.outcomes import MessageOutcome
 from core.queues import dialect
+from core.savepoints import SavepointHeld, innermost_savepoint
 from core.transport import OutgoingMessage, Transport
 
 class BatchScope(Protocol):
@@ -87,22 +91,25 @@ class ChunkBufferedTransport(Transport):
     """A handler's transport inside a chunk: rows it sends are held and inserted by
     :meth:`flush` in one :meth:`Transport.enqueue` (one statement per queue) before the
     chunk's savepoint is released; :meth:`discard` drops them when the chunk rolls back.
-    Delayed sends go to the store at once (inside the savepoint, so they roll back too)."""
+    Rows sent inside a handler's own atomic block that rolled back are dropped at the
+    flush, as its writes were (core.savepoints).  Delayed sends go to the store at once
+    (inside the savepoint, so they roll back too)."""
 
     def __init__(self, using: str) -> None:
         super().__init__(using)
-        self.pending: list[OutgoingMessage] = []
+        self.pending: SavepointHeld[OutgoingMessage] = SavepointHeld(using)
 
     def enqueue(self, messages: Sequence[OutgoingMessage]) -> None:
-        self.pending.extend(messages)
+        self.pending.add(messages)
 
     def flush(self) -> None:
         if self.pending:
-            held, self.pending = self.pending, []
-            Transport.enqueue(self, held)
+            held = self.pending.take()
+            if held:
+                Transport.enqueue(self, held)
 
     def discard(self) -> None:
-        self.pending = []
+        self.pending.clear()
 
 
 class ChunkedScope:
@@ -114,16 +121,34 @@ class ChunkedScope:
 
     def __init__(self, alias: str) -> None:
         self.alias = alias
+        self.connection = connections[alias]
         self.sender = ChunkBufferedTransport(alias)
 
     def handle(self, message: Message, fn: Handler) -> MessageOutcome:
+        self._begin()
         fn(message, HandlerContext(message, self.sender))
+        self._check()
         return MessageOutcome.SUCCEEDED
 
     def handle_batch(self, messages: list[Message], fn: BatchHandler) -> MessageOutcome:
         """A batch handler's call: ``messages`` of one type from one chunk, as one list."""
+        self._begin()
         fn(list(messages), BatchContext(messages, self.sender))
+        self._check()
         return MessageOutcome.SUCCEEDED
+
+    def _begin(self) -> None:
+        # The chunk's savepoint: sends made directly in it need no savepoint mark.
+        self.sender.pending.base = innermost_savepoint(self.connection.savepoint_ids)
+
+    def _check(self) -> None:
+        """A handler that swallowed the failure of an ``atomic(savepoint=False)`` block
+        left the chunk marked for rollback (Django's semantics): that is its failure, not
+        the next handler's, whose first query Django would refuse."""
+        if self.connection.needs_rollback:
+            raise TransactionManagementError(
+                "the handler returned with its transaction marked for rollback (an "
+                "atomic(savepoint=False) block inside it failed): its work cannot commit")
 
     def flush(self) -> None:
         """Before the chunk's savepoint is released: its handlers' sends, in one go."""

@@ -66,12 +66,11 @@ def test_a_failing_batch_handler_falls_back_to_one_message_at_a_time_and_isolate
     ids = transport.send_many(queue, [{"n": i} for i in range(20)], message_type="Ping")
     pump = pump_for(queue, receive_batch_size=20, immediate_retries=5)
     assert pump.receive_and_process(20) == 20
-    # The list of 20 failed, run whole (no savepoint): the receive rolled back.  A list does
-    # not say which message failed, so the batch is received again and runs in chunks a
-    # quarter the size (8, the smallest): the list of 0-7 failed, then one call per message
-    # up to the culprit (7), the 7 before it again in a savepoint of their own; the next
-    # chunks are lists again: 8-15 and 16-19.
-    assert calls == [20, 8] + [1] * 8 + [1] * 7 + [8, 4]
+    # The list of 20 failed in the batch's savepoint, which rolled back.  A list does not
+    # say which message failed, so the chunk runs again with one call per message up to
+    # the culprit (7), whose failure is recorded; the 7 before it run again in a savepoint
+    # of their own, and the ones after it go on one per call.
+    assert calls == [20] + [1] * 8 + [1] * 7 + [1] * 12
     rows = list(PingRecord.objects.values_list("message_id", flat=True))
     assert sorted(rows) == sorted(set(ids) - {ids[7]})  # each other row exactly once
     left = Transport().browse(queue, limit=100)

@@ -1,10 +1,9 @@
 """Chunked receive: one savepoint per chunk of a receive batch, not per message.
 
-While nothing fails a batch runs whole, in the receive's transaction with no savepoint.
-A failure there rolls the receive back; the batch is received again and runs in
-chunks, one savepoint each.  A failing handler rolls its chunk back; the failure is
-recorded once, the messages before it run again and the ones after go on, so business
-rows stay exactly-once; after a failure the pump's chunks are smaller for a while
+While nothing fails a chunk is the whole batch, in one savepoint.  A failing handler
+rolls its chunk back; the failure is recorded once, in the receive's transaction, the
+messages before it run again and the ones after go on, so business rows stay
+exactly-once; after a failure the pump's chunks are smaller for a while
 (core.chunks.ChunkSize)."""
 from __future__ import annotations
 
@@ -56,46 +55,45 @@ def test_message_37_of_a_chunked_batch_of_128_fails_alone(transport, queue, pump
     # The handlers' sends: one per successful message, none from the rolled-back run.
     echoes = sorted(m.json()["echo"] for m in left if m.headers.get(Headers.ENCLOSED_MESSAGE_TYPES) == "Echo")
     assert echoes == [n for n in range(128) if n != 37]
-    # First the batch ran whole, no savepoint: 0-37, then 37 failed and the receive rolled
-    # back.  Received again: 37's failure recorded without running it again; the rest in
-    # chunks a quarter the size, then doubling (32, 64, then the last 31).  So the 37
-    # before the culprit ran twice, as after a failure in a savepoint; nothing else did.
+    # The batch ran in one savepoint: 0-37, then 37 failed and the savepoint rolled back;
+    # 37's failure was recorded in the same transaction, without running it again; 0-36
+    # ran again in a savepoint of their own and 38-127 in another.  So the 37 before the
+    # culprit ran twice; nothing else did, and the batch was received once.
     assert {n for n, count in runs.items() if count == 2} == set(range(37))
     assert runs[37] == 1 and all(runs[n] == 1 for n in range(38, 128))
     assert (pump.stats.succeeded, pump.stats.retried) == (127, 1)
     sql = [q["sql"].upper() for q in queries.captured_queries]
-    first_receive = next(i for i, q in enumerate(sql) if q.startswith("DELETE"))
-    rollback = next(i for i, q in enumerate(sql) if q.startswith("ROLLBACK"))
-    assert not any(q.startswith("SAVEPOINT") for q in sql[first_receive:rollback])
-    assert len([q for q in sql if q.startswith("SAVEPOINT")]) == 3  # 0-31; 32-96 but 37; 97-127
+    assert len([q for q in sql if q.startswith("DELETE")]) == 1  # one receive
+    assert not [q for q in sql if q.startswith("ROLLBACK") and "SAVEPOINT" not in q]
+    assert len([q for q in sql if q.startswith("SAVEPOINT")]) == 3  # 0-127 (failed); 0-36; 38-127
     inserts = [q for q in queries.captured_queries if q["sql"].startswith("INSERT INTO")
                and "sluice_demo_ping" not in q["sql"] and ProcessingRecord._meta.db_table not in q["sql"]]
-    assert len(inserts) == 4  # the retry's move; the sends of each savepoint, one statement each
-    assert pump.chunk_size.whole  # three clean chunks: back to the whole batch
+    assert len(inserts) == 3  # the retry's move; the sends of each released savepoint, one statement each
+    assert pump.chunk_size.current == 32  # smaller chunks for a while after a failure
     # The processing records count each message once: the runs rolled back left none.
     outcomes = list(ProcessingRecord.objects.filter(queue=queue).values_list("outcome", flat=True))
     assert sorted(outcomes) == ["processed"] * 127 + ["retried"]
 
 
-def test_a_clean_batch_runs_whole_without_a_savepoint(transport, queue, pump_for, temp_handlers):
+def test_a_clean_batch_runs_in_one_savepoint(transport, queue, pump_for, temp_handlers):
     temp_handlers(queue, "Ping", lambda message, context: PingRecord.objects.using(context.using)
                   .create(message_id=message.id))
     ids = transport.send_many(queue, [{"n": i} for i in range(50)], message_type="Ping")
     pump = pump_for(queue, receive_batch_size=50, concurrency=1)
-    assert pump.chunk_size.whole
     with CaptureQueriesContext(connection) as queries:
         assert pump.receive_and_process(50) == 50
     assert set(PingRecord.objects.values_list("message_id", flat=True)) == set(ids)
-    assert not [q for q in queries.captured_queries if q["sql"].upper().startswith(("SAVEPOINT", "RELEASE"))]
-    assert pump.chunk_size.whole and pump.stats.succeeded == 50
+    sql = [q["sql"].upper() for q in queries.captured_queries]
+    assert len([q for q in sql if q.startswith("SAVEPOINT")]) == 1
+    assert len([q for q in sql if q.startswith("RELEASE")]) == 1
+    assert pump.chunk_size.current == 50 and pump.stats.succeeded == 50
 
 
 @pytest.mark.parametrize("fails", ["once", "always"])
-def test_a_database_error_in_a_batch_run_whole_runs_again_in_a_savepoint_before_it_counts(
+def test_a_database_error_in_a_handler_counts_as_its_failed_attempt(
         fails, transport, queue, pump_for, temp_handlers):
-    # A database error may be the database's fault (a deadlock victim, a dropped
-    # connection), not the message's: it costs an attempt only if it happens again in a
-    # savepoint, as it would have in the chunked path.
+    # As a handler's other exceptions: the savepoint rolls back, the attempt is counted
+    # in the receive's transaction and the others of the batch commit.
     runs: dict[int, int] = {}
 
     def handle(message, context):
@@ -109,20 +107,25 @@ def test_a_database_error_in_a_batch_run_whole_runs_again_in_a_savepoint_before_
     ids = transport.send_many(queue, [{"n": i} for i in range(8)], message_type="Ping")
     pump = pump_for(queue, receive_batch_size=8, concurrency=1, immediate_retries=5)
     assert pump.receive_and_process(8) == 8
-    assert runs[5] == 2  # once whole, once in a savepoint
+    assert runs[5] == 1
+    assert set(PingRecord.objects.values_list("message_id", flat=True)) == set(ids) - {ids[5]}
     left = Transport().browse(queue, limit=10)
+    assert [m.id for m in left] == [ids[5]] and left[0].headers[Headers.FAILED_ATTEMPTS] == "1"
+    assert (pump.stats.succeeded, pump.stats.retried) == (7, 1)
+    assert pump.receive_and_process(8) == 1
+    assert runs[5] == 2
     if fails == "once":
-        assert PingRecord.objects.count() == 8 and left == []
-        assert (pump.stats.succeeded, pump.stats.retried) == (8, 0)
+        assert PingRecord.objects.count() == 8 and Transport().browse(queue, limit=10) == []
     else:
-        assert set(PingRecord.objects.values_list("message_id", flat=True)) == set(ids) - {ids[5]}
-        assert [m.id for m in left] == [ids[5]] and left[0].headers[Headers.FAILED_ATTEMPTS] == "1"
-        assert (pump.stats.succeeded, pump.stats.retried) == (7, 1)
+        assert Transport().browse(queue, limit=10)[0].headers[Headers.FAILED_ATTEMPTS] == "2"
 
 
-def test_a_culprit_that_expires_before_its_batch_is_received_again_is_expired_not_retried(
+def test_a_message_that_expires_while_its_handler_fails_is_expired_not_run_again(
         transport, queue, pump_for, temp_handlers):
+    runs = []
+
     def handle(message, context):
+        runs.append(message.json()["n"])
         if message.json()["n"] == 1:
             time.sleep(2.3)  # past its TTL, by the database's clock
             raise Boom("too late anyway")
@@ -133,15 +136,16 @@ def test_a_culprit_that_expires_before_its_batch_is_received_again_is_expired_no
     pump = pump_for(queue, receive_batch_size=3, concurrency=1, immediate_retries=5)
     assert pump.receive_and_process(3) == 3
     assert set(PingRecord.objects.values_list("message_id", flat=True)) == {ids[0], ids[2]}
-    assert Transport().browse(queue, limit=10) == []  # not put back for a retry
-    assert (pump.stats.succeeded, pump.stats.expired, pump.stats.retried) == (2, 1, 0)
+    assert pump.receive_and_process(3) == 1  # its retry, expired by now: not run again
+    assert Transport().browse(queue, limit=10) == []
+    assert runs.count(1) == 1
+    assert (pump.stats.succeeded, pump.stats.expired, pump.stats.retried) == (2, 1, 1)
 
 
-def test_with_four_threads_a_failure_in_a_batch_run_whole_is_counted_once_per_run(
+def test_with_four_threads_a_failure_is_counted_once_per_run(
         transport, queue, error_queue, pump_for, temp_handlers):
-    # When a batch run whole fails, its rollback frees the rows before the thread that ran
-    # it receives again: another thread of the pump may take the culprit first.  It
-    # records the failure too, without running the handler again: each attempt runs once.
+    # A failure is recorded on the culprit's row in the transaction that received it: no
+    # other thread can take the row in between and run the same attempt again.
     attempts: dict[int, list[int]] = {}
     lock = threading.Lock()
 
@@ -161,9 +165,9 @@ def test_with_four_threads_a_failure_in_a_batch_run_whole_is_counted_once_per_ru
     with ThreadRunner([pump]):
         wait_for(lambda: transport.counts(error_queue).total == 10, timeout=30, what="10 in the error queue")
     assert {n: runs for n, runs in attempts.items() if n % 4 == 0} == {n: [1, 2, 3] for n in range(0, 40, 4)}
-    # The others succeed at their first attempt; one before a culprit in its batch runs
-    # again after the rollback (its side effects outside the database can repeat), and
-    # its business row is written once.
+    # The others succeed at their first attempt; one before a culprit in its chunk runs
+    # again after the savepoint's rollback (its side effects outside the database can
+    # repeat), and its business row is written once.
     assert all(set(attempts[n]) == {1} for n in range(40) if n % 4)
     assert PingRecord.objects.count() == 30
 
@@ -181,13 +185,9 @@ def test_chunks_shrink_after_a_failure_and_grow_back_while_nothing_fails():
         assert size.current == expected
     assert ChunkSize(1000).smallest == 63  # at most 16 chunks' savepoints in a batch
     assert ChunkSize(5).smallest == 5
-    # A batch runs whole only when the chunks are back to the whole batch and the last was clean.
     small = ChunkSize(8)
-    assert small.whole
     small.after(8, failures=1)
-    assert small.current == 8 and not small.whole
-    small.after(8, failures=0)
-    assert small.whole
+    assert small.current == 8
 
 
 @pytest.mark.row_locking

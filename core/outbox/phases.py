@@ -56,6 +56,7 @@ class Outbox:
                     return Phase1Result(duplicate=True, needs_dispatch=not state[0])
                 if self.pessimistic:
                     self.store.insert(message_id, EMPTY_OPERATIONS, dispatched=False)
+                sender.anchor()
                 handler(sender)
                 done = not sender.operations
                 if self.pessimistic:

@@ -3,8 +3,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import connections
+
 from core.outbox.destinations import destination, parse_address
 from core.outbox.operations import encode_operations, queue_operation, serialize_operation
+from core.savepoints import SavepointHeld, innermost_savepoint
 from core.scheduling import resolve_due
 from core.transport import Transport
 
@@ -15,13 +18,25 @@ class OutboxSender:
     It stands in for the :class:`~core.transport.Transport` of a handler's context (same
     ``send`` signature, same ``using``) and is what a transactional session sends with.
     Every operation is validated and serialized when it is added, so bad input raises in
-    the caller's transaction and rolls its business writes back with it.
+    the caller's transaction and rolls its business writes back with it.  Operations
+    added inside an atomic block that rolled back are dropped, as its writes were
+    (core.savepoints): read :attr:`operations` and :meth:`encode` before the commit.
     """
 
     def __init__(self, using: str) -> None:
         self.using = using
-        self.operations: list[dict[str, Any]] = []
-        self._serialized: list[str] = []
+        #: (operation, its serialized form)
+        self._held: SavepointHeld[tuple[dict[str, Any], str]] = SavepointHeld(using)
+
+    def anchor(self) -> None:
+        """Called in the atomic block whose end stores the operations: what is added
+        directly in it needs no savepoint mark (if it rolls back, nothing is stored)."""
+        self._held.base = innermost_savepoint(connections[self.using].savepoint_ids)
+
+    @property
+    def operations(self) -> list[dict[str, Any]]:
+        """The operations that count: none from a rolled-back atomic block."""
+        return [op for op, _ in self._held.survivors()]
 
     def send(self, queue: str, body: Any, **options: Any) -> str:
         """Like :meth:`Transport.send`, plus ``queue@alias`` (another configured database)
@@ -44,8 +59,7 @@ class OutboxSender:
         self._append(op)
 
     def _append(self, op: dict[str, Any]) -> None:
-        self._serialized.append(serialize_operation(op))
-        self.operations.append(op)
+        self._held.add([(op, serialize_operation(op))])
 
     def encode(self) -> str:
-        return encode_operations(self._serialized)
+        return encode_operations([text for _, text in self._held.survivors()])

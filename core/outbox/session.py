@@ -53,6 +53,7 @@ class OutboxSession:
     def __enter__(self) -> "OutboxSession":
         self._atomic = transaction.atomic(using=self.using)
         self._atomic.__enter__()
+        self.sender.anchor()
         try:
             if self.stable:
                 self.already_processed = self.outbox.store.state(self.message_id) is not None
