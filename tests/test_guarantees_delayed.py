@@ -14,6 +14,15 @@ from tests.conftest import OTHER, uses_other_database, wait_for
 from tests.test_delayed import empty, in_the_store, store  # noqa: F401 — the fixture
 
 
+def _fail_once_each(queue: str) -> None:
+    """One pump step with no immediate retries: each failing message goes to the store."""
+    pump = MessagePump(queue, peek_delay=0.1, immediate_retries=0, delayed_retries=1)
+    try:
+        pump.receive_and_process(10)
+    finally:
+        pump.close()
+
+
 def test_two_messages_with_one_id_each_keep_their_delayed_retry(store, transport, queue, temp_handlers,
                                                                  error_queue, settings):
     """send_many(..., message_id=X) makes two rows with one id.  Both fail: both delayed
@@ -28,11 +37,7 @@ def test_two_messages_with_one_id_each_keep_their_delayed_retry(store, transport
 
     temp_handlers(queue, None, always_fails)
     transport.send_many(queue, ["a", "b"], message_id="same-id")
-    pump = MessagePump(queue, peek_delay=0.1, immediate_retries=0, delayed_retries=1)
-    try:
-        pump.receive_and_process(10)
-    finally:
-        pump.close()
+    _fail_once_each(queue)
     waiting = in_the_store(store)
     assert sorted(m.body.decode() for m in waiting) == ['a', 'b'], "a delayed retry was dropped"
     assert {m.headers[Headers.MESSAGE_ID] for m in waiting} == {"same-id"}
@@ -58,11 +63,7 @@ def test_a_delayed_retry_is_stored_under_a_key_that_a_user_send_cannot_take(stor
     temp_handlers(queue, None, lambda m, c: 1 / 0)
     message_id = transport.send(queue, "now")
     transport.send(queue, "later", delay=3600, message_id=message_id)
-    pump = MessagePump(queue, peek_delay=0.1, immediate_retries=0, delayed_retries=1)
-    try:
-        pump.receive_and_process(10)
-    finally:
-        pump.close()
+    _fail_once_each(queue)
     stored = in_the_store(store)
     assert sorted(m.body.decode() for m in stored) == ['later', 'now']
     assert {m.headers[Headers.MESSAGE_ID] for m in stored} == {message_id}
