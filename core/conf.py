@@ -87,6 +87,11 @@ class SluiceSettings:
     MAXIMUM_RECOVERY_FAILURES_PER_SECOND: float = 1.0
     #: Seconds a mover's leadership lease lasts; another worker takes over when it lapses.
     MOVER_LEASE_SECONDS: float = 10.0
+    #: Seconds the PostgreSQL wake-up listener may hear nothing before it checks its
+    #: connection with a query: a half-open connection would otherwise end wake-ups silently.
+    WAKEUP_HEALTH_CHECK_SECONDS: float = 10.0
+    #: Seconds that check may take; past it the listener reconnects (loops poll meanwhile).
+    WAKEUP_HEALTH_CHECK_TIMEOUT: float = 5.0
     #: Beat intervals (seconds) of the periodic maintenance tasks.
     PURGE_INTERVAL: float = 60.0
     IDLE_QUEUE_INTERVAL: float = 60.0
@@ -185,6 +190,7 @@ class SluiceSettings:
             if getattr(self, name) < 1:
                 raise ValueError(f"SLUICE_{name} must be at least 1")
         for name in ("DELAYED_MAX_SLEEP", "MOVER_LEASE_SECONDS", "MAXIMUM_RECOVERY_FAILURES_PER_SECOND",
+                     "WAKEUP_HEALTH_CHECK_SECONDS", "WAKEUP_HEALTH_CHECK_TIMEOUT",
                      "TIME_TO_TRIGGER_STORE_BREAKER", "TIME_TO_TRIGGER_FETCH_BREAKER",
                      "TIME_TO_TRIGGER_DISPATCH_BREAKER", "TIME_TO_TRIGGER_RECEIVE_BREAKER"):
             if getattr(self, name) <= 0:

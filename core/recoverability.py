@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import logging
+import uuid
 
 from core.conf import get_settings
 from core.errors import PoisonMessage
@@ -25,6 +26,22 @@ from core.scheduling import DelayedMessage
 from core.transport import Transport
 
 log = logging.getLogger("sluice.recoverability")
+
+#: Namespace of the delayed store's keys for delayed retries (:func:`retry_key`).
+_RETRY_KEYS = uuid.UUID("6f1d3c2e-5b0a-4f55-9c1e-7a8d2f4b9e10")
+
+
+def retry_key(message: Message, number: int) -> str:
+    """The delayed store's key for delayed retry ``number`` of the row ``message``.
+
+    Not the MessageId: ids need not be unique (``send_many(..., message_id=X)``, two
+    queues' copies of one message), and the store keeps the first of two rows with one
+    key, so a retry under its MessageId could be dropped for another message's.  The
+    queue, RowVersion, id and retry number name one failure of one row: a retry stored
+    twice for the same failure (a receive rolled back after storing it elsewhere) is
+    still stored once.  The mover forwards it under the id in its headers."""
+    name = "\0".join((message.queue, str(message.row_version), message.id, str(number)))
+    return f"retry-{uuid.uuid5(_RETRY_KEYS, name)}"
 
 
 class FailureOutcome(str, enum.Enum):
@@ -74,9 +91,13 @@ class Recoverability:
                    Headers.TOTAL_FAILED_ATTEMPTS: str(total),
                    Headers.DELAYED_RETRIES: str(number),
                    Headers.DELAYED_RETRIES_TIMESTAMP: wire_time(dt.datetime.now(dt.timezone.utc))}
-        self.transport.delayed.store(
-            DelayedMessage(id=headers.get(Headers.MESSAGE_ID, message.id), destination=message.queue,
+        headers.setdefault(Headers.MESSAGE_ID, message.id)  # the mover forwards it under this id
+        stored = self.transport.delayed.store(
+            DelayedMessage(id=retry_key(message, number), destination=message.queue,
                            body=message.body, headers=headers), delay=delay)
+        if stored is False:  # the SQL store's "that key is there already": this very retry
+            log.warning("delayed retry %d of message %s on %s was already stored (the same failure of "
+                        "the same row); kept that one", number, message.id, message.queue)
         log.warning("message %s on %s failed %d time(s); delayed retry %d of %d in %g s: %s: %s",
                     message.id, message.queue, total, number, self.delayed_retries, delay,
                     type(exc).__name__, exc)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Sequence
 
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, connections
 
 from core.conf import get_settings
 from core.db import StatementCursor
@@ -27,7 +27,7 @@ from core.outgoing import (ID_NAMESPACE, MAX_MESSAGE_ID_LENGTH, OutgoingMessage,
                            row_id_for, validate_columns, validate_message_id)
 from core.queues import QueueInfo, create_queue, registry, validate_name, validate_ttl
 from core.scheduling import DelayedMessage, DelayedMessageStore, delayed_store, resolve_due
-from core.wakeups import notify_queue, queue_key, wake_hub
+from core.wakeups import notify_queue, on_commit_wake, queue_key, wake_hub
 
 log = logging.getLogger("sluice.transport")
 
@@ -210,7 +210,7 @@ class Transport:
                 if notify_sql is not None:
                     notify_queue(using, queue, notify_sql)
 
-        transaction.on_commit(announce, using=using)
+        on_commit_wake(announce, using, f"queue {', '.join(queues)}")
 
     @contextmanager
     def _queue_dropped_is_unknown(self, groups: Mapping[tuple[str, bool], Any]) -> Iterator[None]:

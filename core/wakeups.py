@@ -19,16 +19,25 @@ A wake-up is never lost: a callback sets the loop's event after the commit it an
 and the runner clears the event before the step that looks at the database
 (core.loops.ThreadRunner).  When the LISTEN connection drops or comes back, every loop
 of the process is woken once; while it is down, pumps and movers poll
-(:attr:`PostgresListener.lost`).
+(:attr:`PostgresListener.lost`).  A connection that hears nothing for
+``SLUICE_WAKEUP_HEALTH_CHECK_SECONDS`` is asked a query, and dropped if no answer comes
+within ``SLUICE_WAKEUP_HEALTH_CHECK_TIMEOUT``: a half-open one (a server or middlebox
+gone without a reset) would otherwise keep the listener waiting forever, deaf.
+
+Commit hooks (:func:`on_commit_wake`) are registered robust: one that fails is logged
+and never keeps the application's own ``on_commit`` hooks of that transaction from running.
 """
 from __future__ import annotations
 
 import atexit
 import logging
 import threading
+import time
 from typing import Any, Callable
 
-from django.db import connections
+from django.db import connections, transaction
+
+from core.conf import get_settings
 
 log = logging.getLogger("sluice.wakeups")
 
@@ -76,6 +85,21 @@ class WakeHub:
 
 wake_hub = WakeHub()
 
+
+def on_commit_wake(wake: Callable[[], None], using: str, what: str) -> None:
+    """Run ``wake`` once the transaction on ``using`` commits.  Django runs a
+    transaction's hooks in order and, unless they are robust, stops at the first that
+    raises: a failing wake-up would skip the application's own hooks (and raise out of
+    its ``atomic()`` after the commit).  So: robust, and logged here.  A wake-up that
+    fails costs latency only: the loops find the work by polling."""
+    def hook() -> None:
+        try:
+            wake()
+        except Exception:  # noqa: BLE001 — see above: never the application's problem
+            log.exception("wake-up after commit failed (%s); the loops find the work by polling", what)
+
+    transaction.on_commit(hook, using=using, robust=True)
+
 #: Backend pids of this process's notifiers: their NOTIFYs already woke us in-process.
 _own_pids: set[int] = set()
 
@@ -118,8 +142,13 @@ class PostgresListener(threading.Thread):
     (before the first connect they need not: connecting wakes everyone)."""
 
     def __init__(self, using: str, callback: Callable[..., None] = dispatch,
-                 channels: tuple[str, ...] = (DELAYED_CHANNEL, QUEUE_CHANNEL)) -> None:
+                 channels: tuple[str, ...] = (DELAYED_CHANNEL, QUEUE_CHANNEL), *,
+                 health_check: float | None = None, health_timeout: float | None = None) -> None:
         super().__init__(name="sluice-listen", daemon=True)
+        settings = get_settings()
+        #: Seconds of silence before a health check, and how long its answer may take.
+        self.health_check = health_check or settings.WAKEUP_HEALTH_CHECK_SECONDS
+        self.health_timeout = health_timeout or settings.WAKEUP_HEALTH_CHECK_TIMEOUT
         self.params = connection_params(using)
         self.callback = callback
         self.channels = channels
@@ -149,9 +178,14 @@ class PostgresListener(threading.Thread):
                     wake_hub.wake_all()  # (re)connected: something may have been missed
                     # Set last, so that whoever waits for it knows that wake-up is behind.
                     self.connected.set()
+                    heard = time.monotonic()
                     while not self._stopping.is_set():
-                        for note in conn.notifies(timeout=1.0):
+                        for note in conn.notifies(timeout=min(1.0, self.health_check)):
+                            heard = time.monotonic()
                             self.callback(note.channel, note.payload, note.pid)
+                        if time.monotonic() - heard >= self.health_check:
+                            self._check(conn)
+                            heard = time.monotonic()
             except Exception as exc:  # noqa: BLE001 — a lost listener must not kill the loops
                 log.warning("wake-up listener lost its connection (%s); retrying", exc)
             finally:
@@ -161,6 +195,25 @@ class PostgresListener(threading.Thread):
                     self.lost.set()
                     wake_hub.wake_all()  # once: every loop now polls until we are back
             self._stopping.wait(1.0)
+
+
+    def _check(self, conn: Any) -> None:
+        """Ask the server a cheap query and wait at most ``health_timeout`` for the answer
+        (psycopg's own execute would wait forever on a half-open connection); without
+        one, close the connection and raise, so the loop reconnects.  Notifications that
+        arrive meanwhile are kept by psycopg for the next ``notifies()``."""
+        from psycopg import generators  # only PostgreSQL starts a listener
+
+        try:
+            with conn.lock:
+                conn.pgconn.send_query(b"SELECT 1")
+                conn.wait(generators.execute(conn.pgconn), timeout=self.health_timeout)
+        except Exception as exc:
+            # Closed here, not by the ``with`` block: its rollback would wait for an
+            # answer that is not coming.
+            conn.close()
+            raise ConnectionError(f"no answer to the health check within {self.health_timeout:g} s "
+                                  f"({type(exc).__name__}: {exc})") from exc
 
 
 _listeners: dict[str, tuple[PostgresListener, int]] = {}

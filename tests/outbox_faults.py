@@ -56,9 +56,9 @@ def install(spec: str, seed: int | None = None) -> None:
         point("after_commit")
         return after_commit(self, message_ids)
 
-    def killing_mark(self, message_ids):
+    def killing_mark(self, message_ids, token):
         point("after_dispatch")
-        return mark(self, message_ids)
+        return mark(self, message_ids, token)
 
     Outbox.phase1, Outbox.after_commit, OutboxStore.mark_dispatched = (
         killing_phase1, killing_after_commit, killing_mark)

@@ -5,7 +5,9 @@ and forwards every connection to ``host:port``.  :meth:`TcpProxy.cut` makes the
 target unreachable: every open connection is reset and each new one is accepted
 and reset at once (the client sees "connection reset" / "server closed the
 connection unexpectedly" immediately — no hanging connects).  :meth:`TcpProxy.restore`
-forwards again.
+forwards again.  :meth:`TcpProxy.freeze` makes every open connection half-open: it
+stays up but carries nothing more, either way, and is never reset (a peer or middlebox
+gone silently); new connections are forwarded as usual.
 
 Bounded: daemon threads only, every blocking call has a short timeout, and
 :meth:`close` (or leaving the ``with`` block) stops the listener and every pipe::
@@ -52,6 +54,8 @@ class _Pipe:
         self.client = client
         self.upstream = upstream
         self._closed = threading.Event()
+        #: Set by TcpProxy.freeze(): the connection stays open and carries nothing more.
+        self.frozen = threading.Event()
 
     def close(self) -> None:
         if not self._closed.is_set():
@@ -63,9 +67,14 @@ class _Pipe:
         peers = {self.client: self.upstream, self.upstream: self.client}
         try:
             while not self._closed.is_set() and not stopping.is_set():
+                if self.frozen.is_set():
+                    stopping.wait(_POLL)
+                    continue
                 readable, _, broken = select.select(list(peers), [], list(peers), _POLL)
                 if broken:
                     return
+                if self.frozen.is_set():  # frozen while we waited: carry nothing
+                    continue
                 for sock in readable:
                     data = sock.recv(_CHUNK)
                     if not data:
@@ -117,6 +126,13 @@ class TcpProxy:
             self.killed += len(pipes)
         for pipe in pipes:
             pipe.close()
+
+    def freeze(self) -> None:
+        """Make every open connection half-open: kept, never reset, carrying nothing more."""
+        with self._lock:
+            pipes = list(self._pipes)
+        for pipe in pipes:
+            pipe.frozen.set()
 
     def restore(self) -> None:
         """Forward new connections again."""

@@ -168,13 +168,13 @@ def test_messages_to_another_database_and_duplicates_absorbed_there(outbox, othe
     real_mark = outbox.store.mark_dispatched
     crashes = []
 
-    def crash_once(ids):  # between dispatching and marking dispatched
+    def crash_once(ids, token):  # between dispatching and marking dispatched
         if not crashes:
             crashes.append(ids)
             raise RuntimeError("crash before the record was marked dispatched")
-        real_mark(ids)
+        return real_mark(ids, token)
 
-    monkeypatch.setattr(type(pump.outbox.store), "mark_dispatched", lambda self, ids: crash_once(ids))
+    monkeypatch.setattr(type(pump.outbox.store), "mark_dispatched", lambda self, ids, token: crash_once(ids, token))
     pump.outbox.dispatch_lease = 0.3
     drain(pump)
     assert outbox.store.stats().undispatched == 1

@@ -31,13 +31,15 @@ def test_every_outbox_statement_is_valid_tsql(d):
         (d.outbox_insert(TABLE, dispatched=False), ["id", "v", "ops"]),
         (d.outbox_insert(TABLE, dispatched=True), ["id", "v", "ops"]),
         (d.outbox_store_operations(TABLE, dispatched=False), ["ops", "id"]),
-        (d.outbox_claim_lease(TABLE, 3), [*d.ttl_params(30), "a", "b", "c"]),
-        (d.outbox_claim_lease(TABLE, 1, include_quarantined=True), [*d.ttl_params(30), "a"]),
-        (d.outbox_release(TABLE, 2), ["a", "b"]),
+        (d.outbox_claim_lease(TABLE, 3), [*d.ttl_params(30), "token", "a", "b", "c"]),
+        (d.outbox_claim_lease(TABLE, 1, include_quarantined=True), [*d.ttl_params(30), "token", "a"]),
         (d.outbox_add_lease_column(TABLE), []),
         d.outbox_lease_column_exists(TABLE),
-        (d.outbox_mark_dispatched(TABLE, 2), ["ops", "a", "b"]),
-        (d.outbox_set_error(TABLE, quarantine=True), ["error", "id"]),
+        (d.outbox_add_column(TABLE, "DispatchToken"), []),
+        d.outbox_column_exists(TABLE, "DispatchToken"),
+        (d.outbox_mark_dispatched(TABLE, 2), ["ops", "a", "b", "token"]),
+        (d.outbox_fail(TABLE, quarantine=True), ["error", "id", "token"]),
+        (d.outbox_fail(TABLE, quarantine=False), ["error", "id", "token"]),
         (d.outbox_due(TABLE), [*d.before_now_params(5), 100]),
         (d.outbox_due(TABLE, include_failed=False), [*d.before_now_params(5), 100]),
         (d.outbox_cleanup(TABLE), d.outbox_cleanup_params(7 * 86400, 4000)),
@@ -79,10 +81,10 @@ def test_schema_creation_comes_first(d):
 def test_phase_two_leases_records_with_row_locks_and_read_past(d):
     sql = d.outbox_claim_lease(TABLE, 2)
     assert sql.startswith(f"UPDATE [dbo].[{TABLE}] WITH (ROWLOCK, READPAST) SET [DispatchingUntil] = "
-                          "DATEADD(millisecond, %s, DATEADD(minute, %s, GETUTCDATE()))")
+                          "DATEADD(millisecond, %s, DATEADD(minute, %s, GETUTCDATE())), [DispatchToken] = %s")
     assert "[MessageId] IN (%s, %s) AND [Dispatched] = 0 AND [Quarantined] = 0" in sql
     assert sql.endswith("AND ([DispatchingUntil] IS NULL OR [DispatchingUntil] <= GETUTCDATE())")
-    update = parse(sql, [*d.ttl_params(30), "a", "b"])
+    update = parse(sql, [*d.ttl_params(30), "token", "a", "b"])
     assert isinstance(update, exp.Update)
     returned = [e.sql(dialect="tsql") for e in update.args["returning"].expressions]
     assert returned == ["inserted.[MessageId]", "inserted.[Operations]", "inserted.[CreatedAt]", "GETUTCDATE()"]
@@ -91,7 +93,7 @@ def test_phase_two_leases_records_with_row_locks_and_read_past(d):
 
 def test_tables_made_before_the_lease_get_its_column(d):
     sql, params = d.outbox_lease_column_exists(TABLE)
-    assert params == [f"[dbo].[{TABLE}]"] and "COL_LENGTH(%s, 'DispatchingUntil') IS NOT NULL" in sql
+    assert params == [f"[dbo].[{TABLE}]", "DispatchingUntil"] and "COL_LENGTH(%s, %s) IS NOT NULL" in sql
     alter = parse(d.outbox_add_lease_column(TABLE), [])
     assert isinstance(alter, exp.Alter)
     assert alter.sql(dialect="tsql") == f"ALTER TABLE [dbo].[{TABLE}] ADD [DispatchingUntil] DATETIME2 NULL"
@@ -110,3 +112,17 @@ def test_lists_page_with_offset_fetch_and_read_past_locked_rows(d):
         assert re.search(r"ORDER BY \[CreatedAt\]( ASC)? OFFSET 0 ROWS FETCH NEXT %s ROWS ONLY$", sql)
         assert "WITH (READPAST)" in sql
     assert "[LastError] IS NULL" in d.outbox_due(TABLE, include_failed=False)
+
+
+def test_the_mark_and_the_failure_are_compare_and_set_on_the_claims_token(d):
+    """Issue 18 defect 3: a dispatcher whose lease was taken over changes nothing."""
+    mark = parse(d.outbox_mark_dispatched(TABLE, 2), ["ops", "a", "b", "token"])
+    assert isinstance(mark, exp.Update)
+    assert [e.sql(dialect="tsql") for e in mark.args["returning"].expressions] == ["inserted.[MessageId]"]
+    sql = d.outbox_mark_dispatched(TABLE, 2)
+    assert sql.endswith("WHERE [MessageId] IN (%s, %s) AND [Dispatched] = 0 AND [DispatchToken] = %s")
+    assert "[DispatchingUntil] = NULL, [DispatchToken] = NULL" in sql
+    fail = d.outbox_fail(TABLE, quarantine=False)
+    assert fail.endswith("WHERE [MessageId] = %s AND [Dispatched] = 0 AND [DispatchToken] = %s")
+    assert parse(d.outbox_add_column(TABLE, "DispatchToken"), []).sql(dialect="tsql") == \
+        f"ALTER TABLE [dbo].[{TABLE}] ADD [DispatchToken] VARCHAR(36) NULL"

@@ -58,11 +58,11 @@ def test_a_crash_between_publish_and_mark_republishes_the_same_operation_after_t
     real_mark = OutboxStore.mark_dispatched
     crashes = []
 
-    def crash_once(self, ids):
+    def crash_once(self, ids, token):
         if not crashes:
             crashes.append(ids)
             raise RuntimeError("the process died before marking the record dispatched")
-        return real_mark(self, ids)
+        return real_mark(self, ids, token)
 
     monkeypatch.setattr(OutboxStore, "mark_dispatched", crash_once)
     box = Outbox()
@@ -122,16 +122,113 @@ def test_an_outbox_table_made_before_the_lease_gets_its_column_from_setup(outbox
     store = outbox.store
     d = store.dialect
 
-    def has_lease_column() -> bool:
+    def lease_columns() -> list[str]:
+        present = []
         with connections[store.using].cursor() as cursor:
-            cursor.execute(*d.outbox_lease_column_exists(store.table))
-            return cursor.fetchone() is not None
+            for column in d.LEASE_COLUMNS:
+                cursor.execute(*d.outbox_column_exists(store.table, column))
+                if cursor.fetchone() is not None:
+                    present.append(column)
+        return present
 
     with connections[store.using].cursor() as cursor:
-        cursor.execute(f"ALTER TABLE {d.table(store.table)} DROP COLUMN {d.quote('DispatchingUntil')}")
-    assert not has_lease_column()
+        for column in d.LEASE_COLUMNS:
+            cursor.execute(f"ALTER TABLE {d.table(store.table)} DROP COLUMN {d.quote(column)}")
+    assert lease_columns() == []
     assert create_outbox_table() == (store.table, False)
-    assert has_lease_column()
+    assert lease_columns() == ["DispatchingUntil", "DispatchToken"]
     with OutboxSession() as session:
         session.send(queue, "after the upgrade")
     assert Transport().counts(queue).total == 1 and outbox.store.stats().undispatched == 0
+
+
+# -- issue 18, defect 3: a lease that runs out while publishing ------------------------------
+
+def _count_by_body(queue: str) -> dict[str, int]:
+    """How many rows of each body ``queue`` holds (the outbox's local operations)."""
+    bodies: dict[str, int] = {}
+    for message in Transport().browse(queue, 1000):
+        key = message.body.decode().strip('"')
+        bodies[key] = bodies.get(key, 0) + 1
+    return bodies
+
+
+def _record_with_a_local_and_an_external_operation(box, queue: str, ref: str, kind: str) -> None:
+    with OutboxSession(message_id=ref, outbox=box) as session:
+        session.send(queue, ref)  # local: inserted with the mark, exactly once
+        session.add(kind, {"ref": ref})  # external: published before the mark
+
+
+def test_a_dispatcher_whose_lease_ran_out_while_publishing_leaves_the_record_to_its_successor(
+        outbox, queue, monkeypatch, caplog):
+    """A slow destination: the publish blocks until the lease is over and a second
+    dispatcher has taken the record, published it and marked it.  The first one's mark is
+    then a compare-and-set that finds the record no longer its own: it inserts nothing,
+    marks nothing, and says so."""
+    monkeypatch.setattr(type(outbox), "after_commit", lambda self, ids: None)  # dispatch by hand
+    box = type(outbox)()
+    box.dispatch_lease = 1.0
+    published: list[str] = []
+    second: dict = {}
+
+    def slow(op):
+        published.append(op["ref"])
+        if len(published) == 1:  # the first dispatcher: outlive the lease, let the second run
+            time.sleep(box.dispatch_lease + 0.3)
+            second.update(_dispatch_in_another_thread(op["ref"]))
+
+    register_destination("test-slow", slow)
+    _record_with_a_local_and_an_external_operation(box, queue, "slow-1", "test-slow")
+    first = box.dispatch(["slow-1"])
+    assert "error" not in second, second.get("error")
+    assert second["report"].dispatched == ["slow-1"], "the second dispatcher took the lapsed lease"
+    assert _count_by_body(queue) == {"slow-1": 1}, "the local operation happened exactly once"
+    assert published == ["slow-1", "slow-1"]  # external: at least once (same ids both times)
+    assert first.dispatched == [] and first.lost == ["slow-1"] and first.failed == {}
+    assert "lost the lease of 1 record(s) to another dispatcher" in caplog.text
+    record = box.store.record("slow-1")
+    assert record.dispatched and record.last_error is None
+
+
+def test_two_dispatchers_at_once_under_a_slow_destination_do_every_local_operation_once(
+        outbox, queue, monkeypatch, caplog):
+    """Two dispatchers race over the same records while publishing takes longer than the
+    lease: whatever the interleaving, each record's local message exists exactly once and
+    every record ends dispatched.  One that sees its lease running out stops publishing
+    (and marks what it published in time), so the two cannot keep taking the chunk from
+    each other."""
+    monkeypatch.setattr(type(outbox), "after_commit", lambda self, ids: None)
+    box = type(outbox)()
+    box.dispatch_lease = 0.5
+    refs = [f"race-{i}" for i in range(12)]
+    register_destination("test-crawl", lambda op: time.sleep(0.12))
+    for ref in refs:
+        _record_with_a_local_and_an_external_operation(box, queue, ref, "test-crawl")
+
+    reports: list = []
+    errors: list = []
+
+    def dispatcher() -> None:
+        other = type(outbox)()
+        other.dispatch_lease = box.dispatch_lease
+        try:
+            deadline = time.monotonic() + 30
+            while box.store.stats().undispatched and time.monotonic() < deadline:
+                reports.append(other.dispatch(refs))
+                time.sleep(0.05)
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=dispatcher) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors
+    assert _count_by_body(queue) == {ref: 1 for ref in refs}
+    assert box.store.stats().undispatched == 0
+    dispatched = [mid for report in reports for mid in report.dispatched]
+    assert sorted(dispatched) == sorted(refs), "each record marked by exactly one dispatcher"
+    assert "would run out while publishing; stopped" in caplog.text

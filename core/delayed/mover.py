@@ -3,7 +3,9 @@
 Take up to ``batch_size`` due messages out of the store (one ``DELETE … RETURNING``
 where the store can: ``claim_due``) → put each in its queue, all in
 one transaction when the store and the queues share a database (exactly once), and
-again at once while messages are due.  When nothing is due it sleeps until the next
+again at once while messages are due.  A store elsewhere (another database, a store of
+your own) is cleared only after the queue insert committed: a crash between the two
+commits forwards a message twice, never loses it (at least once).  When nothing is due it sleeps until the next
 due time (at most ``max_sleep``) or until a store anywhere makes an earlier message
 due: PostgreSQL ``LISTEN/NOTIFY`` across processes (polling while the listener is
 down), an in-process hub otherwise, and a short poll where the database cannot
@@ -22,6 +24,7 @@ to the error queue.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import math
@@ -86,10 +89,15 @@ class DelayedMover:
         self.number_of_retries = s.DELAYED_NUMBER_OF_RETRIES if number_of_retries is None else number_of_retries
         self.error_queue = error_queue or s.ERROR_QUEUE
         self.transport = Transport(self.using, delayed=self.store)
-        # The claim deletes as it reads: only inside the mover's transaction (a store on
-        # its own database) may it run before the queue insert that could fail.
+        # A store on the mover's database shares its transaction: forward and remove commit
+        # together (exactly once), and the claim may delete as it reads.  Any other store
+        # is cleared only after the queue insert committed (at least once): a crash
+        # between the two commits forwards the message again, never loses it.
+        self._shares_transaction = getattr(self.store, "using", None) == self.using
         self._claim_due: Callable[[int], list[DelayedMessage]] | None = getattr(self.store, "claim_due", None) \
-            if getattr(self.store, "using", None) == self.using else None
+            if self._shares_transaction else None
+        #: Forwarded messages to remove from a store that does not share the transaction.
+        self._forwarded: list[DelayedMessage] = []
         self.lease = Lease(f"delayed-mover:{self.table}", lease_seconds or s.MOVER_LEASE_SECONDS, self.using) \
             if elect else None
         self.fetch_breaker = RepeatedFailuresOverTimeCircuitBreaker(
@@ -240,22 +248,55 @@ class DelayedMover:
 
     def _move_batch(self, isolate: bool) -> int:
         claim_due = None if isolate else self._claim_due
-        with writer_turn(self.using), transaction.atomic(using=self.using):
-            if claim_due is not None:
-                # Out of the store already (its rows come back if this transaction rolls back).
-                batch = self._guard(lambda: claim_due(self.batch_size))
-                if batch:
-                    self._forward_all(batch, removed=True)
-            else:
-                batch = self._fetch_batch()
-                if isolate:
-                    for message in batch:
-                        self._forward_one(message)
-                elif batch:
-                    self._forward_all(batch, removed=False)
+        self._forwarded = []
+        queued = False
+        try:
+            with self._store_transaction():
+                with writer_turn(self.using), transaction.atomic(using=self.using):
+                    if claim_due is not None:
+                        # Out of the store already (its rows come back if this transaction rolls back).
+                        batch = self._guard(lambda: claim_due(self.batch_size))
+                        if batch:
+                            self._forward_all(batch, removed=True)
+                    else:
+                        batch = self._fetch_batch()
+                        if isolate:
+                            for message in batch:
+                                self._forward_one(message)
+                        elif batch:
+                            self._forward_all(batch, removed=False)
+                queued = True
+                if self._forwarded:
+                    # The queue insert has committed: only now may a store elsewhere forget them.
+                    self._remove_all(self._forwarded)
+        except DatabaseError as exc:
+            if not queued:
+                raise
+            # Forwarded but still stored: the store's fault, not the messages' (moving them
+            # one by one now would forward them again at once).  Forwarded again later.
+            log.warning("%d delayed message(s) were forwarded but could not be removed from %s (%s); "
+                        "they will be forwarded again", len(self._forwarded), self.table, exc)
+            raise _FetchFailed(exc) from exc
         if batch:
             log.debug("moved %d delayed message(s) from %s", len(batch), self.table)
         return len(batch)
+
+    def _store_transaction(self) -> Any:
+        """A transaction on a SQL store's own database around the mover's: its fetch
+        locks hold until the forwarded rows are removed, and a crash before that commit
+        rolls the removal back (the message is forwarded again, not lost)."""
+        using = getattr(self.store, "using", None)
+        if self._shares_transaction or using is None:
+            return contextlib.nullcontext()
+        return transaction.atomic(using=using)
+
+    def _forwarded_out_of_store(self, messages: list[DelayedMessage]) -> None:
+        """Take forwarded messages out of the store: at once where the store shares the
+        queue insert's transaction; otherwise after that transaction commits."""
+        if self._shares_transaction:
+            self._remove_all(messages)
+        else:
+            self._forwarded.extend(messages)
 
     def _fetch_batch(self) -> list[DelayedMessage]:
         fetch_due = getattr(self.store, "fetch_due", None)
@@ -288,7 +329,7 @@ class DelayedMover:
         if message.extra.get("poison"):
             raise InvalidMessage(f"stored headers cannot be read: {message.extra['poison']}")
         headers = {**message.headers, Headers.DELIVERED_AT: delivered_at}
-        return self.transport.outgoing(message.destination, message.id, headers, message.body)
+        return self.transport.outgoing(message.destination, _message_id(message), headers, message.body)
 
     def _forward_all(self, batch: list[DelayedMessage], removed: bool) -> None:
         """The fast path: the whole batch in a constant number of statements (one insert
@@ -299,7 +340,7 @@ class DelayedMover:
         try:
             self.transport.enqueue(outgoing)
             if not removed:
-                self._remove_all(batch)
+                self._forwarded_out_of_store(batch)
         except DatabaseError as exc:
             raise _DispatchFailed(exc) from exc
         self.moved += len(batch)
@@ -321,7 +362,7 @@ class DelayedMover:
             raise _DispatchFailed(exc) from exc
         try:
             self.transport.enqueue([outgoing])
-            self.store.remove(message)
+            self._forwarded_out_of_store([message])
         except DatabaseError as exc:
             raise _DispatchFailed(exc) from exc
         self.moved += 1
@@ -350,9 +391,9 @@ class DelayedMover:
             headers[Headers.RAW_HEADERS] = message.extra["raw_headers"]
         try:
             with transaction.atomic(using=self.using):
-                self.transport.enqueue([self.transport.outgoing(self.error_queue, message.id, headers,
+                self.transport.enqueue([self.transport.outgoing(self.error_queue, _message_id(message), headers,
                                                                 message.body, forever=True)])
-                self.store.remove(message)
+                self._forwarded_out_of_store([message])
         except Exception as error:  # noqa: BLE001 — kept in the store, logged, retried next time
             if isinstance(error, DatabaseError) and self._database_fault(error):
                 raise _DispatchFailed(error) from error
@@ -362,3 +403,9 @@ class DelayedMover:
         log.error("delayed message %s for %s moved to %s after %d failed forward(s): %s",
                   message.id, message.destination, self.error_queue, failures, exc)
         return True
+
+
+def _message_id(message: DelayedMessage) -> str:
+    """The id a stored message is forwarded under: its MessageId header.  A delayed retry
+    is stored under a key of its own (core.recoverability.retry_key), never its id."""
+    return message.headers.get(Headers.MESSAGE_ID) or message.id

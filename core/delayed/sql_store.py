@@ -13,7 +13,7 @@ from django.db import DatabaseError, connections, transaction
 from core.breakers import RepeatedFailuresOverTimeCircuitBreaker
 from core.conf import get_settings
 from core.db import StatementCursor
-from core.delayed.wake import NOTIFY_CHANNEL, notify_payload, wake_hub
+from core.delayed.wake import NOTIFY_CHANNEL, notify_payload, on_commit_wake, wake_hub
 from core.dialects import Dialect, dialect_for
 from core.errors import SluiceError
 from core.messages import decode_headers, encode_headers
@@ -72,7 +72,10 @@ class SqlDelayedStore:
         return cursor.fetchone() is not None
 
     # -- storing ---------------------------------------------------------------------
-    def store(self, message: DelayedMessage, delay: float | None = None) -> None:
+    def store(self, message: DelayedMessage, delay: float | None = None) -> bool:
+        """Store ``message`` under its id; False (logged, nothing changed) when that id is
+        stored already: the first is kept.  Delayed retries have keys of their own
+        (core.recoverability.retry_key), so only a re-sent message can collide."""
         d = self.dialect
         headers = encode_headers(message.headers)
         if delay is not None:
@@ -86,8 +89,9 @@ class SqlDelayedStore:
         dues = self._insert([(sql, params)])
         if not dues:
             log.info("delayed message %s is already stored; kept the first", message.id)
-            return
+            return False
         message.due = dues[0]
+        return True
 
     def store_many(self, messages: list[DelayedMessage], delay: float | None = None) -> int:
         """Store messages due after ``delay`` seconds (by the database clock), or each at
@@ -125,7 +129,7 @@ class SqlDelayedStore:
                     first = min(dues).timestamp()
                     if d.supports_notify:
                         cursor.execute(d.notify(), [NOTIFY_CHANNEL, notify_payload(self.table, first)])
-                    transaction.on_commit(lambda: wake_hub.wake(self.table, first), using=self.using)
+                    on_commit_wake(lambda: wake_hub.wake(self.table, first), self.using, f"movers of {self.table}")
         except DatabaseError as exc:
             # The pause the breaker asks for is honoured by failing fast until it ends:
             # sleeping here would hold the caller's transaction (a pump's batch) open.
@@ -231,7 +235,7 @@ class SqlDelayedStore:
             if found and d.supports_notify:
                 cursor.execute(d.notify(), [NOTIFY_CHANNEL, notify_payload(self.table, 0.0)])
             if found:
-                transaction.on_commit(lambda: wake_hub.wake(self.table, 0.0), using=self.using)
+                on_commit_wake(lambda: wake_hub.wake(self.table, 0.0), self.using, f"movers of {self.table}")
         return found
 
     def has_destination(self, queue: str) -> bool:

@@ -7,7 +7,7 @@ on PostgreSQL, ``NOTIFY`` on :data:`NOTIFY_CHANNEL` with the payload
 """
 from __future__ import annotations
 
-from core.wakeups import DELAYED_CHANNEL, WakeHub, wake_hub
+from core.wakeups import DELAYED_CHANNEL, WakeHub, on_commit_wake, wake_hub
 
 NOTIFY_CHANNEL = DELAYED_CHANNEL
 
@@ -16,4 +16,4 @@ def notify_payload(table: str, due_epoch: float) -> str:
     return f"{table}|{due_epoch:.6f}"
 
 
-__all__ = ["NOTIFY_CHANNEL", "WakeHub", "notify_payload", "wake_hub"]
+__all__ = ["NOTIFY_CHANNEL", "WakeHub", "notify_payload", "on_commit_wake", "wake_hub"]

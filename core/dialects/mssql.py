@@ -333,17 +333,23 @@ class MSSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
         )
 
     # -- outbox phase-2 lease (core-b; see Dialect.outbox_claim_lease) -------------------
-    def outbox_lease_column_exists(self, name: str) -> tuple[str, list[Any]]:
-        return ("SELECT 1 WHERE COL_LENGTH(%s, 'DispatchingUntil') IS NOT NULL", [self.table(name)])
+    OUTBOX_LEASE_COLUMN_TYPES = {"DispatchingUntil": "datetime2", "DispatchToken": "varchar(36)"}
 
-    def outbox_add_lease_column(self, name: str) -> str:
-        return f"ALTER TABLE {self.table(name)} ADD [DispatchingUntil] datetime2 NULL"
+    def outbox_column_exists(self, name: str, column: str) -> tuple[str, list[Any]]:
+        return ("SELECT 1 WHERE COL_LENGTH(%s, %s) IS NOT NULL", [self.table(name), column])
+
+    def outbox_add_column(self, name: str, column: str) -> str:
+        return f"ALTER TABLE {self.table(name)} ADD {self.quote(column)} {self.OUTBOX_LEASE_COLUMN_TYPES[column]} NULL"
+
+    def update_returning(self, name: str, assignments: str, where: str, columns: list[str]) -> str:
+        returned = ", ".join(f"inserted.{self._col(column)}" for column in columns)
+        return f"UPDATE {self.table(name)} SET {assignments} OUTPUT {returned} WHERE {where}"
 
     def outbox_claim_lease(self, name: str, count: int, include_quarantined: bool = False) -> str:
         # ROWLOCK + READPAST: take row locks only, pass over records another dispatcher is
         # claiming (the SKIP LOCKED of SQL Server); OUTPUT returns what was leased.
         return (f"UPDATE {self.table(name)} WITH (ROWLOCK, READPAST) "
-                f"SET [DispatchingUntil] = {self.expires_after_ttl_sql()} "
+                f"SET [DispatchingUntil] = {self.expires_after_ttl_sql()}, [DispatchToken] = %s "
                 f"OUTPUT inserted.[MessageId], inserted.[Operations], inserted.[CreatedAt], {self.now_sql()} "
                 f"WHERE {self._claim_where(count, include_quarantined)} AND {self._lease_free()}")
 

@@ -110,21 +110,42 @@ class OutboxSQL(abc.ABC):
             where += f" AND {self._is('Quarantined', False)}"
         return where
 
-    def outbox_mark_dispatched(self, name: str, count: int) -> str:
-        """Set ``count`` records dispatched; their operations are replaced by %s (an empty
-        list: a dispatched record is only de-duplication data).  Params: operations, ids."""
-        c = self._col
-        return (
-            f"UPDATE {self.table(name)} SET {self._is('Dispatched', True)}, {c('DispatchedAt')} = {self.now_sql()}, "
-            f"{c('Operations')} = %s, {self._is('Quarantined', False)}, {c('LastError')} = NULL "
-            f"WHERE {c('MessageId')} IN ({', '.join(['%s'] * count)})"
-        )
+    def _held_by(self) -> str:
+        """The lease condition of every phase-2 state change: still undispatched, and
+        still leased by the claim whose token is %s (a dispatcher whose lease ran out
+        and was taken over changes nothing)."""
+        return f"{self._is('Dispatched', False)} AND {self._col('DispatchToken')} = %s"
 
-    def outbox_set_error(self, name: str, quarantine: bool) -> str:
-        """Record why a dispatch failed (and quarantine the record).  Params: error, message_id."""
+    def _lease_ended(self) -> str:
+        c = self._col
+        return f"{c('DispatchingUntil')} = NULL, {c('DispatchToken')} = NULL"
+
+    def outbox_mark_dispatched(self, name: str, count: int) -> str:
+        """Set the records among ``count`` ids that the lease token still holds dispatched;
+        their operations are replaced by %s (an empty list: a dispatched record is only
+        de-duplication data).  Params: operations, ids, token.  Returns the MessageId of
+        each record marked (a compare-and-set: the others belong to another dispatcher)."""
+        c = self._col
+        assignments = (f"{self._is('Dispatched', True)}, {c('DispatchedAt')} = {self.now_sql()}, "
+                       f"{c('Operations')} = %s, {self._is('Quarantined', False)}, {c('LastError')} = NULL, "
+                       f"{self._lease_ended()}")
+        where = f"{c('MessageId')} IN ({', '.join(['%s'] * count)}) AND {self._held_by()}"
+        return self.update_returning(name, assignments, where, ["MessageId"])
+
+    def outbox_fail(self, name: str, quarantine: bool) -> str:
+        """Record why a dispatch failed (and quarantine the record) and end its lease, so
+        the next scan retries it; only while the lease token still holds the record.
+        Params: error, message_id, token.  rowcount 1 when it did."""
         c = self._col
         quarantined = f", {self._is('Quarantined', True)}" if quarantine else ""
-        return f"UPDATE {self.table(name)} SET {c('LastError')} = %s{quarantined} WHERE {c('MessageId')} = %s"
+        return (f"UPDATE {self.table(name)} SET {c('LastError')} = %s{quarantined}, {self._lease_ended()} "
+                f"WHERE {c('MessageId')} = %s AND {self._held_by()}")
+
+    def update_returning(self, name: str, assignments: str, where: str, columns: list[str]) -> str:
+        """``UPDATE name SET assignments WHERE where`` returning ``columns`` of the rows it
+        changed (RETURNING; SQL Server says OUTPUT)."""
+        returned = ", ".join(self._col(column) for column in columns)
+        return f"UPDATE {self.table(name)} SET {assignments} WHERE {where} RETURNING {returned}"
 
     def outbox_due(self, name: str, include_failed: bool = True) -> str:
         """Ids of undispatched, unquarantined records created at least %s seconds ago
@@ -185,28 +206,38 @@ class OutboxSQL(abc.ABC):
     # a transaction of its own, publishes with no transaction open, then marks them
     # dispatched.  A claim passes over records whose lease has not run out, so a record
     # is published again only when its dispatcher died (or took longer than the lease).
+    # Each claim also writes a token of its own, and the mark and the failure write only
+    # where the token is still theirs: a dispatcher that outlived its lease changes
+    # nothing its successor owns, so local operations happen once whatever the timing.
+
+    #: The lease's columns, added by setup to tables made before them: when the lease
+    #: ends, and whose it is (a token each claim draws; defect 3 of issue 18).
+    LEASE_COLUMNS = ("DispatchingUntil", "DispatchToken")
 
     @abc.abstractmethod
+    def outbox_column_exists(self, name: str, column: str) -> tuple[str, list[Any]]:
+        """SELECT returning a row when the outbox table has ``column`` (one of :data:`LEASE_COLUMNS`)."""
+
+    @abc.abstractmethod
+    def outbox_add_column(self, name: str, column: str) -> str:
+        """ALTER TABLE adding the nullable ``column`` (one of :data:`LEASE_COLUMNS`)."""
+
     def outbox_lease_column_exists(self, name: str) -> tuple[str, list[Any]]:
         """SELECT returning a row when the outbox table has its DispatchingUntil column."""
+        return self.outbox_column_exists(name, "DispatchingUntil")
 
-    @abc.abstractmethod
     def outbox_add_lease_column(self, name: str) -> str:
         """ALTER TABLE adding the nullable DispatchingUntil column (tables made before it)."""
+        return self.outbox_add_column(name, "DispatchingUntil")
 
     @abc.abstractmethod
     def outbox_claim_lease(self, name: str, count: int, include_quarantined: bool = False) -> str:
         """Lease the undispatched records among ``count`` ids whose lease is unset or over:
-        DispatchingUntil = now + the lease, skipping rows other transactions hold.  Params:
-        ``ttl_params(lease seconds)``, then the ids.  Returns (MessageId, Operations,
-        CreatedAt, the database's now) of each record leased."""
+        DispatchingUntil = now + the lease and DispatchToken = the claim's token, skipping
+        rows other transactions hold.  Params: ``ttl_params(lease seconds)``, the token,
+        then the ids.  Returns (MessageId, Operations, CreatedAt, the database's now) of
+        each record leased."""
 
     def _lease_free(self) -> str:
         c = self._col
         return f"({c('DispatchingUntil')} IS NULL OR {c('DispatchingUntil')} <= {self.now_sql()})"
-
-    def outbox_release(self, name: str, count: int) -> str:
-        """End the lease of ``count`` records (%s each): a failed dispatch may be retried at once."""
-        c = self._col
-        return (f"UPDATE {self.table(name)} SET {c('DispatchingUntil')} = NULL "
-                f"WHERE {c('MessageId')} IN ({', '.join(['%s'] * count)})")

@@ -248,18 +248,22 @@ class PostgreSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
         return ("SELECT COALESCE(pg_total_relation_size(to_regclass(%s)), 0)", [self.table(name)])
 
     # -- outbox phase-2 lease (core-b; see Dialect.outbox_claim_lease) -------------------
-    def outbox_lease_column_exists(self, name: str) -> tuple[str, list[Any]]:
-        return ("SELECT 1 FROM information_schema.columns WHERE table_name = %s "
-                "AND column_name = 'DispatchingUntil' AND table_schema = COALESCE(%s, current_schema())",
-                [name, self.schema])
+    OUTBOX_LEASE_COLUMN_TYPES = {"DispatchingUntil": "timestamptz", "DispatchToken": "varchar(36)"}
 
-    def outbox_add_lease_column(self, name: str) -> str:
-        return f'ALTER TABLE {self.table(name)} ADD COLUMN IF NOT EXISTS "DispatchingUntil" timestamptz NULL'
+    def outbox_column_exists(self, name: str, column: str) -> tuple[str, list[Any]]:
+        return ("SELECT 1 FROM information_schema.columns WHERE table_name = %s "
+                "AND column_name = %s AND table_schema = COALESCE(%s, current_schema())",
+                [name, column, self.schema])
+
+    def outbox_add_column(self, name: str, column: str) -> str:
+        return (f"ALTER TABLE {self.table(name)} ADD COLUMN IF NOT EXISTS {self.quote(column)} "
+                f"{self.OUTBOX_LEASE_COLUMN_TYPES[column]} NULL")
 
     def outbox_claim_lease(self, name: str, count: int, include_quarantined: bool = False) -> str:
         # SKIP LOCKED: a record another transaction is claiming right now is not waited for.
         t = self.table(name)
-        return (f'UPDATE {t} SET "DispatchingUntil" = {self.expires_after_ttl_sql()} WHERE "MessageId" IN '
+        return (f'UPDATE {t} SET "DispatchingUntil" = {self.expires_after_ttl_sql()}, "DispatchToken" = %s '
+                f'WHERE "MessageId" IN '
                 f'(SELECT "MessageId" FROM {t} WHERE {self._claim_where(count, include_quarantined)} '
                 f"AND {self._lease_free()} FOR UPDATE SKIP LOCKED) "
                 f'RETURNING "MessageId", "Operations", "CreatedAt", {self.now_sql()}')

@@ -162,14 +162,15 @@ class SQLiteDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
                 [name, idx["dispatched_at"], idx["undispatched"], f"sqlite_autoindex_{name}_1"])
 
     # -- outbox phase-2 lease (core-b; see Dialect.outbox_claim_lease) -------------------
-    def outbox_lease_column_exists(self, name: str) -> tuple[str, list[Any]]:
-        return ("SELECT 1 FROM pragma_table_info(%s) WHERE name = 'DispatchingUntil'", [name])
+    def outbox_column_exists(self, name: str, column: str) -> tuple[str, list[Any]]:
+        return ("SELECT 1 FROM pragma_table_info(%s) WHERE name = %s", [name, column])
 
-    def outbox_add_lease_column(self, name: str) -> str:
-        return f'ALTER TABLE {self.table(name)} ADD COLUMN "DispatchingUntil" TEXT NULL'
+    def outbox_add_column(self, name: str, column: str) -> str:
+        return f"ALTER TABLE {self.table(name)} ADD COLUMN {self.quote(column)} TEXT NULL"
 
     def outbox_claim_lease(self, name: str, count: int, include_quarantined: bool = False) -> str:
         # No row locks: the claim's transaction began with BEGIN IMMEDIATE (the only writer).
-        return (f'UPDATE {self.table(name)} SET "DispatchingUntil" = {self.expires_after_ttl_sql()} '
+        return (f'UPDATE {self.table(name)} SET "DispatchingUntil" = {self.expires_after_ttl_sql()}, '
+                '"DispatchToken" = %s '
                 f"WHERE {self._claim_where(count, include_quarantined)} AND {self._lease_free()} "
                 f'RETURNING "MessageId", "Operations", "CreatedAt", {self.now_sql()}')

@@ -10,8 +10,12 @@ For each chunk of records:
 2. **Publish** the record's *external* operations — Celery tasks, queues in other
    databases — with no transaction open on the outbox's database (no row lock, and on
    SQLite no database write lock, is held over the network).
-3. **Mark** (one transaction): insert the record's operations on this database — its
-   queues and delayed store — and mark it dispatched, together.  They happen exactly once.
+3. **Mark** (one transaction): mark it dispatched — only if this claim's lease still
+   holds it (a compare-and-set on the claim's token) — and insert the record's operations
+   on this database (its queues and delayed store), together.  They happen exactly once
+   whatever the timing: a dispatcher that outlived its lease and was taken over marks
+   nothing and inserts nothing; it says so in the log and leaves the record to the other.
+   One that sees its lease run out while publishing stops publishing.
 
 A crash (or a failed mark) between 2 and 3 leaves the record undispatched and leased;
 when the lease runs out, the next dispatcher publishes the external operations again,
@@ -28,6 +32,8 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import logging
+import time
+import uuid
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +58,8 @@ class DispatchReport:
     dispatched: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     quarantined: list[str] = field(default_factory=list)
+    #: Records left to another dispatcher: this one's lease ran out before it marked them.
+    lost: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -62,6 +70,23 @@ class _Record:
     local: list[dict[str, Any]]
     #: Everything else: published before the mark, outside any transaction here.
     external: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class _Lease:
+    """One claim: its token (every state change it makes is conditional on it) and when
+    it ends by this process's clock — started before the claim, so never later than the
+    database's end of it."""
+
+    token: str
+    ends: float
+
+
+class _OperationFailed(Exception):
+    """A record's own operation failed while it was marked (not the outbox table)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
 
 
 class Phase2:
@@ -75,25 +100,26 @@ class Phase2:
     def run(self, message_ids: list[str], include_quarantined: bool, report: DispatchReport) -> None:
         for start in range(0, len(message_ids), DISPATCH_CHUNK):
             chunk = message_ids[start:start + DISPATCH_CHUNK]
+            lease = _Lease(uuid.uuid4().hex, time.monotonic() + self.lease_seconds)
             with transaction.atomic(using=self.using):
-                records = self._claim(chunk, include_quarantined, report)
+                records = self._claim(chunk, lease, include_quarantined, report)
                 if not any(record.external for record in records):
                     # Nothing leaves the database: claim, insert and mark in one transaction.
-                    self._mark(records, report)
+                    self._mark(records, lease, report)
                     continue
             # The lease is committed: publish with no transaction open here, then mark.
-            ready = [record for record in records if self._publish(record, report)]
-            self._mark(ready, report)
+            self._mark(self._publish_all(records, lease, report), lease, report)
 
     # -- 1. claim --
-    def _claim(self, ids: list[str], include_quarantined: bool, report: DispatchReport) -> list[_Record]:
-        claimed = self.store.claim(ids, self.lease_seconds, include_quarantined)
+    def _claim(self, ids: list[str], lease: _Lease, include_quarantined: bool,
+               report: DispatchReport) -> list[_Record]:
+        claimed = self.store.claim(ids, self.lease_seconds, lease.token, include_quarantined)
         records = []
         for row in claimed:
             try:
                 operations = decode_operations(row.operations)
             except UnreadableOperations as exc:
-                self._fail(row.message_id, f"quarantined: {exc}", report, quarantine=True)
+                self._fail(row.message_id, f"quarantined: {exc}", lease, report, quarantine=True)
                 log.error("outbox record %s quarantined: %s", row.message_id, exc)
                 continue
             local = [op for op in operations if self._is_local(op)]
@@ -105,7 +131,35 @@ class Phase2:
         return op["kind"] == QUEUE and op.get("using") in (None, self.using)
 
     # -- 2. publish --
-    def _publish(self, record: _Record, report: DispatchReport) -> bool:
+    def _publish_all(self, records: list[_Record], lease: _Lease, report: DispatchReport) -> list[_Record]:
+        """Publish record by record while the lease lasts; the records ready to mark.
+
+        A record is started only if it, as slow as the slowest so far, and the mark would
+        still fit in the lease: past it another dispatcher may take the chunk, and two
+        that keep outliving their leases would take it from each other forever.  The rest
+        is left to the next dispatcher (or scan)."""
+        ready: list[_Record] = []
+        slowest = 0.0
+        for index, record in enumerate(records):
+            started = time.monotonic()
+            if ready and started + slowest + self._mark_margin >= lease.ends:
+                left = [r.message_id for r in records[index:]]
+                report.lost.extend(left)
+                log.warning("outbox: the %g s dispatch lease would run out while publishing; stopped, "
+                            "leaving %d record(s) to the next dispatcher: %s", self.lease_seconds, len(left),
+                            ", ".join(left))
+                break
+            if self._publish(record, lease, report):
+                ready.append(record)
+            slowest = max(slowest, time.monotonic() - started)
+        return ready
+
+    @property
+    def _mark_margin(self) -> float:
+        """Time kept back for the mark at the end of a lease."""
+        return min(1.0, self.lease_seconds / 10)
+
+    def _publish(self, record: _Record, lease: _Lease, report: DispatchReport) -> bool:
         """Publish a record's external operations; False (error recorded, lease ended) on failure."""
         if not record.external:
             return True
@@ -122,41 +176,57 @@ class Phase2:
                     else:
                         destination(op["kind"]).dispatch(op)
         except Exception as exc:
-            self._fail(record.message_id, f"{type(exc).__name__}: {exc}", report)
+            self._fail(record.message_id, f"{type(exc).__name__}: {exc}", lease, report)
             return False
         return True
 
     # -- 3. mark --
-    def _mark(self, records: list[_Record], report: DispatchReport) -> None:
+    def _mark(self, records: list[_Record], lease: _Lease, report: DispatchReport) -> None:
         if not records:
             return
         with transaction.atomic(using=self.using):
-            done = self._insert_local(records, report)
-            if done:
-                self.store.mark_dispatched(done)
+            marked = self._mark_with_operations(records, lease, report)
+        done = [record.message_id for record in records if record.message_id in marked]
         report.dispatched.extend(done)
+        lost = [record.message_id for record in records
+                if record.message_id not in marked and record.message_id not in report.failed]
+        if lost:
+            report.lost.extend(lost)
+            log.warning("outbox: lost the lease of %d record(s) to another dispatcher (this one's ran out "
+                        "before it marked them): %s; their local operations are left to it (operations "
+                        "already published elsewhere go out again with the same ids)", len(lost), ", ".join(lost))
 
-    def _insert_local(self, records: list[_Record], report: DispatchReport) -> list[str]:
-        """Insert the records' own-database operations: in one savepoint for all; only if
-        that fails, one savepoint each, so one bad record does not hold the others back.
-        Nothing here has left the database, so trying again is free of side effects."""
+    def _mark_with_operations(self, records: list[_Record], lease: _Lease, report: DispatchReport) -> set[str]:
+        """Mark the records and insert their own-database operations: in one savepoint for
+        all; only if an operation fails, one savepoint each, so one bad record does not
+        hold the others back.  Nothing here has left the database, so trying again is
+        free of side effects.  A failure of the mark itself propagates (the lease stays)."""
         if len(records) > 1:
             try:
                 with transaction.atomic(using=self.using):
-                    for record in records:
-                        self._insert_record(record)
-                return [record.message_id for record in records]
-            except Exception:
+                    return self._take(records, lease)
+            except _OperationFailed:
                 log.info("outbox: a record of %d failed to dispatch; dispatching one by one", len(records))
-        done = []
+        marked: set[str] = set()
         for record in records:
             try:
                 with transaction.atomic(using=self.using):
+                    marked |= self._take([record], lease)
+            except _OperationFailed as exc:
+                self._fail(record.message_id, str(exc), lease, report)
+        return marked
+
+    def _take(self, records: list[_Record], lease: _Lease) -> set[str]:
+        """Mark first: the compare-and-set row-locks the records still ours, so their
+        operations are inserted only for them, in the mark's transaction."""
+        marked = self.store.mark_dispatched([record.message_id for record in records], lease.token)
+        for record in records:
+            if record.message_id in marked:
+                try:
                     self._insert_record(record)
-                done.append(record.message_id)
-            except Exception as exc:
-                self._fail(record.message_id, f"{type(exc).__name__}: {exc}", report)
-        return done
+                except Exception as exc:
+                    raise _OperationFailed(exc) from exc
+        return marked
 
     def _insert_record(self, record: _Record) -> None:
         immediate = [op for op in record.local if not is_delayed(op)]
@@ -183,11 +253,14 @@ class Phase2:
             transport.enqueue([message])
 
     # -- failures --
-    def _fail(self, message_id: str, error: str, report: DispatchReport, quarantine: bool = False) -> None:
-        """Keep the record undispatched with its LastError, and end its lease."""
-        with transaction.atomic(using=self.using):
-            self.store.set_error(message_id, error, quarantine=quarantine)
-            self.store.release([message_id])
+    def _fail(self, message_id: str, error: str, lease: _Lease, report: DispatchReport,
+              quarantine: bool = False) -> None:
+        """Keep the record undispatched with its LastError, and end its lease — unless
+        the lease is no longer ours: then the record is another dispatcher's to judge."""
+        if not self.store.fail(message_id, error, lease.token, quarantine=quarantine):
+            log.warning("outbox record %s failed to dispatch (%s) after another dispatcher took over "
+                        "its lease; left to that dispatcher", message_id, error)
+            return
         if quarantine:
             report.quarantined.append(message_id)
         else:

@@ -42,8 +42,8 @@ def outbox_table(settings=None) -> str:
 
 
 def create_outbox_table(using: str | None = None, table: str | None = None) -> tuple[str, bool]:
-    """Create the outbox table and its indexes, and add the DispatchingUntil column to a
-    table made before it; idempotent and safe when several processes do it at once (the
+    """Create the outbox table and its indexes, and add the lease columns (DispatchingUntil,
+    DispatchToken) to a table made before them; idempotent and safe when several processes do it at once (the
     dialect's DDL lock).  Returns (table, created)."""
     store = OutboxStore(using, table)
     created = not store.exists()
@@ -54,11 +54,12 @@ def create_outbox_table(using: str | None = None, table: str | None = None) -> t
             cursor.execute(*lock)
         for sql, params in d.create_outbox_table(store.table):
             cursor.execute(sql, params)
-        cursor.execute(*d.outbox_lease_column_exists(store.table))
-        if cursor.fetchone() is None:
-            cursor.execute(d.outbox_add_lease_column(store.table), [])
-            if not created:
-                log.info("outbox table %s: added DispatchingUntil (the phase-2 lease)", store.table)
+        for column in d.LEASE_COLUMNS:
+            cursor.execute(*d.outbox_column_exists(store.table, column))
+            if cursor.fetchone() is None:
+                cursor.execute(d.outbox_add_column(store.table, column), [])
+                if not created:
+                    log.info("outbox table %s: added %s (the phase-2 lease)", store.table, column)
     if created:
         log.info("created outbox table %s", store.table)
     return store.table, created
@@ -152,14 +153,15 @@ class OutboxStore:
             cursor.execute(self.dialect.outbox_store_operations(self.table, dispatched), [operations, message_id])
 
     # -- phase 2 --
-    def claim(self, message_ids: list[str], lease_seconds: float, include_quarantined: bool = False) -> list[Claimed]:
+    def claim(self, message_ids: list[str], lease_seconds: float, token: str,
+              include_quarantined: bool = False) -> list[Claimed]:
         """Lease the undispatched records among ``message_ids`` for ``lease_seconds`` (the
-        database's clock), passing over records another dispatcher holds or has leased.
-        Commit the lease before publishing anything."""
+        database's clock) under ``token``, passing over records another dispatcher holds
+        or has leased.  Commit the lease before publishing anything."""
         d = self.dialect
         with self._cursor() as cursor:
             cursor.execute(d.outbox_claim_lease(self.table, len(message_ids), include_quarantined),
-                           [*d.ttl_params(lease_seconds), *message_ids])
+                           [*d.ttl_params(lease_seconds), token, *message_ids])
             rows = cursor.fetchall()
         order = {mid: i for i, mid in enumerate(message_ids)}
         claimed = [Claimed(str(mid), ops if isinstance(ops, str) else bytes(ops).decode("utf-8", "replace"),
@@ -167,20 +169,20 @@ class OutboxStore:
                    for mid, ops, created, now in rows]
         return sorted(claimed, key=lambda r: order.get(r.message_id, 0))
 
-    def release(self, message_ids: list[str]) -> None:
-        """End the lease of records that could not be dispatched (retried at the next scan)."""
-        if message_ids:
-            with self._cursor() as cursor:
-                cursor.execute(self.dialect.outbox_release(self.table, len(message_ids)), list(message_ids))
-
-    def mark_dispatched(self, message_ids: list[str]) -> None:
+    def mark_dispatched(self, message_ids: list[str], token: str) -> set[str]:
+        """Mark the records ``token`` still leases dispatched (compare-and-set); the ids
+        marked.  A record missing from the answer was taken over by another dispatcher."""
         with self._cursor() as cursor:
             cursor.execute(self.dialect.outbox_mark_dispatched(self.table, len(message_ids)),
-                           [EMPTY_OPERATIONS, *message_ids])
+                           [EMPTY_OPERATIONS, *message_ids, token])
+            return {str(row[0]) for row in cursor.fetchall()}
 
-    def set_error(self, message_id: str, error: str, quarantine: bool = False) -> None:
+    def fail(self, message_id: str, error: str, token: str, quarantine: bool = False) -> bool:
+        """Keep a record undispatched with its LastError (quarantined if asked) and end
+        its lease; False when ``token`` no longer leases it (nothing was changed)."""
         with self._cursor() as cursor:
-            cursor.execute(self.dialect.outbox_set_error(self.table, quarantine), [error[:4000], message_id])
+            cursor.execute(self.dialect.outbox_fail(self.table, quarantine), [error[:4000], message_id, token])
+            return cursor.rowcount == 1
 
     def due(self, grace_seconds: float, limit: int, include_failed: bool = True) -> list[str]:
         """Ids of undispatched, unquarantined records older than ``grace_seconds``, oldest first."""
