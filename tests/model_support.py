@@ -230,6 +230,9 @@ class Proc:
     def call(self, fn: Callable[[], Any], timeout: float = 120) -> Any:
         return self._pool.submit(fn).result(timeout)
 
+    def submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        return self._pool.submit(fn)
+
     def start(self, queue: str, handlers: Handlers, batch_size: int) -> None:
         def make() -> None:
             self.pump = MessagePump(queue, receive_batch_size=batch_size, concurrency=1, peek_delay=0.1,
@@ -238,16 +241,20 @@ class Proc:
             self.mover = DelayedMover(elect=False, max_sleep=1.0)
         self.call(make)
 
-    def step(self, loop_name: str) -> float:
-        """One step of the pump or the mover, as core.loops.ThreadRunner runs one (an
-        exception a step lets out is a finding: the runner would only log it)."""
+    def step(self, loop_name: str, times: int = 1) -> concurrent.futures.Future:
+        """``times`` steps of the pump or the mover, as core.loops.ThreadRunner runs them
+        (an exception a step lets out is a finding: the runner would only log it); the
+        last step's wait."""
         def run() -> float:
             loop = self.pump if loop_name == "pump" else self.mover
-            try:
-                return loop.step()
-            finally:
-                drop_broken_connections()
-        return self.call(run)
+            wait = 0.0
+            for _ in range(times):
+                try:
+                    wait = loop.step()
+                finally:
+                    drop_broken_connections()
+            return wait
+        return self.submit(run)
 
     def backend_pid(self) -> int | None:
         """The PostgreSQL backend of this process's connection (None: not connected)."""
