@@ -15,7 +15,8 @@ from core.conf import get_settings
 from core.messages import Headers
 from core.scheduling import delayed_store
 from core.transport import Transport
-from tests.model_support import BATCH_CHILDREN, CHILDREN, LEDGER, LIMIT, Model, fails_for_good
+from tests.model_support import (BATCH_CHILDREN, CHILDREN, LEDGER, LIMIT, POISON_HEADERS, Model, fails_for_good,
+                                 queued_bodies)
 
 BROWSE_LIMIT = 100_000
 #: The failure headers a message in the error queue must carry.
@@ -40,8 +41,8 @@ def snapshot(queue: str, out: str) -> Snapshot:
         for key, attempt in cursor.fetchall():
             snap.ledger[key].append(attempt)
     transport = Transport()
-    for message in transport.browse(queue, limit=BROWSE_LIMIT):
-        snap.queued[message.json()["k"]] += 1
+    for body in queued_bodies(queue):
+        snap.queued[body["k"]] += 1
     for message in transport.browse(out, limit=BROWSE_LIMIT):
         body = message.json()
         snap.children[body["parent"]][body["c"]] += 1
@@ -107,6 +108,10 @@ def _error_queue(what: str, key: str, sent, model: Model, snap: Snapshot) -> lis
         missing = [h for h in FAILURE_HEADERS if not headers.get(h)]
         if missing:
             found.append(f"{what}: in the error queue without {', '.join(missing)}")
+        if sent.plan in POISON_HEADERS:
+            if headers.get(Headers.RAW_HEADERS) != POISON_HEADERS[sent.plan]:
+                found.append(f"{what}: poison in the error queue without its raw headers in {Headers.RAW_HEADERS}")
+            continue
         total = headers.get(Headers.TOTAL_FAILED_ATTEMPTS)
         if total != str(LIMIT):
             found.append(f"{what}: in the error queue with Sluice.TotalFailedAttempts {total}, not {LIMIT}")
@@ -121,6 +126,8 @@ def _runs(model: Model) -> list[str]:
     found = []
     for run in model.runs:
         sent = model.sent.get(run.key)
+        if sent is not None and sent.plan in POISON_HEADERS:
+            found.append(f"{run.key}: a poison row ({sent.plan}) reached a handler")
         if run.expires is not None and run.step_started is not None and run.step_started > run.expires:
             found.append(f"{run.key}: its handler ran although it expired at {run.expires:%H:%M:%S.%f} "
                          f"before the step began ({run.step_started:%H:%M:%S.%f})")

@@ -31,8 +31,8 @@ from core.conf import get_settings
 from core.scheduling import delayed_store
 from core.transport import Transport
 from tests.model_checks import final_violations, snapshot, violations
-from tests.model_support import (BATCH_PLANS, EXCLUDED, LEDGER, WORK_PLANS, Handlers, Model, Proc, Sent, db_now,
-                                 kill_backend)
+from tests.model_support import (BATCH_PLANS, EXCLUDED, LEDGER, POISON_HEADERS, WORK_PLANS, Handlers, Model, Proc,
+                                 Sent, db_now, insert_foreign_row, kill_backend)
 
 #: Hypothesis profile for the machine: SLUICE_HYPOTHESIS_PROFILE (default: bounded).
 PROFILE_ENV = "SLUICE_HYPOTHESIS_PROFILE"
@@ -53,6 +53,7 @@ DRAIN_ROUNDS = 60
 DRAIN_PUMP_STEPS = 50
 STUCK_ROUNDS = 5
 
+POISON_PLANS = [plan for plan in POISON_HEADERS if plan not in EXCLUDED]
 TTLS = st.sampled_from([None, None, None, 1.0, 30.0])
 IDS = st.sampled_from([None] if "fixed_ids" in EXCLUDED else [None, None, "fixed-1"])
 
@@ -163,6 +164,12 @@ class SluiceMachine(RuleBasedStateMachine):
             self.transport.send(self.world.queue, bodies[0], message_type=kind, delay=delay)
         else:
             self.transport.send_many(self.world.queue, bodies, message_type=kind, delay=delay)
+
+    @precondition(lambda self: POISON_PLANS)
+    @rule(plan=st.sampled_from(POISON_PLANS or ["-"]))
+    def send_foreign_row(self, plan: str) -> None:
+        """A row another system wrote, with headers Sluice cannot read."""
+        insert_foreign_row(self.world.queue, self._sent(plan, False, None)["k"], plan)
 
     @rule(plans=st.lists(st.sampled_from(BATCH_PLANS), min_size=1, max_size=3))
     def send_rolled_back(self, plans: list[str]) -> None:

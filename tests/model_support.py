@@ -24,14 +24,17 @@ from __future__ import annotations
 
 import concurrent.futures
 import datetime as dt
+import json
 import os
 import threading
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from django.db import connections, transaction
 
+from core.db import StatementCursor
 from core.delayed import DelayedMover
 from core.handlers import HandlerRegistry
 from core.loops import drop_broken_connections
@@ -51,6 +54,9 @@ EXCLUDED = {name for name in os.environ.get("SLUICE_MODEL_EXCLUDE", "").split(",
 WORK_PLANS = ("ok", "sends", "raise", "flaky1", "flaky3", f"flaky{LIMIT}", "inner_commit", "inner_rollback",
               "refused_long", "refused_nul", "delayed_child")
 BATCH_PLANS = ("ok", "sends", "raise", "flaky1", "flaky3", f"flaky{LIMIT}")
+#: Rows another system wrote, whose Headers are no JSON object of strings (producer rule
+#: ``send_foreign_row``): poison, to the error queue at once, never to a handler.
+POISON_HEADERS = {"poison_text": "not json at all", "poison_nested": "[" * 100_000 + "]" * 100_000}
 WORK_PLANS = tuple(plan for plan in WORK_PLANS if plan not in EXCLUDED)
 BATCH_PLANS = tuple(plan for plan in BATCH_PLANS if plan not in EXCLUDED)
 #: The children a handled message's business work sends (by child name), per plan.
@@ -74,7 +80,7 @@ def flaky_runs(plan: str) -> int:
 
 
 def fails_for_good(plan: str) -> bool:
-    return flaky_runs(plan) >= LIMIT
+    return flaky_runs(plan) >= LIMIT or plan in POISON_HEADERS
 
 
 # -- the database side ------------------------------------------------------------------
@@ -84,6 +90,22 @@ def db_now(alias: str = "default") -> dt.datetime:
     with connections[alias].cursor() as cursor:
         cursor.execute(f"SELECT {d.now_sql()}", [])
         return d.to_datetime(cursor.fetchone()[0])
+
+
+def insert_foreign_row(queue: str, key: str, plan: str) -> None:
+    """A row as another system might write it: body ``{"k", "b"}``, Headers per ``plan``."""
+    d = dialect("default")
+    row = [str(uuid.uuid4()), None, None, None, POISON_HEADERS[plan], json.dumps({"k": key, "b": plan}).encode()]
+    with StatementCursor("default") as cursor:
+        cursor.execute(d.insert_with_expires(queue), row)
+
+
+def queued_bodies(queue: str) -> list[dict]:
+    """The bodies of a queue's rows, read raw (a row whose headers cannot be read is counted too)."""
+    d = dialect("default")
+    with connections["default"].cursor() as cursor:
+        cursor.execute(f"SELECT {d.quote('Body')} FROM {d.table(queue)}")
+        return [json.loads(bytes(row[0])) for row in cursor.fetchall()]
 
 
 def create_ledger(alias: str = "default") -> None:
