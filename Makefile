@@ -45,7 +45,7 @@ export SPARK_LOCAL_IP := 127.0.0.1
 export PYSPARK_PYTHON := $(CURDIR)/$(PY)
 export DJANGO_ALLOW_ASYNC_UNSAFE := true
 
-.PHONY: help venv run test test-sqlite test-postgresql bench lint clean \
+.PHONY: help venv run test test-sqlite test-postgresql bench soak lint clean \
         services-all services-postgres services-test-sqlite
 
 help:
@@ -96,6 +96,13 @@ bench: venv services-postgres
 	echo "== benchmark: postgresql"; \
 	SLUICE_BENCH_POSTGRES_URL='$(PG_URL)' $(PY) -m benchmarks transport --db postgresql $(BENCH_ARGS) || failed="$$failed postgresql"; \
 	if [ -n "$$failed" ]; then echo "== FAILED:$$failed"; exit 1; fi
+
+# The model-based test's long profile (benchmarks/soak.py) for SOAK_SECONDS on each of
+# SOAK_DBS; one JSON line each.
+SOAK_SECONDS ?= 600
+SOAK_DBS     ?= postgresql
+soak: venv services-postgres
+	@for db in $(SOAK_DBS); do SLUICE_BENCH_POSTGRES_URL='$(PG_URL)' $(PY) -m benchmarks soak --db $$db --seconds $(SOAK_SECONDS) || exit 1; done
 
 lint: venv
 	$(VENV)/bin/lint-imports

@@ -22,4 +22,5 @@ BENCHMARKS: dict[str, str] = {
     "pipeline": "benchmarks.pipeline",
     "export": "benchmarks.export",
     "long_drain": "benchmarks.long_drain",
+    "soak": "benchmarks.soak",
 }

@@ -1,0 +1,161 @@
+"""The invariants of the model-based test (tests/model_machine.py), checked between
+steps against what the database holds.  Each check returns readable violations, one
+line each, naming the message key and its plan; none is a pass.
+
+Between steps no transaction is open, so one read of each table is a consistent picture.
+"""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from django.db import connections
+
+from core.conf import get_settings
+from core.messages import Headers
+from core.scheduling import delayed_store
+from core.transport import Transport
+from tests.model_support import (BATCH_CHILDREN, CHILDREN, LEDGER, LIMIT, POISON_HEADERS, Model, fails_for_good,
+                                 queued_bodies)
+
+BROWSE_LIMIT = 100_000
+#: The failure headers a message in the error queue must carry.
+FAILURE_HEADERS = (Headers.EXCEPTION_TYPE, Headers.EXCEPTION_MESSAGE, Headers.FAILED_Q, Headers.TIME_OF_FAILURE)
+
+
+@dataclass
+class Snapshot:
+    """Where each message (by key) and each child send is, right now."""
+
+    ledger: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))  # key → attempts seen
+    queued: Counter = field(default_factory=Counter)          # key → rows in its queue
+    stored: Counter = field(default_factory=Counter)          # key → rows in the delayed store (retries)
+    errors: dict[str, list[dict]] = field(default_factory=lambda: defaultdict(list))  # key → error-queue headers
+    children: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))  # key → child → copies
+
+
+def snapshot(queue: str, out: str) -> Snapshot:
+    snap = Snapshot()
+    with connections["default"].cursor() as cursor:
+        cursor.execute(f"SELECT k, attempt FROM {LEDGER}")
+        for key, attempt in cursor.fetchall():
+            snap.ledger[key].append(attempt)
+    transport = Transport()
+    for body in queued_bodies(queue):
+        snap.queued[body["k"]] += 1
+    for message in transport.browse(out, limit=BROWSE_LIMIT):
+        body = message.json()
+        snap.children[body["parent"]][body["c"]] += 1
+    for message in transport.browse(get_settings().ERROR_QUEUE, limit=BROWSE_LIMIT):
+        if message.headers.get(Headers.FAILED_Q) == queue:
+            snap.errors[message.json()["k"]].append(message.headers)
+    stored, _ = delayed_store().list(BROWSE_LIMIT)
+    for message in stored:
+        body = _json(message.body)
+        if message.destination == queue:
+            snap.stored[body["k"]] += 1
+        elif message.destination == out:
+            snap.children[body["parent"]][body["c"]] += 1
+    return snap
+
+
+def _json(body: bytes) -> dict:
+    import json
+
+    return json.loads(body)
+
+
+def expected_children(plan: str, batch: bool) -> Counter:
+    return Counter((BATCH_CHILDREN if batch else CHILDREN).get(plan, ()))
+
+
+def violations(model: Model, snap: Snapshot) -> list[str]:
+    """What must hold after every step."""
+    found: list[str] = []
+    for key, sent in model.sent.items():
+        what = f"{key} ({sent.plan}{', batch' if sent.batch else ''}{f', ttl {sent.ttl:g}' if sent.ttl else ''})"
+        handled = snap.ledger.get(key, [])
+        if sent.rolled_back:
+            if handled or snap.queued[key] or snap.stored[key] or snap.errors.get(key):
+                found.append(f"{what}: sent in a rolled-back transaction, yet it exists")
+            continue
+        if len(handled) > 1:
+            found.append(f"{what}: business row {len(handled)} times (handled more than once)")
+        if handled and handled[0] != model.raises[key]:
+            found.append(f"{what}: handled at Sluice.TotalFailedAttempts {handled[0]} after "
+                         f"{model.raises[key]} failed handler run(s)")
+        if handled and fails_for_good(sent.plan):
+            found.append(f"{what}: its handler can never succeed, yet its business work committed")
+        copies = snap.queued[key] + snap.stored[key] + len(snap.errors.get(key, [])) + len(handled)
+        if copies > 1:
+            found.append(f"{what}: {copies} copies (queue {snap.queued[key]}, delayed store {snap.stored[key]}, "
+                         f"error queue {len(snap.errors.get(key, []))}, handled {len(handled)})")
+        want = expected_children(sent.plan, sent.batch) if handled else Counter()
+        if snap.children.get(key, Counter()) != want:
+            found.append(f"{what}: sends {dict(snap.children.get(key, {}))}, expected {dict(want)} "
+                         f"({'its business work committed' if handled else 'its business work did not commit'})")
+        found += _error_queue(what, key, sent, model, snap)
+    found += _runs(model)
+    return found
+
+
+def _error_queue(what: str, key: str, sent, model: Model, snap: Snapshot) -> list[str]:
+    found = []
+    for headers in snap.errors.get(key, []):
+        if not fails_for_good(sent.plan):
+            found.append(f"{what}: in the error queue, but its handler succeeds after "
+                         f"{model.raises[key]} failure(s) (limit {LIMIT})")
+        missing = [h for h in FAILURE_HEADERS if not headers.get(h)]
+        if missing:
+            found.append(f"{what}: in the error queue without {', '.join(missing)}")
+        if sent.plan in POISON_HEADERS:
+            if headers.get(Headers.RAW_HEADERS) != POISON_HEADERS[sent.plan]:
+                found.append(f"{what}: poison in the error queue without its raw headers in {Headers.RAW_HEADERS}")
+            continue
+        total = headers.get(Headers.TOTAL_FAILED_ATTEMPTS)
+        if total != str(LIMIT):
+            found.append(f"{what}: in the error queue with Sluice.TotalFailedAttempts {total}, not {LIMIT}")
+        counted_by_handler = not sent.plan.startswith("refused")  # a refused flush fails outside the handler
+        if counted_by_handler and model.raises[key] != LIMIT:
+            found.append(f"{what}: in the error queue after {model.raises[key]} failed handler run(s), not {LIMIT}")
+    return found
+
+
+def _runs(model: Model) -> list[str]:
+    """Expired messages never run; delayed messages never run early (database clock)."""
+    found = []
+    for run in model.runs:
+        sent = model.sent.get(run.key)
+        if sent is not None and sent.plan in POISON_HEADERS:
+            found.append(f"{run.key}: a poison row ({sent.plan}) reached a handler")
+        if run.expires is not None and run.step_started is not None and run.step_started > run.expires:
+            found.append(f"{run.key}: its handler ran although it expired at {run.expires:%H:%M:%S.%f} "
+                         f"before the step began ({run.step_started:%H:%M:%S.%f})")
+        if sent is not None and sent.earliest is not None and run.at < sent.earliest:
+            found.append(f"{run.key}: delayed until at least {sent.earliest:%H:%M:%S.%f}, its handler ran at "
+                         f"{run.at:%H:%M:%S.%f}")
+    return found
+
+
+def final_violations(model: Model, snap: Snapshot) -> list[str]:
+    """What must hold once everything drained: each message handled exactly once or in
+    the error queue exactly once as its plan says (or, with a TTL, possibly expired)."""
+    found = []
+    for key, sent in model.sent.items():
+        if sent.rolled_back:
+            continue
+        what = f"{key} ({sent.plan}{', batch' if sent.batch else ''}{f', ttl {sent.ttl:g}' if sent.ttl else ''})"
+        handled, errored = len(snap.ledger.get(key, [])), len(snap.errors.get(key, []))
+        if snap.queued[key] or snap.stored[key]:
+            found.append(f"{what}: still waiting after the drain (queue {snap.queued[key]}, "
+                         f"delayed store {snap.stored[key]}): stuck")
+            continue
+        if sent.ttl and handled + errored == 0:
+            continue  # expired: dropped, as its TTL allows
+        if fails_for_good(sent.plan) and errored != 1:
+            found.append(f"{what}: its retries ran out, but it is in the error queue {errored} time(s)"
+                         + (" and was lost" if errored + handled == 0 else ""))
+        if not fails_for_good(sent.plan) and handled != 1:
+            found.append(f"{what}: handled {handled} time(s) after the drain, not once"
+                         + (" (lost)" if errored + handled == 0 else ""))
+    return found

@@ -1,0 +1,256 @@
+"""The model-based test's state machine (Hypothesis ``RuleBasedStateMachine``), shared by
+tests/test_model_based.py (a bounded profile) and ``python -m benchmarks soak`` (the
+long one).
+
+Rules send messages (one, many, delayed, with and without explicit ids and TTLs, in a
+transaction that commits or rolls back), run pump steps on two "processes" (threads
+with connections of their own, pumps of different batch sizes), run delayed-mover
+steps, push a pump onto its chunked path, let time pass, and — on PostgreSQL — kill a
+process's connection with ``pg_terminate_backend`` between steps.  After every step
+the invariants of tests/model_checks.py must hold; at the end of each example the
+queue must drain within a bounded number of steps (no connection kills then) and every
+message be where its plan says.  A failing example prints as the rule calls that
+reproduce it.
+
+The machine needs a :class:`World` (queues, processes) set on the class by its runner.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import ClassVar
+
+from django.db import connections, transaction
+from hypothesis import HealthCheck, settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from core.conf import get_settings
+from core.scheduling import delayed_store
+from core.transport import Transport
+from tests.model_checks import final_violations, snapshot, violations
+from tests.model_support import (BATCH_PLANS, EXCLUDED, LEDGER, POISON_HEADERS, WORK_PLANS, Handlers, Model, Proc,
+                                 Sent, db_now, insert_foreign_row, kill_backend)
+
+#: Hypothesis profile for the machine: SLUICE_HYPOTHESIS_PROFILE (default: bounded).
+PROFILE_ENV = "SLUICE_HYPOTHESIS_PROFILE"
+BOUNDED, SOAK = "sluice-bounded", "sluice-soak"
+_common = dict(deadline=None, database=None, suppress_health_check=list(HealthCheck), print_blob=False,
+               report_multiple_bugs=False)
+# make test: about a minute per database on two busy cores.
+settings.register_profile(BOUNDED, max_examples=int(os.environ.get("SLUICE_MODEL_EXAMPLES", "10")),
+                          stateful_step_count=25, **_common)
+# make soak: examples until the time is up (benchmarks/soak.py stops the run).
+settings.register_profile(SOAK, max_examples=100_000, stateful_step_count=60, **_common)
+
+#: Drain at the end of an example: rounds of (mover step, pump steps until short), then a
+#: short sleep.  Enough for every plan to finish its retries (a delayed retry waits 0.2 s)
+#: many times over; the queue is stuck once STUCK_ROUNDS rounds in a row changed nothing
+#: while nothing waited in the delayed store.
+DRAIN_ROUNDS = 60
+DRAIN_PUMP_STEPS = 50
+STUCK_ROUNDS = 5
+
+POISON_PLANS = [plan for plan in POISON_HEADERS if plan not in EXCLUDED]
+TTLS = st.sampled_from([None, None, None, 1.0, 30.0])
+IDS = st.sampled_from([None] if "fixed_ids" in EXCLUDED else [None, None, "fixed-1"])
+
+
+def profile() -> settings:
+    return settings.get_profile(os.environ.get(PROFILE_ENV, BOUNDED))
+
+
+@dataclass
+class World:
+    """What the examples share: the queue the pumps serve, the queue their handlers send
+    to, two processes, and whether connections can be killed (PostgreSQL)."""
+
+    queue: str
+    out: str
+    procs: dict[str, Proc]
+    can_kill: bool
+
+
+class SluiceMachine(RuleBasedStateMachine):
+    world: ClassVar[World]
+    #: Totals over every example (benchmarks/soak.py reports them).
+    totals: ClassVar[Counter] = Counter()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = Model()
+        self.transport = Transport()
+        self.violated = False
+        SluiceMachine.totals["examples"] += 1
+
+    # -- set-up and tear-down -----------------------------------------------------------
+    @initialize(batch_a=st.sampled_from([1, 3, 8, 100]), batch_b=st.sampled_from([2, 100]))
+    def start(self, batch_a: int, batch_b: int) -> None:
+        self._clear()
+        handlers = Handlers(self.world.queue, self.world.out, self.model)
+        self.world.procs["A"].start(self.world.queue, handlers, batch_a)
+        self.world.procs["B"].start(self.world.queue, handlers, batch_b)
+
+    def _clear(self) -> None:
+        w = self.world
+        for name in (w.queue, w.out, get_settings().ERROR_QUEUE):
+            self.transport.purge(name)
+        store = delayed_store()
+        for message in store.list(100_000)[0]:
+            store.delete(message.id)
+        with connections["default"].cursor() as cursor:
+            cursor.execute(f"DELETE FROM {LEDGER}")
+
+    def teardown(self) -> None:
+        try:
+            if not self.violated:
+                self._drain_and_check()
+        finally:
+            for proc in self.world.procs.values():
+                proc.stop_loops()
+
+    def _drain_and_check(self) -> None:
+        """Nothing stuck: with no more faults, the queue and the delayed store empty within
+        DRAIN_ROUNDS rounds; then every message is where its plan says."""
+        a = self.world.procs["A"]
+        last, unchanged = None, 0
+        for _ in range(DRAIN_ROUNDS):
+            self._step(a, "mover")
+            for _ in range(DRAIN_PUMP_STEPS):
+                if self._step(a, "pump") > 0:
+                    break
+            snap = self._check()
+            if not any(snap.queued.values()) and not any(snap.stored.values()):
+                break
+            state = (snap.queued, snap.stored, dict(snap.ledger), dict(snap.errors), dict(self.model.raises))
+            unchanged = unchanged + 1 if state == last and not any(snap.stored.values()) else 0
+            if unchanged >= STUCK_ROUNDS:
+                break
+            last = state
+            time.sleep(0.1)
+        self._fail_on(final_violations(self.model, self._check()), "after the drain")
+
+    # -- producers ------------------------------------------------------------------------
+    def _sent(self, plan: str, batch: bool, ttl: float | None) -> dict:
+        key = self.model.next_key()
+        self.model.sent[key] = Sent(key, plan, batch, ttl)
+        SluiceMachine.totals["messages"] += 1
+        return {"k": key, "b": plan}
+
+    @rule(plan=st.sampled_from(WORK_PLANS), ttl=TTLS, message_id=IDS)
+    def send(self, plan: str, ttl: float | None, message_id: str | None) -> None:
+        self.transport.send(self.world.queue, self._sent(plan, False, ttl), message_type="Work", ttl=ttl,
+                            message_id=message_id)
+
+    @rule(plans=st.lists(st.sampled_from(BATCH_PLANS), min_size=1, max_size=5), batch=st.booleans(), ttl=TTLS,
+          message_id=IDS)
+    def send_many(self, plans: list[str], batch: bool, ttl: float | None, message_id: str | None) -> None:
+        bodies = [self._sent(plan, batch, ttl) for plan in plans]
+        self.transport.send_many(self.world.queue, bodies, message_type="Batch" if batch else "Work", ttl=ttl,
+                                 message_id=message_id)
+
+    @rule(plans=st.lists(st.sampled_from(BATCH_PLANS), min_size=1, max_size=3), batch=st.booleans(),
+          delay=st.sampled_from([0.2, 0.6]))
+    def send_delayed(self, plans: list[str], batch: bool, delay: float) -> None:
+        """Delayed sends (no explicit id: the store keeps one message per id by design)."""
+        earliest = db_now() + dt.timedelta(seconds=delay)
+        bodies = [self._sent(plan, batch, None) for plan in plans]
+        for body in bodies:
+            self.model.sent[body["k"]].earliest = earliest
+        kind = "Batch" if batch else "Work"
+        if len(bodies) == 1:
+            self.transport.send(self.world.queue, bodies[0], message_type=kind, delay=delay)
+        else:
+            self.transport.send_many(self.world.queue, bodies, message_type=kind, delay=delay)
+
+    @precondition(lambda self: POISON_PLANS)
+    @rule(plan=st.sampled_from(POISON_PLANS or ["-"]))
+    def send_foreign_row(self, plan: str) -> None:
+        """A row another system wrote, with headers Sluice cannot read."""
+        insert_foreign_row(self.world.queue, self._sent(plan, False, None)["k"], plan)
+
+    @rule(plans=st.lists(st.sampled_from(BATCH_PLANS), min_size=1, max_size=3))
+    def send_rolled_back(self, plans: list[str]) -> None:
+        """Sends inside a transaction the producer rolls back: they must never exist."""
+        bodies = [self._sent(plan, False, None) for plan in plans]
+        for body in bodies:
+            self.model.sent[body["k"]].rolled_back = True
+        try:
+            with transaction.atomic():
+                self.transport.send_many(self.world.queue, bodies, message_type="Work")
+                raise _Abandon()
+        except _Abandon:
+            pass
+
+    # -- consumers and faults -------------------------------------------------------------------
+    @rule(proc=st.sampled_from(["A", "B"]))
+    def pump_step(self, proc: str) -> None:
+        self._step(self.world.procs[proc], "pump")
+
+    @rule(times=st.integers(1, 4))
+    def pumps_at_once(self, times: int) -> None:
+        """Both processes' pumps step at the same time (the only rule whose interleaving
+        Hypothesis cannot replay exactly: a failure found here may shrink as "flaky")."""
+        self._steps([(self.world.procs["A"], "pump", times), (self.world.procs["B"], "pump", times)])
+
+    @rule(proc=st.sampled_from(["A", "B"]))
+    def mover_step(self, proc: str) -> None:
+        self._step(self.world.procs[proc], "mover")
+
+    @rule(proc=st.sampled_from(["A", "B"]))
+    def chunked_next(self, proc: str) -> None:
+        """The pump's next batch takes the chunked path (as after a failure)."""
+        sizes = getattr(self.world.procs[proc].pump, "chunk_size", None)  # core.chunks.ChunkSize
+        if sizes is not None:
+            self.world.procs[proc].call(lambda: sizes.after(1, 1))
+
+    @rule(seconds=st.sampled_from([0.1, 0.4]))
+    def wait(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    @precondition(lambda self: self.world.can_kill)
+    @rule(proc=st.sampled_from(["A", "B"]))
+    def kill_connection(self, proc: str) -> None:
+        pid = self.world.procs[proc].backend_pid()
+        if pid is not None and kill_backend(pid):
+            SluiceMachine.totals["kills"] += 1
+
+    def _step(self, proc: Proc, loop: str) -> float:
+        return self._steps([(proc, loop, 1)])[0]
+
+    def _steps(self, work: list[tuple[Proc, str, int]]) -> list[float]:
+        """Run steps on processes at once; the wait each returned."""
+        self.model.step_started = db_now()
+        SluiceMachine.totals["steps"] += sum(times for _, _, times in work)
+        futures = [(proc, loop, proc.step(loop, times)) for proc, loop, times in work]
+        waits, found = [], []
+        for proc, loop, future in futures:
+            try:
+                waits.append(future.result(120))
+            except Exception as exc:
+                found.append(f"a {loop} step of process {proc.name} raised {type(exc).__name__}: {exc}")
+        self._fail_on(found, "")
+        return waits
+
+    # -- the invariants ----------------------------------------------------------------------
+    @invariant()
+    def invariants_hold(self) -> None:
+        self._check()
+
+    def _check(self):
+        snap = snapshot(self.world.queue, self.world.out)
+        self._fail_on(violations(self.model, snap), "")
+        return snap
+
+    def _fail_on(self, found: list[str], when: str) -> None:
+        if found:
+            self.violated = True
+            SluiceMachine.totals["violations"] += 1
+            raise AssertionError(f"{len(found)} violation(s){' ' + when if when else ''}:\n  "
+                                 + "\n  ".join(found[:20]))
+
+
+class _Abandon(Exception):
+    """Rolls a producer's transaction back."""

@@ -1,0 +1,39 @@
+"""Model-based test: random sequences of sends, pump and mover steps on two
+"processes", and connection kills, checked after every step against a plain Python
+model (tests/model_machine.py; the invariants in tests/model_checks.py).
+
+Runs the bounded Hypothesis profile (SLUICE_HYPOTHESIS_PROFILE, default
+``sluice-bounded``: SLUICE_MODEL_EXAMPLES examples of up to 25 steps); ``make soak``
+runs the long one for minutes (benchmarks/soak.py).  A failure prints the rule calls
+that reproduce it, shrunk, and the violated invariants.
+"""
+from __future__ import annotations
+
+import pytest
+from django.test import override_settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from core.scheduling import delayed_store
+from tests.conftest import database_vendor
+from tests.model_machine import SluiceMachine, World, profile
+from tests.model_support import DELAYED_RETRY_INCREASE, Proc, create_ledger, drop_ledger
+
+
+@pytest.fixture
+def world(make_queue, error_queue):
+    delayed_store().setup_infrastructure()
+    create_ledger()
+    procs = {name: Proc(name) for name in ("A", "B")}
+    SluiceMachine.world = World(make_queue("model"), make_queue("model_out"), procs,
+                                can_kill=database_vendor() == "postgresql")
+    try:
+        with override_settings(SLUICE_DELAYED_RETRY_INCREASE=DELAYED_RETRY_INCREASE):
+            yield SluiceMachine.world
+    finally:
+        for proc in procs.values():
+            proc.shutdown()
+        drop_ledger()
+
+
+def test_random_sends_steps_and_faults_keep_every_guarantee(world):
+    run_state_machine_as_test(SluiceMachine, settings=profile())
