@@ -291,6 +291,7 @@ def export_records(path: str | None = None, using: str | None = None, delay: flo
                    chunk: int = CHUNK, lease: Lease | None = None) -> ExportResult:
     """Export every final record above the watermark (see the module docstring), under
     ``lease`` (a pipeline run's) or the ``pipeline`` lease taken here."""
+    require("pyarrow")
     using = using or get_settings().DATABASE
     own = lease is None
     if own:
