@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
+import sys
 from urllib.parse import quote
 
 import pytest
@@ -134,6 +135,15 @@ def test_many_windows_show_the_newest_and_the_api_pages_back(windows, monkeypatc
     response = c.get("/metrics/charts/")
     assert response.context["last"].isoformat() == newest
     assert response.context["first"].isoformat() == "2026-11-23T10:03:00+00:00"
+
+
+def test_the_charts_page_says_when_the_pipeline_extra_is_missing(windows, monkeypatch):
+    viewer = client_for(user("v", "sluice-viewer"))
+    assert "cannot run on this installation" not in viewer.get("/metrics/charts/").content.decode()
+    monkeypatch.setitem(sys.modules, "pyspark", None)  # as if not installed
+    page = viewer.get("/metrics/charts/").content.decode()
+    assert 'pyspark not installed: pip install &quot;sluice[pipeline]&quot;' in page
+    assert page.count("<svg") == 6  # the windows already loaded still show
 
 
 def test_empty_charts_page(db):
