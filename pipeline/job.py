@@ -239,7 +239,7 @@ def metrics(spark, input_path: str, since: dt.datetime | None = None):
 
 def run(spark, input_path: str, output_path: str, since: dt.datetime | None = None) -> dict[str, Any]:
     """Compute the metrics and write them to ``output_path`` (replacing it); returns
-    ``{"windows": N, "seconds": S}``.  An input path with no data set yet gives none."""
+    ``{"windows": N, "seconds": S, "shuffle_partitions": P}``.  An input path with no data set yet gives none."""
     started = time.monotonic()
     _shuffle_partitions(spark)
     if not _has_records(spark, input_path):
@@ -251,7 +251,8 @@ def run(spark, input_path: str, output_path: str, since: dt.datetime | None = No
     # The write ends with a _SUCCESS marker, which the loader insists on (core.records.results).
     frame.write.mode("overwrite").parquet(output_path)
     windows = spark.read.parquet(output_path).count()
-    return {"windows": windows, "seconds": round(time.monotonic() - started, 3)}
+    return {"windows": windows, "seconds": round(time.monotonic() - started, 3),
+            "shuffle_partitions": int(spark.conf.get(SHUFFLE_PARTITIONS))}
 
 
 def _has_records(spark, input_path: str) -> bool:
