@@ -14,14 +14,17 @@ replacing what was there.  Windows are 1 minute and 1 hour, by the time processi
 - ``messages``: records (every outcome; a retried message counts once per attempt);
   ``throughput_per_s`` = messages / window seconds;
 - ``processing_ms_p50/p95/p99``: ended − started of the attempts whose handler ran
-  (processed, failed, retried); ``critical_ms_p50/p95/p99``: ended − sent of the
-  processed ones (sent = ``NServiceBus.TimeSent``);
+  (processed, failed, retried); ``critical_ms_p50/p95/p99``: NServiceBus's critical time,
+  ended − (DeliverAt ?? TimeSent), of the processed ones;
 - ``failures`` (failed + retried + error_queue), ``failure_rate`` = failures / messages,
   ``retries``, ``expired``, ``dead_lettered``.
 
+A record id met twice (a crash between an export's rename and its watermark) counts once.
 Percentiles come from Spark's ``percentile_approx`` with accuracy
-:data:`PERCENTILE_ACCURACY`: the value returned has a rank within
-``n / PERCENTILE_ACCURACY`` of the exact one, so exact below 10,000 values per window.
+:data:`PERCENTILE_ACCURACY`: for n values the rank returned lies within
+floor((p − 1/accuracy)·n) … ceil((p + 1/accuracy)·n) — the exact nearest-rank value up to
+about 5,000 values per window, at most ceil(n / 10,000) ranks from it beyond
+(docs/pipeline.md).
 
 ``--since`` limits the run to records that ended at or after the start of that hour
 (windows are whole hours or minutes, so every window it writes is complete); the
@@ -45,7 +48,7 @@ except ImportError:  # pragma: no cover - depends on how spark-submit was called
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from pipeline import schema
 
-#: percentile_approx's accuracy: rank error at most 1/10,000 of a window's values.
+#: percentile_approx's accuracy: rank error at most ceil(n / 10,000) for a window of n values.
 PERCENTILE_ACCURACY = 10_000
 PERCENTILES = (0.5, 0.95, 0.99)
 
