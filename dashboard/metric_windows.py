@@ -36,23 +36,18 @@ def run_json(run: PipelineRun | None) -> dict[str, Any] | None:
             "spark_master": run.spark_master, "error": run.error}
 
 
-def since_param(raw: str | None) -> dt.datetime | None:
+def since_param(raw: str | None, name: str = "since") -> dt.datetime | None:
+    """An ISO 8601 query parameter (``since``, ``before``), or None when absent."""
     if not raw:
         return None
     try:
         return parse_since(raw)
     except ValueError:
-        raise ActionError(f"since must be an ISO 8601 instant, not {raw[:40]!r}") from None
+        raise ActionError(f"{name} must be an ISO 8601 instant, not {raw[:40]!r}") from None
 
 
 def before_param(params: Mapping[str, str]) -> dt.datetime | None:
-    raw = params.get("before")
-    if not raw:
-        return None
-    try:
-        return parse_since(raw)
-    except ValueError:
-        raise ActionError(f"before must be an ISO 8601 instant, not {raw[:40]!r}") from None
+    return since_param(params.get("before"), "before")
 
 
 def window_query(params: Mapping[str, str]) -> tuple[dict[str, Any], int, dt.datetime | None]:
