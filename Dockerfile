@@ -9,21 +9,25 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # libodbc2 + unixodbc: libodbc.so.2 for pyodbc, which mssql-django imports at import time.
 # libltdl7 + libkrb5-3 + libgssapi-krb5-2: needed by the ODBC driver that mssql-python
 # bundles (the driver selected with ?python_driver=mssql_python in DATABASE_URL).
-RUN apt-get update \
+# openjdk-17-jre-headless: the analytics pipeline's embedded Spark driver (docs/pipeline.md);
+# slim images lack the man directory its package scripts write to.
+RUN mkdir -p /usr/share/man/man1 \
+ && apt-get update \
  && apt-get install -y --no-install-recommends \
-        libodbc2 unixodbc libltdl7 libkrb5-3 libgssapi-krb5-2 \
+        libodbc2 unixodbc libltdl7 libkrb5-3 libgssapi-krb5-2 openjdk-17-jre-headless \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /app
 COPY . .
 # collectstatic at build time: WhiteNoise serves /app/var/static (compressed copies,
 # content-hashed names) from every container of this image, with nothing to do at start.
-RUN pip install . \
+# [pipeline]: pyspark, pyarrow, pandas for the analytics pipeline (the worker's Spark driver).
+RUN pip install ".[pipeline]" \
  && rm -rf build ./*.egg-info \
  && python manage.py collectstatic --noinput -v0 \
  && useradd --system --uid 10001 --home-dir /app --shell /usr/sbin/nologin sluice \
- && mkdir -p /app/var \
- && chown sluice:sluice /app/var
+ && mkdir -p /app/var/pipeline \
+ && chown -R sluice:sluice /app/var
 
 USER sluice
 EXPOSE 8000

@@ -44,7 +44,7 @@ def fill(records: int) -> None:
         for i in range(start, min(records, start + INSERT_CHUNK)):
             ended = base + i * 3
             rows.append((f"5f0c1a52-{i:08d}", ("Ping", "Order", "Invoice")[i % 3], ("demo", "orders")[i % 2],
-                         "bench", ended - 900, ended - 400, ended, outcomes[i % 20], 1))
+                         "bench", ended - 900, ended - 400, ended, outcomes[i % 20], 1, None))
         with transaction.atomic():
             insert_rows(rows, "default")
         progress.update(min(records, start + INSERT_CHUNK))

@@ -75,6 +75,8 @@ def generate(path: Path, records: int, *, seed: int = 7, start: dt.datetime = DA
             "ended": pa.array(ended).cast(TIMESTAMP),
             "outcome": pa.array(outcomes[rng.choice(len(outcomes), n, p=weights)]),
             "attempt": pa.array(rng.integers(1, 3, n).astype(np.int32)),
+            # One send in ten was delayed: due a little after it was sent (critical time's start).
+            "deliver_at": pa.array(started - queueing // 2, mask=rng.random(n) >= 0.1).cast(TIMESTAMP),
         }, schema=RECORD_SCHEMA)
         dates = pc.cast(table["ended"], pa.date32())
         for day in pc.unique(dates).to_pylist():

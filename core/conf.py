@@ -155,9 +155,11 @@ class SluiceSettings:
     RECORDS_PATH: str = "var/records"
     #: Seconds an exported record stays in the database (1 day); 0 deletes at the next run.
     RECORDS_RETENTION: float = 24 * 3600.0
-    #: Records that ended less than this many seconds ago wait for the next export: their
-    #: receive batch may still be committing, and the watermark must never pass them.
-    RECORDS_EXPORT_DELAY: float = 10.0
+    #: Where the database cannot tell which transactions are still open (SQL Server; not
+    #: PostgreSQL or SQLite), seconds after which an id hole in the records is given up as
+    #: rolled back: it must exceed the longest receive transaction.  Only records after a
+    #: hole wait for it (core.records.horizon).
+    RECORDS_EXPORT_DELAY: float = 300.0
     #: Where the Spark job writes its metric windows before they are loaded (Parquet).
     METRICS_PATH: str = "var/metrics"
     #: Seconds between pipeline runs (export + Spark job + load) on Celery beat (1 hour).
@@ -166,6 +168,13 @@ class SluiceSettings:
     SPARK_MASTER: str = "local[*]"
     #: The embedded Spark driver's JVM heap (spark.driver.memory), e.g. 1g, 4g.
     SPARK_DRIVER_MEMORY: str = "2g"
+    #: Extra Spark settings for `sluice pipeline run`'s session: a JSON object or
+    #: whitespace-separated key=value pairs (e.g. spark.driver.host=10.0.0.5 for
+    #: executors to reach an embedded driver, spark.hadoop.fs.s3a.* for object storage).
+    SPARK_CONF: str = ""
+    #: Celery beat runs the pipeline every SLUICE_PIPELINE_INTERVAL (off: run it yourself,
+    #: e.g. with spark-submit on a cluster, or where no Java is installed).
+    PIPELINE_SCHEDULE: bool = True
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -216,6 +225,10 @@ class SluiceSettings:
         for name in ("RECORDS_PATH", "METRICS_PATH", "SPARK_MASTER"):
             if not str(getattr(self, name)).strip():
                 raise ValueError(f"SLUICE_{name} must not be empty")
+        try:
+            spark_conf(self.SPARK_CONF)
+        except ValueError as exc:
+            raise ValueError(f"SLUICE_SPARK_CONF: {exc}") from None
         if not re.fullmatch(r"\d+[kKmMgGtT]?", self.SPARK_DRIVER_MEMORY.strip()):
             raise ValueError(f"SLUICE_SPARK_DRIVER_MEMORY must be a JVM size such as 2g, "
                              f"not {self.SPARK_DRIVER_MEMORY!r}")
@@ -230,6 +243,13 @@ class SluiceSettings:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(SluiceSettings) if f.name != "extra"}
+
+
+def spark_conf(text: str) -> dict[str, str]:
+    """SLUICE_SPARK_CONF as a dict (pipeline.job.parse_conf; ValueError names a bad item)."""
+    from pipeline.job import parse_conf
+
+    return parse_conf(text) if text.strip() else {}
 
 
 def _parse(name: str, raw: str) -> Any:

@@ -356,8 +356,8 @@ class MessagePump:
             if debug:
                 log.debug("message %s on %s is a duplicate: handler skipped", unit.messages[0].id, self.queue)
             return outcome
+        records.processed_all(unit.messages, started_us)
         for message in unit.messages:
-            records.processed(message, started_us)
             if RETRY_OF in message.headers:  # a retried failed message succeeded: its record is resolved
                 mark_resolved(message.headers[RETRY_OF], using=self.receive_alias, queue=message.queue)
         if debug:

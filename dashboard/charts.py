@@ -13,6 +13,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from core.records.models import PipelineRun, RunStatus
+from core.records.extra import INSTALL, missing
 from core.records.run import last_run
 from dashboard import actions
 from dashboard.actions import ActionError
@@ -63,6 +64,12 @@ def queue_charts(windows) -> list[dict]:
     return charts
 
 
+def pipeline_missing() -> str:
+    """Why this installation cannot run the pipeline ("" when it can)."""
+    absent = missing("pyspark", "pyarrow")
+    return f"{' and '.join(absent)} not installed: {INSTALL}" if absent else ""
+
+
 def _run_context() -> dict:
     run: PipelineRun | None = last_run()
     return {"run": run, "in_progress": run is not None and run.status in (RunStatus.QUEUED, RunStatus.RUNNING)}
@@ -80,6 +87,8 @@ def charts(request: HttpRequest) -> HttpResponse:
         "section": "metrics", "charts": queue_charts(windows), "window": window, "queue": filters.get("queue", ""),
         "first": windows[0].window_start if windows else None,
         "last": windows[-1].window_start if windows else None, **_run_context(),
+        # Without the pipeline extra the page still shows what was loaded, and says what is missing.
+        "pipeline_missing": pipeline_missing(),
     })
 
 

@@ -16,4 +16,6 @@ RECORD_SCHEMA = pa.schema([
     ("ended", TIMESTAMP),
     ("outcome", pa.string()),
     ("attempt", pa.int32()),
+    # Last: files written before it existed lack it, and read it as null.
+    ("deliver_at", TIMESTAMP),
 ])

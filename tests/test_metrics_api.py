@@ -6,6 +6,8 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import json
+import sys
+from urllib.parse import quote
 
 import pytest
 from django.contrib.auth.models import Group, User
@@ -56,7 +58,7 @@ def windows(db):
 def test_shape_and_filters(windows):
     c = client_for(user("v", "sluice-viewer"))
     body = c.get("/api/metrics/").json()
-    assert set(body) == {"windows", "last_run"}
+    assert set(body) == {"windows", "last_run", "next_before"} and body["next_before"] is None
     assert len(body["windows"]) == 10 and list(body["windows"][0]) == FIELDS
     first = body["windows"][0]
     assert first["window_start"] == "2026-11-23T10:00:00+00:00" and first["window_seconds"] == 60
@@ -109,6 +111,39 @@ def test_charts_page(windows):
     assert bad.status_code == 400 and "window must be 60 or 3600" in bad.content.decode()
     overview = client_for(User.objects.get(username="v")).get("/").content.decode()
     assert 'href="/metrics/charts/"' in overview
+
+
+def test_many_windows_show_the_newest_and_the_api_pages_back(windows, monkeypatch):
+    """More windows than a page holds: the page shows the newest (it once cut the newest
+    off), listed oldest first, and ``next_before`` pages back without a gap or a repeat."""
+    c = client_for(user("v", "sluice-viewer"))
+    newest = "2026-11-23T10:04:00+00:00"
+    body = c.get("/api/metrics/?limit=3").json()
+    # 2 windows per minute: a page of 3 would split minute 10:03, so it holds minute 10:04 only.
+    assert [w["window_start"] for w in body["windows"]] == [newest, newest]
+    seen, before = [], None
+    for _ in range(10):
+        page = c.get("/api/metrics/?limit=3" + (f"&before={quote(before)}" if before else "")).json()
+        seen = page["windows"] + seen
+        before = page["next_before"]
+        if before is None:
+            break
+    assert [(w["window_start"], w["queue"]) for w in seen] == [
+        (f"2026-11-23T10:0{i}:00+00:00", q) for i in range(5) for q in ("billing", "orders")]
+    assert c.get("/api/metrics/?before=yesterday").status_code == 400
+    monkeypatch.setattr("dashboard.charts.MAX_POINTS", 4)
+    response = c.get("/metrics/charts/")
+    assert response.context["last"].isoformat() == newest
+    assert response.context["first"].isoformat() == "2026-11-23T10:03:00+00:00"
+
+
+def test_the_charts_page_says_when_the_pipeline_extra_is_missing(windows, monkeypatch):
+    viewer = client_for(user("v", "sluice-viewer"))
+    assert "cannot run on this installation" not in viewer.get("/metrics/charts/").content.decode()
+    monkeypatch.setitem(sys.modules, "pyspark", None)  # as if not installed
+    page = viewer.get("/metrics/charts/").content.decode()
+    assert 'pyspark not installed: pip install &quot;sluice[pipeline]&quot;' in page
+    assert page.count("<svg") == 6  # the windows already loaded still show
 
 
 def test_empty_charts_page(db):

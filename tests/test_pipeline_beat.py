@@ -36,7 +36,8 @@ def test_the_task_runs_and_records_its_run(transactional_db, quiet_records):
 
     # Nothing exported yet: export finds nothing, no Spark job, the run still succeeds.
     assert run_pipeline() == {"exported": 0, "windows": 0, "seconds": pytest.approx(0, abs=30),
-                              "spark_master": "local[*]"}
+                              "spark_master": "local[*]", "since": None, "held_back": 0, "held_reason": "",
+                              "deleted": 0}
     run = PipelineRun.objects.get()
     assert (run.status, run.trigger, run.progress) == ("succeeded", "beat", 100)
     assert Lease(LEASE, LEASE_SECONDS, "default").acquire()  # released after the run

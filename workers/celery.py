@@ -44,8 +44,10 @@ def beat_schedule() -> dict:
                                     "options": {"expires": conf.ARCHIVE_PURGE_INTERVAL}},
     }
     # Export + Spark job + load; the run itself takes the "pipeline" lease (core.records.run).
-    schedule["analytics-pipeline"] = {"task": "sluice.run_pipeline", "schedule": conf.PIPELINE_INTERVAL,
-                                      "options": {"expires": conf.PIPELINE_INTERVAL}}
+    # SLUICE_PIPELINE_SCHEDULE=0: not scheduled (run on a cluster, or no Java here).
+    if conf.PIPELINE_SCHEDULE:
+        schedule["analytics-pipeline"] = {"task": "sluice.run_pipeline", "schedule": conf.PIPELINE_INTERVAL,
+                                          "options": {"expires": conf.PIPELINE_INTERVAL}}
     if conf.OUTBOX_CLEANUP_INTERVAL > 0:  # 0 or less disables the clean-up
         schedule["outbox-cleanup"] = {"task": "sluice.outbox_cleanup", "schedule": conf.OUTBOX_CLEANUP_INTERVAL,
                                       "options": {"expires": conf.OUTBOX_CLEANUP_INTERVAL}}

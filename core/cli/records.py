@@ -7,11 +7,17 @@ from typing import Any
 
 from core.cli.base import CommandError, Group, command_group
 from core.conf import get_settings
-from core.records.export import export_records
-from core.records.results import load_path
+from core.records import package
+from core.records.export import ExportBusy, ExportConflict, LeaseLost, export_records
+from core.records.extra import PipelineExtraMissing
+from core.records.location import spark_path
+from core.records.results import NoResults, load_path
 from core.records.retention import delete_exported
 from core.records.run import PipelineBusy, run_pipeline
 from pipeline.job import parse_since
+
+#: What the pipeline commands turn into one clear error line (exit status 1, no traceback).
+EXPECTED = (PipelineExtraMissing, PipelineBusy, ExportBusy, ExportConflict, LeaseLost, NoResults)
 
 
 def since_option(text: str | None) -> dt.datetime | None:
@@ -38,13 +44,20 @@ class RecordsCommands(Group):
         retention.add_argument("--json", action="store_true")
 
     def export(self, options: dict[str, Any]) -> None:
-        result = export_records(options["path"])
-        data = {"exported": result.exported, "watermark": result.last_id, "files": result.files}
+        try:
+            result = export_records(options["path"])
+        except EXPECTED as exc:
+            raise CommandError(str(exc)) from None
+        earliest = result.earliest_ended.isoformat() if result.earliest_ended else None
+        data = {"exported": result.exported, "watermark": result.last_id, "files": result.files,
+                "earliest_ended": earliest, "held_back": result.held_back, "held_reason": result.held_reason}
         if options["json"]:
             self.stdout.write(json.dumps(data))
         else:
             self.stdout.write(f"exported {result.exported} record(s) in {len(result.files)} file(s); "
-                              f"watermark {result.last_id}")
+                              f"watermark {result.last_id}" + (f"; earliest ended {earliest} (the job's --since)"
+                                                               if earliest else "")
+                              + (f"\n{result.held_reason}" if result.held_back else ""))
 
     def retention(self, options: dict[str, Any]) -> None:
         deleted = delete_exported()
@@ -74,22 +87,42 @@ class PipelineCommands(Group):
         load.add_argument("--since", default=None, metavar="ISO",
                           help="the --since given to the job (windows from its hour are replaced)")
         load.add_argument("--json", action="store_true")
+        pack = self.handles(psub.add_parser(
+            "package", help="write the Spark job as a zip (spark-submit --py-files) and its main script"),
+            self.package)
+        pack.add_argument("directory", nargs="?", default="var/spark", help="where to write them (default var/spark)")
+        pack.add_argument("--json", action="store_true")
 
     def run(self, options: dict[str, Any]) -> None:
         since = since_option(options["since"])
         try:
             result = run_pipeline(since, master=options["master"], trigger="cli")
-        except PipelineBusy as exc:
+        except EXPECTED as exc:
             raise CommandError(str(exc)) from None
         if options["json"]:
             self.stdout.write(json.dumps(result.json()))
         else:
             self.stdout.write(f"exported {result.exported} record(s), loaded {result.windows} window(s) in "
                               f"{result.seconds:.1f} s on {result.spark_master}; "
-                              f"deleted {result.deleted} old record(s)")
+                              f"deleted {result.deleted} old record(s)"
+                              + (f"\n{result.held_reason}" if result.held_back else ""))
+
+    def package(self, options: dict[str, Any]) -> None:
+        built = package.build(options["directory"])
+        settings = get_settings()
+        command = built.spark_submit(spark_path(settings.RECORDS_PATH), spark_path(settings.METRICS_PATH))
+        if options["json"]:
+            self.stdout.write(json.dumps({"zip": built.zip, "main": built.main, "spark_submit": command}))
+        else:
+            self.stdout.write(f"wrote {built.zip} and {built.main}; run on a cluster with\n  "
+                              + " ".join(command[:1] + ["--master", "MASTER", "--deploy-mode", "cluster"]
+                                         + command[1:] + ["--since", "ISO"]))
 
     def load(self, options: dict[str, Any]) -> None:
-        windows = load_path(options["input"], since_option(options["since"]))
+        try:
+            windows = load_path(options["input"], since_option(options["since"]))
+        except EXPECTED as exc:
+            raise CommandError(str(exc)) from None
         if options["json"]:
             self.stdout.write(json.dumps({"windows": windows}))
         else:

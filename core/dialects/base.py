@@ -73,6 +73,12 @@ class Dialect(abc.ABC):
     #: (:meth:`insert_arrays`): its text is the same for any number of rows, so it is
     #: prepared once, where a multi-row VALUES is a new statement for each row count.
     supports_array_insert: bool = False
+    #: The database can tell whether every transaction open when a statement ran has ended
+    #: (:meth:`record_horizon` returns a token, :meth:`horizon_settled` checks it): the
+    #: records export waits exactly as long as it must (PostgreSQL's snapshots).  Without
+    #: it, a horizon settles after SLUICE_RECORDS_EXPORT_DELAY (or at once with one
+    #: writer at a time, see :attr:`supports_concurrent_writers`).
+    supports_commit_snapshots: bool = False
     # The fragments (see FRAGMENTS): None here, so a dialect that forgets one fails.
     limit: str | None = None
     readpast_hint: str | None = None
@@ -266,6 +272,17 @@ class Dialect(abc.ABC):
         """INSERT into ``table`` (quoted) of one array parameter per column; ``types`` are
         the columns' SQL types.  Only where :attr:`supports_array_insert`."""
         raise NotImplementedError(f"{self.vendor} takes no array parameters (supports_array_insert)")
+
+    def record_horizon(self, table: str) -> str:
+        """One row: the highest id in ``table`` (quoted) and a token for
+        :meth:`horizon_settled`, read in one statement (one snapshot)."""
+        return f"SELECT MAX({self.quote('id')}), '' FROM {table}"
+
+    def horizon_settled(self) -> str:
+        """One row, one boolean: every transaction open when ``record_horizon`` gave the
+        token (its one parameter) has ended.  Only where :attr:`supports_commit_snapshots`."""
+        raise NotImplementedError(f"{self.vendor} cannot tell which transactions are open "
+                                  f"(supports_commit_snapshots)")
 
     def insert_rows_per_statement(self, params_per_row: int) -> int:
         """How many rows one :meth:`insert_rows` statement takes (within max_parameters)."""

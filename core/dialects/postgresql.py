@@ -39,6 +39,7 @@ class PostgreSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
     supports_prepared_statements = True
     supports_table_upkeep = True
     supports_array_insert = True
+    supports_commit_snapshots = True
     limit = " LIMIT %s"
     readpast_hint = nolock_hint = lock_skip_hint = ""  # MVCC: readers never wait for writers
     skip_locked_suffix = " FOR UPDATE SKIP LOCKED"
@@ -135,6 +136,16 @@ class PostgreSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
 
     def insert_rows_per_statement(self, params_per_row: int) -> int:
         return 10_000  # six array parameters, whatever the number of rows
+
+    def record_horizon(self, table: str) -> str:
+        # pg_current_snapshot() is this statement's snapshot, the one MAX(id) reads: an id
+        # below that maximum but invisible to it belongs to a transaction in its xip list
+        # (or one that rolled back).
+        return f"SELECT (SELECT MAX({self.quote('id')}) FROM {table}), pg_current_snapshot()::text"
+
+    def horizon_settled(self) -> str:
+        return ("SELECT NOT EXISTS (SELECT 1 FROM pg_snapshot_xip(%s::pg_snapshot) AS x "
+                "WHERE NOT pg_visible_in_snapshot(x, pg_current_snapshot()))")
 
     def insert_arrays(self, table: str, columns: Sequence[str], types: Sequence[str]) -> str:
         arrays = ", ".join(f"%b::{t}[]" for t in types)

@@ -18,13 +18,18 @@ class Location:
         return "/".join([self.path.rstrip("/"), *parts])
 
 
+def spark_path(where: str) -> str:
+    """``where`` as Spark names it (no pyarrow needed): a URI as is, a path made absolute."""
+    return where if "://" in where else os.path.abspath(where)
+
+
 def location(where: str) -> Location:
     """A local path (relative to the current directory) or a URI such as ``s3a://b/x``
     (Hadoop's S3A scheme, which pyarrow calls ``s3://``)."""
     import pyarrow.fs as pafs  # not at module level: see core.records.export
 
     if "://" not in where:
-        absolute = os.path.abspath(where)
+        absolute = spark_path(where)
         return Location(pafs.LocalFileSystem(), absolute, absolute)
     scheme, rest = where.split("://", 1)
     arrow_uri = f"s3://{rest}" if scheme == "s3a" else where

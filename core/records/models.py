@@ -30,6 +30,9 @@ class ProcessingRecord(models.Model):
     outcome = models.CharField(max_length=16, choices=OUTCOME_CHOICES)
     #: 1 for the first attempt, counting every failed attempt before this one.
     attempt = models.IntegerField(default=1)
+    #: ``NServiceBus.DeliverAt`` of a delayed send (None otherwise): critical time counts
+    #: from here, as NServiceBus does (ProcessingEnded − (DeliverAt ?? TimeSent)).
+    deliver_at_us = models.BigIntegerField(null=True)
 
     class Meta:
         db_table = "sluice_processing_record"
@@ -42,11 +45,23 @@ class ProcessingRecord(models.Model):
 
 class ExportWatermark(models.Model):
     """The highest record id already in the Parquet data set (moved only after the files
-    are in place, so a crash in between re-exports, never skips)."""
+    are in place, so a crash in between re-exports, never skips), and what the next
+    export needs to know to pass no committed record over (core.records.export)."""
 
     name = models.CharField(max_length=64, primary_key=True)
     last_id = models.BigIntegerField(default=0)
     updated_at = models.DateTimeField(auto_now=True)
+    #: The highest record id visible when the horizon was taken: once every transaction
+    #: open then has ended, no id at or below it can still appear.
+    horizon_id = models.BigIntegerField(null=True)
+    #: What tells that those transactions have ended (PostgreSQL: the snapshot's text).
+    horizon_token = models.TextField(default="")
+    #: When the horizon was taken (exporter's clock, µs): the time bound of databases
+    #: that cannot tell (SQL Server).
+    horizon_us = models.BigIntegerField(null=True)
+    #: The earliest ``ended`` (µs) among exported records whose windows are not loaded
+    #: yet: the next pipeline run recomputes from its hour (None: nothing pending).
+    pending_since_us = models.BigIntegerField(null=True)
 
     class Meta:
         db_table = "sluice_records_watermark"

@@ -16,6 +16,7 @@ from typing import Any
 from django.db import transaction
 
 from core.conf import get_settings
+from core.records.extra import require
 from core.records.location import location
 from core.records.models import MetricWindow
 from pipeline import schema
@@ -24,15 +25,26 @@ from pipeline.job import hour_floor
 LOAD_BATCH = 500
 
 
+class NoResults(Exception):
+    """The job's output is missing or unfinished: loading it would delete windows and add none."""
+
+
 def read_results(path: str) -> list[dict[str, Any]]:
-    """The metric rows the job wrote to ``path`` (a directory of Parquet files)."""
+    """The metric rows the job wrote to ``path`` (a directory of Parquet files).
+
+    Only a finished output is read: Spark writes ``_SUCCESS`` last, after every file.  A
+    missing or failed one raises :class:`NoResults` (loading it would replace every window
+    from ``--since`` on with nothing)."""
+    require("pyarrow")
     where = location(path)
+    marker = where.join("_SUCCESS")
     try:
-        info = where.fs.get_file_info(where.path)
-    except OSError:
-        return []
-    if info.type.name == "NotFound":
-        return []
+        found = where.fs.get_file_info(marker).type.name != "NotFound"
+    except OSError as exc:
+        raise NoResults(f"cannot read the job's output at {path}: {exc}") from None
+    if not found:
+        raise NoResults(f"no finished job output at {path} (no _SUCCESS marker: the job failed, is still "
+                        f"running, or wrote elsewhere); the windows were left as they are")
     import pyarrow.dataset as ds  # not at module level: see core.records.export
 
     table = ds.dataset(where.path, filesystem=where.fs, format="parquet").to_table()

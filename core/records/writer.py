@@ -22,7 +22,7 @@ from core.records.models import ProcessingRecord
 from pipeline import schema
 
 COLUMNS = ("message_id", "message_type", "queue", "endpoint", "time_sent_us", "started_us", "ended_us",
-           "outcome", "attempt")
+           "outcome", "attempt", "deliver_at_us")
 _FIELDS = [ProcessingRecord._meta.get_field(name) for name in COLUMNS]
 _LIMITS = {name: ProcessingRecord._meta.get_field(name).max_length for name in ("message_id", "message_type")}
 
@@ -33,7 +33,7 @@ def now_us() -> int:
 
 
 def sent_us(text: str | None) -> int | None:
-    """``NServiceBus.TimeSent`` (``2026-11-22 04:15:16:123456 Z``) in microseconds, or None
+    """``NServiceBus.TimeSent`` or ``DeliverAt`` (``2026-11-22 04:15:16:123456 Z``) in microseconds, or None
     when missing or unreadable.  By hand, not strptime: this runs once per message."""
     if not text or len(text) < 19:
         return None
@@ -57,6 +57,17 @@ class RecordBatch:
     def processed(self, message: Message, started_us: int) -> None:
         self._add(message, schema.PROCESSED, started_us)
 
+    def processed_all(self, messages: Sequence[Message], started_us: int) -> None:
+        """The messages one handler call processed together (a batch handler): each gets
+        an equal share of the call's time, so a batch of 100 taking 50 ms records 0.5 ms
+        per message, not 50 (processing-time percentiles stay per message)."""
+        if len(messages) == 1:
+            self.processed(messages[0], started_us)
+            return
+        share = (now_us() - started_us) // len(messages)
+        for message in messages:
+            self._add(message, schema.PROCESSED, None, share)
+
     def handler_failed(self, message: Message, decision: str, started_us: int | None) -> None:
         """``decision`` is Recoverability.on_failure's: "error" means this was the last attempt."""
         self._add(message, schema.FAILED if decision == "error" else schema.RETRIED, started_us)
@@ -77,8 +88,10 @@ class RecordBatch:
         del self.rows[mark:]
 
     # -----------------------------------------------------------------------------------------
-    def _add(self, message: Message, outcome: str, started: int | None = None) -> None:
+    def _add(self, message: Message, outcome: str, started: int | None = None, took: int | None = None) -> None:
         ended = now_us()
+        if took is not None:
+            started = ended - took
         headers = message.headers  # empty for a poison row
         types = message.message_types()  # most specific first, without .NET assembly names
         message_type = types[0] if types else None
@@ -92,6 +105,7 @@ class RecordBatch:
             ended,
             outcome,
             message.total_failed_attempts + 1,
+            sent_us(headers.get(Headers.DELIVER_AT)),
         ))
 
     def write(self, using: str) -> int:
@@ -136,6 +150,9 @@ class NoRecords:
     """SLUICE_PROCESSING_RECORDS off: every call does nothing."""
 
     def processed(self, message: Message, started_us: int) -> None:
+        pass
+
+    def processed_all(self, messages: Sequence[Message], started_us: int) -> None:
         pass
 
     def handler_failed(self, message: Message, decision: str, started_us: int | None) -> None:

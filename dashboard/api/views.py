@@ -302,12 +302,18 @@ class AuditList(APIView):
 # -- metrics (the analytics pipeline) --------------------------------------------------------------
 
 class MetricList(APIView):
-    @doc(summary="The pipeline's metric windows (oldest first) and its last run",
-         parameters=[OpenApiParameter(n, str) for n in ("queue", "message_type", "window", "since")])
+    @doc(summary="The pipeline's newest metric windows (listed oldest first) and its last run; "
+                 "next_before pages back to older ones",
+         parameters=[OpenApiParameter(n, str) for n in ("queue", "message_type", "window", "since", "before")]
+         + [OpenApiParameter("limit", int)])
     def get(self, request: Request) -> Response:
         filters, _, since = metric_windows.window_query(request.query_params)
-        return Response({"windows": [metric_windows.window_json(w) for w in metric_windows.windows_for(filters, since)],
-                         "last_run": metric_windows.run_json(last_run())})
+        limit = int_param(request, "limit", metric_windows.MAX_WINDOWS, high=metric_windows.MAX_WINDOWS)
+        windows, older = metric_windows.window_page(filters, since, metric_windows.before_param(request.query_params),
+                                                    limit)
+        return Response({"windows": [metric_windows.window_json(w) for w in windows],
+                         "last_run": metric_windows.run_json(last_run()),
+                         "next_before": older.isoformat() if older else None})
 
 
 class MetricRun(APIView):
