@@ -174,6 +174,18 @@ def clear_cache() -> None:
         pass
 
 
+def forget_snapshot() -> None:
+    """Forget the cached snapshot after an action, so the next page shows its effect; the
+    throughput samples stay (clearing them would blank every rate for minutes)."""
+    with _local_lock:
+        _local.pop(SNAPSHOT_KEY, None)
+        _local.pop(REFRESH_KEY, None)
+    try:
+        _cache().delete_many([SNAPSHOT_KEY, REFRESH_KEY])
+    except Exception:  # noqa: BLE001 — Redis down: the snapshot expires on its own
+        pass
+
+
 # -- public -------------------------------------------------------------------------------------
 
 def snapshot(max_age: float | None = None) -> Snapshot:

@@ -26,6 +26,12 @@ class DashboardSQL:
     def queue_stats_params(self, count: int, cap: int) -> list[Any]:
         return [v for i in range(count) for v in (i, cap, cap)]
 
+    def browse_sizes(self, name: str) -> str:
+        """:meth:`browse` with each Body's size in bytes in its place: a listing of 4 MiB
+        bodies reads integers, not bodies.  Params: :meth:`browse_params`."""
+        body = self._col("Body")
+        return self.browse(name).replace(body, f"{self.byte_length_function}({body})", 1)
+
     def failed_search_expression(self) -> str | None:
         """An SQL expression over a sluice_failed_message row that free-text search matches
         with ``LIKE '%TEXT%'`` (upper case), when the database can index it; None: search

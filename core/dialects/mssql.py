@@ -24,6 +24,7 @@ class MSSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
     vendor = "microsoft"
     # OFFSET … FETCH rather than TOP (%s): the limit stays the last parameter, as LIMIT's.
     limit = " OFFSET 0 ROWS FETCH NEXT %s ROWS ONLY"
+    byte_length_function = "DATALENGTH"
     readpast_hint = " WITH (READPAST)"
     nolock_hint = " WITH (NOLOCK)"
     # The receive's hints (and the ORM's select_for_update(skip_locked=True)).

@@ -22,6 +22,7 @@ class SQLiteDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
     supports_schemas = False
     rowversion_is_primary_key = True
     limit = " LIMIT %s"
+    byte_length_function = "LENGTH"
     # One writer at a time (BEGIN IMMEDIATE) and readers that never block: no hints, no row locks.
     readpast_hint = nolock_hint = lock_skip_hint = skip_locked_suffix = ""
     max_parameters = 30_000

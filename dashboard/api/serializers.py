@@ -43,8 +43,12 @@ def queue_json(q: QueueStats) -> dict[str, Any]:
             "ttl_seconds": q.ttl_seconds, "error": q.error or None}
 
 
-def message_json(m: Message) -> dict[str, Any]:
-    return {"id": m.id, "row_version": m.row_version, "headers": m.headers, **body_json(m.body),
+def message_json(m: Message, size: int, with_body: bool) -> dict[str, Any]:
+    """A queued message; ``body`` / ``body_base64`` are null unless ``with_body`` (a listing
+    reads sizes only, ``?bodies=1`` asks for them)."""
+    body = body_json(m.body) if with_body else {"body": None, "body_base64": None}
+    return {"id": m.id, "row_version": m.row_version, "headers": m.headers, **body, "size": size,
+            "body_included": with_body,
             "expires": _iso(m.expires), "expired": m.expired, "message_type": m.message_type,
             "poison": m.poison, "raw_headers": m.raw_headers if m.poison else None}
 

@@ -113,7 +113,7 @@ def body_view(body: bytes | memoryview | None, limit: int = BODY_DISPLAY_LIMIT) 
         try:
             text = json.dumps(json.loads(text), indent=2, ensure_ascii=False)
             is_json = True
-        except ValueError:
+        except (ValueError, RecursionError):  # deep nesting: shown as the text it is
             pass
     truncated = len(text) > limit
     return BodyView(text[:limit] if truncated else text, is_json, truncated, len(data))

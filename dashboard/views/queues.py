@@ -83,21 +83,21 @@ def _filters(request: HttpRequest) -> Filters:
                    expired=expired if expired in ("only", "exclude") else "")
 
 
-def _scan(transport: Transport, name: str, after: int, f: Filters) -> tuple[list[Message], int, bool]:
-    """Up to PAGE_SIZE matching messages after RowVersion ``after``; also the RowVersion to continue
-    from and whether more rows may follow.  Reads at most SCAN_LIMIT rows."""
-    found: list[Message] = []
+def _scan(transport: Transport, name: str, after: int, f: Filters) -> tuple[list[tuple[Message, int]], int, bool]:
+    """Up to PAGE_SIZE matching (message, body size) after RowVersion ``after``; also the RowVersion
+    to continue from and whether more rows may follow.  Reads at most SCAN_LIMIT rows, and no body."""
+    found: list[tuple[Message, int]] = []
     now = timezone.now()
     scanned = 0
     cursor = after
     while scanned < SCAN_LIMIT:
-        chunk = transport.browse(name, limit=PAGE_SIZE + 1 if not f.active else SCAN_CHUNK, after=cursor)
-        for m in chunk:
+        chunk = transport.browse_sizes(name, limit=PAGE_SIZE + 1 if not f.active else SCAN_CHUNK, after=cursor)
+        for m, size in chunk:
             scanned += 1
             if f.matches(m, now):
-                found.append(m)
+                found.append((m, size))
                 if len(found) > PAGE_SIZE:
-                    return found[:PAGE_SIZE], found[PAGE_SIZE - 1].row_version, True
+                    return found[:PAGE_SIZE], found[PAGE_SIZE - 1][0].row_version, True
             cursor = m.row_version
         if len(chunk) < (PAGE_SIZE + 1 if not f.active else SCAN_CHUNK):
             return found, cursor, False
@@ -135,7 +135,7 @@ def queue(request: HttpRequest, name: str) -> HttpResponse:
     except DatabaseError as exc:
         messages, cursor, more = [], after, False
         problem = f"The queue table cannot be read: {exc}"
-    rows = [Row(m, sent_at(m), len(m.body or b"")) for m in messages]
+    rows = [Row(m, sent_at(m), size) for m, size in messages]
     return page(request, "dashboard/queue.html", {
         "section": "queues", "name": name, "info": info, "rows": rows, "f": f, "problem": problem,
         "next_url": f"?{urlencode({**f.params(), 'after': cursor})}" if more else "",
