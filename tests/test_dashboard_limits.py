@@ -166,3 +166,57 @@ def test_every_dialect_lists_lengths_not_bodies():
                         (MSSQLDialect(), "DATALENGTH")):
         for sql in (dialect.browse_sizes("orders"), dialect.delayed_list("sluice_delayed", bodies=False)):
             assert f"{fn}(" in sql and not BODY.search(BODY_LENGTH.sub("", sql.split(" FROM ")[0])), sql
+
+
+# -- item 6: edit and retry keeps untouched bytes; size limit is the message limit ---------------
+
+def _copy_of(queue: str) -> bytes:
+    (copy,) = Transport().browse(queue)
+    return copy.body
+
+
+def test_edit_form_keeps_a_leading_newline_for_the_browser_to_eat(operator_client, make_queue, error_queue):
+    record = fail_message(make_queue(), body="\nfirst line\r\nsecond\r\n")
+    html = operator_client.get(f"/failed/{record.pk}/edit/").content.decode()
+    assert '<textarea id="body" name="body" rows="14" spellcheck="false">\n\nfirst line' in html
+    assert 'enctype="multipart/form-data"' in html and 'name="body_file"' in html
+
+
+def test_an_untouched_crlf_body_is_sent_byte_for_byte(operator_client, make_queue, error_queue):
+    queue = make_queue()
+    original = "\nfirst line\r\nsecond\r\n"
+    record = fail_message(queue, body=original)
+    # What a browser posts: CRLF for every line break (here without the leading newline too).
+    response = operator_client.post(f"/failed/{record.pk}/edit/", {"body": "\r\nfirst line\r\nsecond\r\n",
+                                                                   "hk": ["Tenant"], "hv": ["acme"]})
+    assert response.status_code == 303, response.content[:300]
+    assert _copy_of(queue) == original.encode()
+
+
+def test_an_edited_crlf_body_keeps_crlf_and_an_lf_body_keeps_lf(operator_client, make_queue, error_queue):
+    queue = make_queue()
+    crlf = fail_message(queue, body="a\r\nb\r\n")
+    assert operator_client.post(f"/failed/{crlf.pk}/edit/", {"body": "a\r\nB\r\n"}).status_code == 303
+    assert _copy_of(queue) == b"a\r\nB\r\n"
+    Transport().purge(queue)
+    lf = fail_message(queue, body='{\n  "x": 1\n}')
+    assert operator_client.post(f"/failed/{lf.pk}/edit/", {"body": '{\r\n  "x": 2\r\n}'}).status_code == 303
+    assert _copy_of(queue) == b'{\n  "x": 2\n}'
+
+
+def test_a_4_mib_edit_is_accepted_as_a_file_part_and_a_bigger_one_refused_clearly(operator_client, make_queue,
+                                                                                error_queue):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    queue = make_queue()
+    record = fail_message(queue, body="small")
+    big = "z" * (4 * MIB - 16)
+    response = operator_client.post(f"/failed/{record.pk}/edit/", {
+        "body_file": SimpleUploadedFile("body.txt", big.encode(), "text/plain")})
+    assert response.status_code == 303, response.content[:300]
+    assert _copy_of(queue) == big.encode()
+    other = fail_message(queue, body="small")
+    response = operator_client.post(f"/failed/{other.pk}/edit/", {
+        "body_file": SimpleUploadedFile("body.txt", b"z" * (4 * MIB + 1), "text/plain")})
+    assert response.status_code == 413
+    assert "SLUICE_MAX_BODY_BYTES allows 4194304" in response.content.decode()

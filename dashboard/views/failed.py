@@ -21,6 +21,7 @@ from core.messages import Headers
 from core.models import BulkOperation, BulkOperationStatus, FailedMessage, FailureStatus
 from dashboard import actions
 from dashboard.permissions import viewer_required
+from dashboard.views import edits
 from dashboard.views.common import (
     act, back_to, body_view, date_param, download, error_response, ordered_headers, page,
 )
@@ -245,7 +246,10 @@ def edit_retry(request: HttpRequest, pk: int) -> HttpResponse:
         keys, values = request.POST.getlist("hk"), request.POST.getlist("hv")
         # Protected headers are not in the form: they go along unchanged.
         headers = {**dict(locked), **{k.strip(): v for k, v in zip(keys, values) if k.strip()}}
-        new_body = request.POST.get("body", "")
+        try:
+            new_body = edits.submitted_body(request, text)
+        except edits.BodyRefused as exc:
+            return error_response(request, str(exc), exc.status)
         return act(request, lambda: actions.edit_and_retry(request.user, record.pk, new_body, headers, via="web"),
                    reverse("dashboard:failed-detail", args=[record.pk]))
     if text is None:
