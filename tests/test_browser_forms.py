@@ -91,3 +91,20 @@ def test_edit_and_retry_takes_a_4_mib_body(live_server, page, shop):
     expect(page.locator(".messages")).to_contain_text("Edited copy sent")
     (copy,) = Transport().browse(shop)
     assert copy.body == (big + "\r\nend").encode()  # the stored body's CRLF style
+
+
+def test_retry_all_unresolved_under_a_search_retries_what_the_search_shows(live_server, page, shop):
+    shown = [fail_message(shop, exception_message=f"card declined {i}") for i in range(3)]
+    fail_message(shop, exception_message="timeout")
+    fail_message(shop, exception_message="timeout")
+    login(page, live_server.url, make_user("operator").username, "/failed/")
+    page.on("dialog", lambda d: d.accept())
+    page.get_by_label("Text").fill("declined")
+    page.get_by_role("button", name="Search").click()
+    expect(page.locator("#failures tbody tr")).to_have_count(3)
+    button = page.get_by_role("button", name="Retry all unresolved")
+    ready(page, button)
+    button.click()
+    expect(page.locator(".messages")).to_contain_text("Retry of 3 message(s) started")
+    op = BulkOperation.objects.get()
+    assert op.total == 3 and sorted(op.selection["ids"]) == sorted(r.message_id for r in shown)

@@ -80,7 +80,12 @@ def int_param(request: HttpRequest, name: str, default: int | None, low: int, hi
 
 def date_param(request: HttpRequest, name: str) -> dt.datetime | None:
     """A ``YYYY-MM-DD`` (or ISO time) GET parameter as an aware UTC datetime; None when absent or bad."""
-    raw = request.GET.get(name, "").strip()
+    return parse_date(request.GET.get(name, ""))
+
+
+def parse_date(raw: str) -> dt.datetime | None:
+    """``YYYY-MM-DD`` (or an ISO time) as an aware UTC datetime; None when empty or bad."""
+    raw = raw.strip()
     if not raw:
         return None
     try:

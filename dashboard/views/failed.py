@@ -9,7 +9,7 @@ import datetime as dt
 from typing import Any, Callable
 
 from django.db.models import Q
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.utils import timezone
@@ -20,10 +20,11 @@ from core import failures
 from core.messages import Headers
 from core.models import BulkOperation, BulkOperationStatus, FailedMessage, FailureStatus
 from dashboard import actions
+from dashboard.actions import ActionError, validate
 from dashboard.permissions import viewer_required
 from dashboard.views import edits
 from dashboard.views.common import (
-    act, back_to, body_view, date_param, download, error_response, ordered_headers, page,
+    act, back_to, body_view, download, error_response, ordered_headers, page, parse_date,
 )
 
 PAGE_SIZE = 50
@@ -37,6 +38,8 @@ PINNED = (Headers.MESSAGE_ID, Headers.ENCLOSED_MESSAGE_TYPES, Headers.FAILED_Q, 
 GROUPS_SHOWN = 30
 #: Matching messages are counted up to this many ("1000+").
 COUNT_CAP = 1000
+#: Search fields beyond queue / type: with them, "Retry all unresolved" retries what the search shows.
+SEARCH_KEYS = ("q", "exception", "message_id", "since", "until", "group")
 NOTHING_SELECTED = "Nothing selected: tick messages first, or use a group's buttons."
 #: Seconds after which a still-pending operation is flagged "waiting for a worker".
 STALE_PENDING = 10
@@ -48,7 +51,10 @@ RECENT_OPERATIONS = 8
 
 def _filters(request: HttpRequest) -> dict[str, Any]:
     """The search form's values (GET, so a view can be bookmarked)."""
-    g = request.GET
+    return _filters_of(request.GET)
+
+
+def _filters_of(g: QueryDict) -> dict[str, Any]:
     status = g.get("status", "unresolved")
     if status not in dict(STATUSES):
         status = "unresolved"
@@ -60,12 +66,12 @@ def _filters(request: HttpRequest) -> dict[str, Any]:
     }
 
 
-def _search(request: HttpRequest, f: dict[str, Any]):
+def _search(f: dict[str, Any]):
     return failures.search(
         text=f["q"] or None, exception=f["exception"] or None, message_id=f["message_id"] or None,
         queue=f["queue"] or None, message_type=f["type"] or None, group=f["group"] or None,
         status=None if f["status"] == "all" else f["status"],
-        since=date_param(request, "since"), until=date_param(request, "until"))
+        since=parse_date(f["since"]), until=parse_date(f["until"]))
 
 
 def _groups(by: str, f: dict[str, Any]) -> list[dict[str, Any]]:
@@ -117,7 +123,7 @@ def failed_list(request: HttpRequest) -> HttpResponse:
     by = request.GET.get("by", "exception")
     if by not in GROUPINGS:
         by = "exception"
-    qs = _search(request, f)
+    qs = _search(f)
     rows, next_before = _page_of(qs, request)
     keep = {k: v for k, v in f.items() if v and not (k == "status" and v == "unresolved")}
     filtered = any(k != "status" for k in keep)
@@ -177,6 +183,8 @@ def _selection(request: HttpRequest) -> dict[str, Any]:
     ids = [i for i in p.getlist("ids") if i]
     if ids:
         sel["ids"] = ids
+    elif p.get("all") and any(p.get(k) for k in SEARCH_KEYS):
+        sel["ids"] = _searched_ids(p)
     elif p.get("group"):
         sel["group"] = p["group"]
     elif p.get("all"):
@@ -190,12 +198,27 @@ def _selection(request: HttpRequest) -> dict[str, Any]:
     return sel
 
 
+def _searched_ids(p: QueryDict) -> list[int]:
+    """"All unresolved" under a search: the record ids of exactly what the search shows
+    (unresolved only), as an ids selection; ActionError when there are more than one
+    request may name (narrow the search, or use a group)."""
+    f = {**_filters_of(p), "status": "unresolved"}
+    ids = list(_search(f).values_list("pk", flat=True)[:validate.MAX_IDS + 1])
+    if len(ids) > validate.MAX_IDS:
+        raise ActionError(f"this search matches more than {validate.MAX_IDS} unresolved messages; narrow it "
+                          "(or retry by group) to retry what it shows")
+    return ids
+
+
 def _bulk_view(start: Callable[..., Any]) -> Callable[[HttpRequest], HttpResponse]:
     """A POST view running one of the bulk actions on the form's selection."""
     @viewer_required
     @require_POST
     def view(request: HttpRequest) -> HttpResponse:
-        selection = _selection(request)
+        try:
+            selection = _selection(request)
+        except ActionError as exc:
+            return error_response(request, exc.message, exc.status)
         if not selection:
             return error_response(request, NOTHING_SELECTED, 400)
         return act(request, lambda: start(request.user, selection, via="web"),
