@@ -92,7 +92,7 @@ def test_delayed_page_and_api_read_no_state(operator_client, make_queue, delayed
     with CaptureQueriesContext(db) as queries:
         assert operator_client.get("/delayed/").status_code == 200
         status, data = api(operator_client, "get", "/api/delayed/")
-    assert status == 200 and data["delayed"][0]["destination"] == queue
+    assert status == 200 and queue in [m["destination"] for m in data["delayed"]]
     assert body_reads(queries.captured_queries) == []
 
 
