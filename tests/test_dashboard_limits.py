@@ -220,3 +220,67 @@ def test_a_4_mib_edit_is_accepted_as_a_file_part_and_a_bigger_one_refused_clearl
         "body_file": SimpleUploadedFile("body.txt", b"z" * (4 * MIB + 1), "text/plain")})
     assert response.status_code == 413
     assert "SLUICE_MAX_BODY_BYTES allows 4194304" in response.content.decode()
+
+
+# -- item 12: payload privacy -----------------------------------------------------------------------
+
+SECRET_BODY = '{"order": 7, "card": {"Number": "4111111111111111", "cvc": "123"}, "items": [{"password": "hunter2"}]}'
+
+
+@pytest.fixture
+def masking(settings):
+    settings.SLUICE_MASK_HEADERS = ("Authorization",)
+    settings.SLUICE_MASK_BODY_FIELDS = ("number", "cvc", "password")
+
+
+def test_masked_fields_never_show_on_pages_downloads_or_the_api(operator_client, make_queue, error_queue, masking):
+    queue = make_queue()
+    record = fail_message(queue, body=SECRET_BODY, headers={"Authorization": "Bearer s3cr3t"})
+    Transport().send(queue, SECRET_BODY, headers={"Authorization": "Bearer s3cr3t"})
+    row_version = Transport().browse(queue, limit=1)[0].row_version
+    shown = [
+        operator_client.get(f"/failed/{record.pk}/").content,
+        operator_client.get(f"/failed/{record.pk}/body").content,
+        operator_client.get(f"/failed/{record.pk}/edit/").content,
+        operator_client.get(f"/queues/{queue}/messages/{row_version}/").content,
+        operator_client.get(f"/queues/{queue}/messages/{row_version}/body").content,
+        operator_client.get(f"/api/failed/{record.pk}/").content,
+        operator_client.get(f"/api/queues/{queue}/messages/?bodies=1").content,
+    ]
+    for content in shown:
+        text = content.decode()
+        assert "4111111111111111" not in text and "hunter2" not in text and "s3cr3t" not in text
+        assert "***" in text
+    assert '"order": 7' in shown[1].decode()
+
+
+def test_a_retry_and_an_edit_send_the_unmasked_original(operator_client, make_queue, error_queue, masking):
+    queue = make_queue()
+    record = fail_message(queue, body=SECRET_BODY, headers={"Authorization": "Bearer s3cr3t"})
+    # The edit form as rendered: masked body and header, one field changed by the operator.
+    text = operator_client.get(f"/failed/{record.pk}/edit/").context["text"]
+    assert "hunter2" not in text
+    edited = text.replace('"order": 7', '"order": 8')
+    response = operator_client.post(f"/failed/{record.pk}/edit/", {
+        "body": edited.replace("\n", "\r\n"), "hk": ["Authorization"], "hv": ["***"]})
+    assert response.status_code == 303, response.content[:300]
+    (copy,) = Transport().browse(queue)
+    import json
+
+    assert json.loads(copy.body) == {**json.loads(SECRET_BODY), "order": 8}
+    assert copy.headers["Authorization"] == "Bearer s3cr3t"
+    # Untouched: byte for byte.
+    Transport().purge(queue)
+    other = fail_message(queue, body=SECRET_BODY)
+    status, data = api(operator_client, "get", f"/api/failed/{other.pk}/")
+    status, _ = api(operator_client, "post", f"/api/failed/{other.pk}/edit-retry/", {"body": data["body"]})
+    assert status == 200
+    (copy,) = Transport().browse(queue)
+    assert copy.body == SECRET_BODY.encode()
+
+
+def test_an_edit_that_breaks_the_json_of_a_masked_body_is_refused(operator_client, make_queue, error_queue,
+                                                                   masking):
+    record = fail_message(make_queue(), body=SECRET_BODY)
+    response = operator_client.post(f"/failed/{record.pk}/edit/", {"body": "not json"})
+    assert response.status_code == 400 and "masked fields" in response.content.decode()

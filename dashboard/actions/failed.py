@@ -13,6 +13,7 @@ from core.errors import InvalidHeaders, InvalidMessage, SluiceError
 from core.messages import Headers, encode_headers
 from core.models import BulkOperation, BulkOperationStatus, FailedMessage
 
+from dashboard import masking
 from dashboard.actions import validate
 from dashboard.actions.audit import acting, describe_ids
 from dashboard.actions.errors import ActionError
@@ -204,7 +205,14 @@ def edit_and_retry(user: Any, record_id: Any, body: Any, headers: Any = None, *,
         if record is None:
             raise ActionError(f"failed message {pk} does not exist", 404)
         audit.target, audit.ids = f"failed message {record.message_id}", [str(pk)]
-        edited = None if headers is None else _edited_headers(failures.headers_of(record), headers)
+        stored = failures.headers_of(record)
+        try:  # what the operator saw masked and left as "***" is the stored value
+            body = masking.unmask_body(body, record.body)
+        except masking.MaskedBodyInvalid as exc:
+            raise ActionError(str(exc)) from None
+        if isinstance(headers, Mapping):
+            headers = masking.unmask_headers(headers, stored)
+        edited = None if headers is None else _edited_headers(stored, headers)
         try:
             copy = failures.edit_and_retry(record.message_id, body, edited,
                                            requested_by=getattr(user, "username", ""), using=using)

@@ -21,6 +21,7 @@ from core.messages import Headers
 from core.models import BulkOperation, BulkOperationStatus, FailedMessage, FailureStatus
 from dashboard import actions
 from dashboard.actions import ActionError, validate
+from dashboard.masking import mask_body, mask_headers
 from dashboard.permissions import viewer_required
 from dashboard.views import edits
 from dashboard.views.common import (
@@ -157,10 +158,10 @@ def operations(request: HttpRequest) -> HttpResponse:
 @require_GET
 def failed_detail(request: HttpRequest, pk: int) -> HttpResponse:
     record = get_object_or_404(FailedMessage, pk=pk)
-    headers = failures.headers_of(record)
+    headers = mask_headers(failures.headers_of(record))
     return page(request, "dashboard/failed_detail.html", {
         "section": "failed", "record": record, "headers": ordered_headers(headers, PINNED),
-        "body": body_view(record.body), "history": list(reversed(record.history or [])),
+        "body": body_view(mask_body(record.body)), "history": list(reversed(record.history or [])),
         "editable": record.status in (FailureStatus.UNRESOLVED, FailureStatus.ARCHIVED),
     })
 
@@ -169,7 +170,7 @@ def failed_detail(request: HttpRequest, pk: int) -> HttpResponse:
 @require_GET
 def failed_body(request: HttpRequest, pk: int) -> HttpResponse:
     record = get_object_or_404(FailedMessage, pk=pk)
-    return download(record.body, f"failed-{record.message_id}")
+    return download(mask_body(record.body), f"failed-{record.message_id}")
 
 
 # -- acting ------------------------------------------------------------------------------------
@@ -252,13 +253,13 @@ PROTECTED_NOTE = ("Identity headers stay as they are: the copy gets a new messag
 def edit_retry(request: HttpRequest, pk: int) -> HttpResponse:
     """GET: the form (body, non-protected headers; protected ones locked).  POST: send the copy."""
     record = get_object_or_404(FailedMessage, pk=pk)
-    stored = failures.headers_of(record)
+    stored = mask_headers(failures.headers_of(record))  # the action puts masked values back
     protected = set(actions.PROTECTED_HEADERS)
     editable = {k: v for k, v in stored.items()
                 if k not in protected and k not in failures.FAILURE_HEADERS
                 and not k.startswith(failures.EXCEPTION_INFO_PREFIX)}
     locked = [(k, stored[k]) for k in sorted(protected) if k in stored]
-    body = bytes(record.body or b"")
+    body = mask_body(record.body)
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:

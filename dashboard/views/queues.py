@@ -17,6 +17,7 @@ from core.messages import Headers, Message, parse_wire_time
 from core.queues import list_queues, registry
 from core.transport import Transport
 from dashboard import actions
+from dashboard.masking import mask_body, mask_headers
 from dashboard.permissions import viewer_required
 from dashboard.views.common import (
     act, back_to, body_view, download, error_response, int_param, ordered_headers, page,
@@ -162,9 +163,10 @@ def message(request: HttpRequest, name: str, row_version: int) -> HttpResponse:
     if m is None:
         return error_response(request, "This message is no longer in the queue (received, deleted or "
                                        "held by a receiver right now).", 404)
-    headers = ordered_headers(m.headers, PINNED) if not m.poison else [(Headers.RAW_HEADERS, m.raw_headers)]
+    headers = ordered_headers(mask_headers(m.headers), PINNED) if not m.poison \
+        else [(Headers.RAW_HEADERS, m.raw_headers)]
     return page(request, "dashboard/message.html", {
-        "section": "queues", "name": name, "m": m, "headers": headers, "body": body_view(m.body),
+        "section": "queues", "name": name, "m": m, "headers": headers, "body": body_view(mask_body(m.body)),
         "sent": sent_at(m), "others": [q.name for q in list_queues() if q.name != name],
     })
 
@@ -178,7 +180,7 @@ def message_body(request: HttpRequest, name: str, row_version: int) -> HttpRespo
         return _unknown(request, name)
     if m is None:
         return error_response(request, "This message is no longer in the queue.", 404)
-    return download(m.body, f"{name}-{row_version}")
+    return download(mask_body(m.body), f"{name}-{row_version}")
 
 
 @viewer_required
