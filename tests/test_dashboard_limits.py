@@ -15,7 +15,7 @@ from core.delayed import delayed_store
 from core.scheduling import DelayedMessage
 from core.transport import Transport
 from dashboard import stats
-from tests.dashboard_api_support import api
+from tests.dashboard_api_support import api, clean_broker  # noqa: F401 — fixture
 from tests.dashboard_pages_support import (  # noqa: F401 — fixtures
     _fresh_dashboard_cache, fail_message, operator, operator_client, viewer, viewer_client,
 )
@@ -284,3 +284,35 @@ def test_an_edit_that_breaks_the_json_of_a_masked_body_is_refused(operator_clien
     record = fail_message(make_queue(), body=SECRET_BODY)
     response = operator_client.post(f"/failed/{record.pk}/edit/", {"body": "not json"})
     assert response.status_code == 400 and "masked fields" in response.content.decode()
+
+
+# -- item 3: purge and restore run on the workers, one at a time ------------------------------------
+
+def test_a_purge_is_queued_for_the_workers_once_per_queue(operator_client, queue, clean_broker):
+    from dashboard.models import AuditEntry
+    from tests.dashboard_api_support import run_queued
+
+    Transport().send_many(queue, [f"m{i}" for i in range(25)])
+    assert operator_client.post(f"/queues/{queue}/purge/", {"confirm": queue}).status_code == 303
+    assert len(Transport().browse(queue, limit=100)) == 25  # not in the request
+    again = operator_client.post(f"/queues/{queue}/purge/", {"confirm": queue})
+    assert again.status_code == 409 and b"already under way" in again.content
+    op_id = AuditEntry.objects.filter(action="purge_queue", outcome="ok").get().operation_id
+    op = run_queued(op_id)
+    assert (op.kind, op.status, op.done, op.total) == ("purge", "finished", 25, 25)
+    assert Transport().browse(queue) == []
+    page = operator_client.get(f"/queues/{queue}/").content.decode()
+    assert f'data-operation="{op_id}" data-status="finished"' in page  # the progress bar
+    assert operator_client.post(f"/queues/{queue}/purge/", {"confirm": queue}).status_code == 303
+
+
+def test_a_group_restore_is_queued_once(operator_client, queue, error_queue, clean_broker):
+    from core.models import BulkOperation, FailedMessage
+
+    records = [fail_message(queue, frame="arch") for _ in range(3)]
+    FailedMessage.objects.filter(pk__in=[r.pk for r in records]).update(status="archived")
+    assert operator_client.post("/failed/restore/", {"group": records[0].group_key}).status_code == 303
+    assert set(FailedMessage.objects.values_list("status", flat=True)) == {"archived"}
+    again = operator_client.post("/failed/restore/", {"group": records[0].group_key})
+    assert again.status_code == 409 and b"already under way" in again.content
+    assert BulkOperation.objects.filter(kind="restore").count() == 1

@@ -143,11 +143,12 @@ class QueueMessageMove(APIView):
 
 
 class QueuePurge(APIView):
-    @doc(summary="Delete every message of a queue", request=s.PurgeRequest)
+    @doc(summary="Delete every message of a queue: a bulk operation the workers run (poll "
+                 "GET /api/operations/<operation>/); count is the queue's estimated size", request=s.PurgeRequest)
     def post(self, request: Request, name: str) -> Response:
         confirm = _body(request).get("confirm")
         return _act(lambda: actions.purge_queue(request.user, name, confirm, via="api"),
-                    lambda r: {"purged": r.count})
+                    lambda r: {"operation": r.operation_id, "count": r.count}, status.HTTP_202_ACCEPTED)
 
 
 # -- delayed ----------------------------------------------------------------------------------------

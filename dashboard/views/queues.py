@@ -19,6 +19,7 @@ from core.transport import Transport
 from dashboard import actions
 from dashboard.masking import mask_body, mask_headers
 from dashboard.permissions import viewer_required
+from dashboard.views.failed import recent_operations
 from dashboard.views.common import (
     act, back_to, body_view, download, error_response, int_param, ordered_headers, page,
 )
@@ -141,7 +142,7 @@ def queue(request: HttpRequest, name: str) -> HttpResponse:
         "section": "queues", "name": name, "info": info, "rows": rows, "f": f, "problem": problem,
         "next_url": f"?{urlencode({**f.params(), 'after': cursor})}" if more else "",
         "first_url": f"?{urlencode(f.params())}" if after else "", "after": after,
-        "this_url": request.get_full_path(),
+        "this_url": request.get_full_path(), **recent_operations(),  # a purge's progress bar
     })
 
 
