@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from tests.browser_support import (  # noqa: F401 — fixtures
-    BROWSER_MARKS, NetworkLog, browser_context_args, browser_type_launch_args, login,
+    BROWSER_MARKS, NetworkLog, browser_context_args, browser_type_launch_args, celery_worker, login, worker_broker,
 )
 from tests.dashboard_pages_support import _fresh_dashboard_cache, fail_message, make_user  # noqa: F401
 
@@ -108,3 +108,16 @@ def test_retry_all_unresolved_under_a_search_retries_what_the_search_shows(live_
     expect(page.locator(".messages")).to_contain_text("Retry of 3 message(s) started")
     op = BulkOperation.objects.get()
     assert op.total == 3 and sorted(op.selection["ids"]) == sorted(r.message_id for r in shown)
+
+
+def test_purge_as_rendered_runs_on_a_worker_with_a_progress_bar(live_server, page, shop, worker_broker):
+    Transport().send_many(shop, [f"m{i}" for i in range(30)])
+    login(page, live_server.url, make_user("operator").username, f"/queues/{shop}/")
+    page.get_by_text("Purge this queue…").click()
+    page.get_by_label("Queue name").fill(shop)
+    page.get_by_role("button", name=f"Purge {shop}").click()
+    expect(page.locator(".messages")).to_contain_text(f"Purge of {shop} started")
+    op = page.locator("#operations [data-operation]").first
+    expect(op).to_have_attribute("data-status", "finished", timeout=30_000)
+    expect(op).to_contain_text("30 done of 30")
+    assert Transport().browse(shop) == []
