@@ -316,3 +316,29 @@ def test_a_group_restore_is_queued_once(operator_client, queue, error_queue, cle
     again = operator_client.post("/failed/restore/", {"group": records[0].group_key})
     assert again.status_code == 409 and b"already under way" in again.content
     assert BulkOperation.objects.filter(kind="restore").count() == 1
+
+
+# -- item 2: a statement timeout for every dashboard read -------------------------------------------
+
+@pytest.mark.urls("tests.timeout_urls")
+def test_a_read_that_runs_past_the_statement_timeout_is_stopped_with_a_message(operator_client, settings):
+    import time
+
+    settings.SLUICE_DASHBOARD_STATEMENT_TIMEOUT = 0.3
+    started = time.monotonic()
+    response = operator_client.get("/slow/")
+    assert time.monotonic() - started < 2.5
+    assert response.status_code == 503
+    assert "SLUICE_DASHBOARD_STATEMENT_TIMEOUT" in response.content.decode()
+    status, data = api(operator_client, "get", "/api/slow/")
+    assert status == 503 and "ran longer than 0.3 s" in data["error"]
+    # The connection is fine afterwards: the next page renders.
+    assert operator_client.get("/audit/").status_code == 200
+
+
+def test_mssql_bounds_lock_waits_and_resets_them():
+    from core.dialects import MSSQLDialect, PostgreSQLDialect
+
+    assert MSSQLDialect().statement_timeout(5) == ("SET LOCK_TIMEOUT 5000", [])
+    assert PostgreSQLDialect().statement_timeout(0.25) == (
+        "SELECT set_config('statement_timeout', %s, true)", ["250"])

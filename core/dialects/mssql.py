@@ -10,9 +10,10 @@
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import re
-from typing import Any
+from typing import Any, Iterator
 
 from core.dialects.base import Dialect
 from core.dialects.delayed_sql import DELAYED_COLUMNS, DelayedSQL
@@ -42,6 +43,27 @@ class MSSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
     # Azure SQL "try again" errors 40197, 40501, 40613.
     transient_errors = frozenset({"1205", "1222", "3960", "40001", "HYT00", "08S01", "40197", "40501", "40613"})
     missing_table_errors = frozenset({"208"})  # Invalid object name
+
+    #: 1222: lock request time out; HYT00: the driver's query timeout.
+    statement_timeout_errors = frozenset({"1222", "HYT00"})
+    bounded_needs_transaction = False
+
+    def statement_timeout(self, seconds: float) -> tuple[str, list[Any]]:
+        # SQL Server has no server-side limit on a statement's run time (that is the driver's
+        # query timeout); what makes a dashboard read hang is waiting for locks, so bound that.
+        return (f"SET LOCK_TIMEOUT {max(int(seconds * 1000), 1)}", [])
+
+    @contextlib.contextmanager
+    def bounded(self, connection: Any, seconds: float) -> Iterator[None]:
+        # LOCK_TIMEOUT lasts for the session: set back to "wait for ever" (-1) afterwards, so
+        # the connection's next user (a pump, an action) is not bounded by the dashboard's.
+        with connection.cursor() as cursor:
+            cursor.execute(*self.statement_timeout(seconds))
+        try:
+            yield
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCK_TIMEOUT -1")
 
     def error_codes(self, exc: BaseException) -> set[str]:
         # pyodbc / mssql-python: args = (SQLSTATE, "[SQLSTATE] [driver]… message (number) (SQLExecDirectW)").
