@@ -342,3 +342,53 @@ def test_mssql_bounds_lock_waits_and_resets_them():
     assert MSSQLDialect().statement_timeout(5) == ("SET LOCK_TIMEOUT 5000", [])
     assert PostgreSQLDialect().statement_timeout(0.25) == (
         "SELECT set_config('statement_timeout', %s, true)", ["250"])
+
+
+# -- item 2: capped counts, groups cut in SQL, search that does not scan ----------------------------
+
+def test_outbox_page_counts_up_to_a_cap(operator_client, outbox, queue, monkeypatch):
+    from core.outbox import OutboxSession
+    from dashboard.views import outbox as outbox_view
+
+    for i in range(3):
+        with OutboxSession(message_id=f"rec-{i}") as session:
+            session.send(queue, {"x": i})
+    assert outbox.store.stats().records == 3
+    assert outbox.store.stats(cap=2).records == 3  # 2 + 1: "more than 2"
+    monkeypatch.setattr(outbox_view, "COUNT_CAP", 2)
+    html = operator_client.get("/outbox/").content.decode()
+    assert '<div class="value">2+</div>' in html
+
+
+def test_groups_are_cut_in_sql(queue, error_queue):
+    from core import failures
+
+    for frame in ("a", "b", "c"):
+        fail_message(queue, frame=frame)
+    assert len(failures.groups("exception", limit=2)) == 2
+    assert len(failures.groups("exception")) == 3
+
+
+def test_one_or_two_characters_are_not_searched(operator_client, queue, error_queue):
+    fail_message(queue, exception_message="ab")
+    html = operator_client.get("/failed/?q=ab").content.decode()
+    assert "Type at least 3 characters" in html
+    status, data = api(operator_client, "get", "/api/failed/?q=ab")
+    assert status == 400 and "at least 3 characters" in data["error"]
+    assert operator_client.get("/failed/?q=abc").status_code == 200
+
+
+def test_a_search_without_an_index_reads_the_newest_records_only(operator_client, queue, error_queue, monkeypatch):
+    from core.dialects import dialect_for
+    from dashboard import searching
+
+    records = [fail_message(queue, exception_message="needle here") for _ in range(4)]
+    monkeypatch.setattr(searching, "UNINDEXED_SCAN", 2)
+    status, data = api(operator_client, "get", "/api/failed/?q=needle")
+    indexed = dialect_for(connections[get_settings().DATABASE]).failed_search_expression() is not None
+    if indexed:  # PostgreSQL: the trigram index finds them all
+        assert data["count"] == 4 and data["search_note"] is None
+    else:
+        assert data["count"] == 2 and "newest 2 failed messages" in data["search_note"]
+        assert {r["id"] for r in data["results"]} == {r.pk for r in records[2:]}
+        assert "newest 2 failed messages" in operator_client.get("/failed/?q=needle").content.decode()

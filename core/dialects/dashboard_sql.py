@@ -52,6 +52,10 @@ class DashboardSQL:
     def queue_stats_params(self, count: int, cap: int) -> list[Any]:
         return [v for i in range(count) for v in (i, cap, cap)]
 
+    def _capped_count(self, source: str, where: str) -> str:
+        """A scalar subquery counting rows of ``source`` + ``where`` up to %s (then it stops)."""
+        return f"(SELECT COUNT(*) FROM (SELECT 1 AS x FROM {source}{where} LIMIT %s) c)"
+
     def browse_sizes(self, name: str) -> str:
         """:meth:`browse` with each Body's size in bytes in its place: a listing of 4 MiB
         bodies reads integers, not bodies.  Params: :meth:`browse_params`."""

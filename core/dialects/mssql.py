@@ -371,6 +371,9 @@ class MSSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
                 f"WHERE {self._claim_where(count, include_quarantined)} AND {self._lease_free()}")
 
     # -- dashboard statistics (TOP instead of LIMIT; NOLOCK: estimates never wait) -----------
+    def _capped_count(self, source: str, where: str) -> str:
+        return f"(SELECT COUNT(*) FROM (SELECT TOP (%s) 1 AS x FROM {source}{where}) c)"
+
     def queue_stats(self, names: list[str]) -> str:
         parts = []
         for name in names:

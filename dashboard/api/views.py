@@ -21,7 +21,7 @@ from core.outbox import OutboxStore
 from core.records.run import last_run
 from core.transport import Transport
 
-from dashboard import actions, metric_windows, stats
+from dashboard import actions, metric_windows, searching, stats
 from dashboard.actions import ActionError
 from dashboard.actions import validate
 from dashboard.api import serializers as s
@@ -195,14 +195,20 @@ class FailedList(APIView):
         if status_ and status_ not in FailureStatus.values:
             raise ActionError(f"status must be one of {', '.join(FailureStatus.values)}")
         limit = int_param(request, "limit", 50)
+        try:
+            searching.check_text(p.get("q") or "")
+        except searching.TextTooShort as exc:
+            raise ActionError(str(exc)) from None
         qs = failures.search(text=p.get("q") or None, exception=p.get("exception") or None,
                              message_id=p.get("message_id") or None, queue=p.get("queue") or None,
                              message_type=p.get("message_type") or None, status=status_,
                              group=p.get("group") or None, since=time_param(request, "since"),
                              until=time_param(request, "until"))
+        qs, limited = searching.bound(qs, p.get("q") or "")
         count = qs.order_by()[:COUNT_CAP + 1].count()
         rows = qs.defer("headers", "body", "stack_trace", "history")[:limit]
         return Response({"count": min(count, COUNT_CAP), "count_capped": count > COUNT_CAP,
+                         "search_note": limited.note or None,
                          "results": [s.failed_json(r) for r in rows]})
 
 
@@ -220,7 +226,7 @@ class FailedGroups(APIView):
             {"key": g.group_key, "title": g.title, "count": g.count,
              "first_failed_at": g.first_failed.isoformat() if g.first_failed else None,
              "last_failed_at": g.last_failed.isoformat(), "exception_type": g.exception_type}
-            for g in failures.groups(by=by, status=status_)[:1000]]})
+            for g in failures.groups(by=by, status=status_, limit=1000)]})
 
 
 class FailedItem(APIView):

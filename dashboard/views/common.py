@@ -13,6 +13,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.utils import timezone
 
+from dashboard import stats
 from dashboard.actions import ActionError, ActionResult
 from dashboard.permissions import can_act
 
@@ -54,6 +55,7 @@ def act(request: HttpRequest, call: Callable[[], ActionResult], redirect_to: str
         return error_response(request, str(exc) or VIEWER_REASON, 403)
     except ActionError as exc:
         return error_response(request, exc.message, exc.status)
+    stats.forget_snapshot()  # the pages after an action show its effect
     messages.success(request, result.message[:1].upper() + result.message[1:] + ".")
     if request.htmx:
         response = HttpResponse(status=204)

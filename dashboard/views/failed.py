@@ -6,6 +6,7 @@ this module only turns forms into selections and outcomes into pages."""
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 from typing import Any, Callable
 
 from django.db.models import Q
@@ -17,9 +18,11 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
 from core import failures
+from core.conf import get_settings
 from core.messages import Headers
 from core.models import BulkOperation, BulkOperationStatus, FailedMessage, FailureStatus
-from dashboard import actions
+from dashboard import actions, stats
+from dashboard import searching as searching_module
 from dashboard.actions import ActionError, validate
 from dashboard.masking import mask_body, mask_headers
 from dashboard.permissions import viewer_required
@@ -37,6 +40,8 @@ PINNED = (Headers.MESSAGE_ID, Headers.ENCLOSED_MESSAGE_TYPES, Headers.FAILED_Q, 
           Headers.EXCEPTION_TYPE, Headers.TIME_SENT, Headers.CORRELATION_ID)
 #: Groups listed before "show all" (the largest first).
 GROUPS_SHOWN = 30
+#: Groups "show all" lists at most (the largest; the page says when there are more).
+GROUPS_LISTED = 200
 #: Matching messages are counted up to this many ("1000+").
 COUNT_CAP = 1000
 #: Search fields beyond queue / type: with them, "Retry all unresolved" retries what the search shows.
@@ -80,7 +85,7 @@ def _groups(by: str, f: dict[str, Any]) -> list[dict[str, Any]]:
     needs: the filter its link applies, whether bulk buttons apply, the confirmation text."""
     status = "unresolved" if f["status"] == "all" else f["status"]
     out = []
-    for g in failures.groups(by, status=status, queue=f["queue"] or None, message_type=f["type"] or None)[:200]:
+    for g in _cached_groups(by, status, f["queue"], f["type"]):
         key = g.group_key
         filt = {"group": key} if by == "exception" else ({"type": key} if by == "message_type" else {"queue": key})
         out.append({"key": key, "title": g.title, "count": g.count, "first": g.first_failed, "last": g.last_failed,
@@ -88,6 +93,19 @@ def _groups(by: str, f: dict[str, Any]) -> list[dict[str, Any]]:
                     "confirm": f"Retry the {g.count} message(s) of this group? Each goes back to its queue and is "
                                "processed again: side effects may repeat."})
     return out
+
+
+def _cached_groups(by: str, status: str, queue: str, message_type: str) -> list[failures.FailureGroup]:
+    """The GROUPS_LISTED largest groups, cut in SQL and shared by every viewer for
+    SLUICE_DASHBOARD_CACHE_SECONDS like the overview's snapshot: grouping a million records
+    costs a few hundred milliseconds, too much for every page view during an incident."""
+    key = "sluice:dashboard:groups:" + hashlib.sha1(repr((by, status, queue, message_type)).encode()).hexdigest()
+    found = stats.cache_get(key)
+    if found is None:
+        found = failures.groups(by, status=status, queue=queue or None, message_type=message_type or None,
+                                limit=GROUPS_LISTED)
+        stats.cache_set(key, found, get_settings().DASHBOARD_CACHE_SECONDS)
+    return found
 
 
 def _page_of(qs, request: HttpRequest):
@@ -124,7 +142,14 @@ def failed_list(request: HttpRequest) -> HttpResponse:
     by = request.GET.get("by", "exception")
     if by not in GROUPINGS:
         by = "exception"
-    qs = _search(f)
+    problem, note = "", ""
+    try:
+        searching_module.check_text(f["q"])
+        qs, limited = searching_module.bound(_search(f), f["q"])
+        note = limited.note
+    except searching_module.TextTooShort as exc:
+        problem, f["q"] = str(exc), ""
+        qs = _search(f)
     rows, next_before = _page_of(qs, request)
     keep = {k: v for k, v in f.items() if v and not (k == "status" and v == "unresolved")}
     filtered = any(k != "status" for k in keep)
@@ -142,7 +167,7 @@ def failed_list(request: HttpRequest) -> HttpResponse:
         "matching_capped": matching is not None and matching > COUNT_CAP, "filtered": filtered,
         "next_url": f"?{urlencode({**keep, 'by': by, 'before': next_before})}" if next_before else "",
         "first_url": f"?{urlencode({**keep, 'by': by})}" if request.GET.get("before") else "",
-        "this_url": request.get_full_path(), **recent_operations(),
+        "this_url": request.get_full_path(), "problem": problem, "search_note": note, **recent_operations(),
     })
 
 
@@ -204,7 +229,12 @@ def _searched_ids(p: QueryDict) -> list[int]:
     (unresolved only), as an ids selection; ActionError when there are more than one
     request may name (narrow the search, or use a group)."""
     f = {**_filters_of(p), "status": "unresolved"}
-    ids = list(_search(f).values_list("pk", flat=True)[:validate.MAX_IDS + 1])
+    try:
+        searching_module.check_text(f["q"])
+    except searching_module.TextTooShort as exc:
+        raise ActionError(str(exc)) from None
+    qs, _ = searching_module.bound(_search(f), f["q"])
+    ids = list(qs.values_list("pk", flat=True)[:validate.MAX_IDS + 1])
     if len(ids) > validate.MAX_IDS:
         raise ActionError(f"this search matches more than {validate.MAX_IDS} unresolved messages; narrow it "
                           "(or retry by group) to retry what it shows")
