@@ -147,6 +147,17 @@ class SluiceSettings:
     #: Queues with more rows than this show max − min RowVersion (an estimate) instead of a
     #: count; expired rows are counted up to it ("at least" beyond).
     DASHBOARD_EXACT_COUNT_LIMIT: int = 1000
+    #: Most body bytes one JSON API listing carries when bodies are asked for
+    #: (``?bodies=1``): the page stops early rather than pass it (at least one message).
+    DASHBOARD_API_BODY_BYTES: int = 8 * 1024 * 1024
+    #: Seconds a dashboard query may run before the database cancels it (PostgreSQL
+    #: statement_timeout, SQL Server lock timeout, SQLite a progress handler); 0: no limit.
+    DASHBOARD_STATEMENT_TIMEOUT: float = 5.0
+    #: Header names (case-insensitive) whose values every page, download and API response
+    #: shows as "***"; the stored message keeps them for retries.
+    MASK_HEADERS: tuple[str, ...] = ()
+    #: JSON body fields (object keys at any depth, case-insensitive) masked the same way.
+    MASK_BODY_FIELDS: tuple[str, ...] = ()
     #: Record every handled message (core.records): one row per attempt, written in the
     #: pump's receive transaction, one INSERT per receive batch.
     PROCESSING_RECORDS: bool = True
@@ -211,6 +222,9 @@ class SluiceSettings:
             )
         if not 1 <= self.OUTBOX_CLEANUP_BATCH_SIZE <= MAX_OUTBOX_CLEANUP_BATCH:
             raise ValueError(f"SLUICE_OUTBOX_CLEANUP_BATCH_SIZE must be 1–{MAX_OUTBOX_CLEANUP_BATCH}")
+        if self.DASHBOARD_API_BODY_BYTES < 1 or self.DASHBOARD_STATEMENT_TIMEOUT < 0:
+            raise ValueError("SLUICE_DASHBOARD_API_BODY_BYTES must be at least 1 and "
+                             "SLUICE_DASHBOARD_STATEMENT_TIMEOUT must not be negative")
         if self.DASHBOARD_CACHE_SECONDS < 0 or self.DASHBOARD_EXACT_COUNT_LIMIT < 1:
             raise ValueError("SLUICE_DASHBOARD_CACHE_SECONDS must not be negative and "
                              "SLUICE_DASHBOARD_EXACT_COUNT_LIMIT must be at least 1")

@@ -361,13 +361,23 @@ class Transport:
 
     def browse(self, queue: str, limit: int = 50, after: int = 0) -> list[Message]:
         """Messages in FIFO order without taking them (skips rows receivers hold)."""
-        info = self._queue(queue)
         d = self.dialect
+        return [self.to_message(queue, d.to_row(raw)) for raw in self._browse(queue, d.browse(queue), limit, after)]
+
+    def browse_sizes(self, queue: str, limit: int = 50, after: int = 0) -> list[tuple[Message, int]]:
+        """:meth:`browse` without the bodies: (message with an empty body, body size in bytes).
+        What a listing reads, so that a page of 4 MiB messages stays a page of headers."""
+        d = self.dialect
+        rows = self._browse(queue, d.browse_sizes(queue), limit, after)
+        return [(self.to_message(queue, d.to_row((*raw[:5], b"", *raw[6:]))), int(raw[5] or 0)) for raw in rows]
+
+    def _browse(self, queue: str, sql: str, limit: int, after: int) -> list[tuple[Any, ...]]:
+        info = self._queue(queue)
         with self._cursor() as cursor:
-            cursor.execute(d.browse(queue), d.browse_params(after, limit))
+            cursor.execute(sql, self.dialect.browse_params(after, limit))
             rows = cursor.fetchall()
         registry.record_activity(info.name, self.using)
-        return [self.to_message(queue, d.to_row(raw)) for raw in rows]
+        return rows
 
     def counts(self, queue: str) -> QueueCounts:
         """Total and expired counts (an operator's view; the pump uses peek_estimate):

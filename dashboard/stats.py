@@ -170,7 +170,35 @@ def clear_cache() -> None:
     _cache_down_until = 0.0
     try:
         _cache().delete_many([SNAPSHOT_KEY, SAMPLES_KEY, REFRESH_KEY])
+        _cache().set(GENERATION_KEY, time.time_ns(), 24 * 3600)  # cache_set's values too
     except Exception:  # noqa: BLE001
+        pass
+
+
+GENERATION_KEY = "sluice:dashboard:generation"
+
+
+def cache_get(key: str) -> Any:
+    """A value other dashboard views share through the snapshot's cache (Redis, or per
+    process) until the next action (:func:`forget_snapshot`) or its time is up."""
+    return _cache_get(f"{key}:{_cache_get(GENERATION_KEY) or 0}")
+
+
+def cache_set(key: str, value: Any, seconds: float) -> None:
+    if seconds > 0:
+        _cache_set(f"{key}:{_cache_get(GENERATION_KEY) or 0}", value, seconds)
+
+
+def forget_snapshot() -> None:
+    """Forget the cached snapshot after an action, so the next page shows its effect; the
+    throughput samples stay (clearing them would blank every rate for minutes)."""
+    with _local_lock:
+        _local.pop(SNAPSHOT_KEY, None)
+        _local.pop(REFRESH_KEY, None)
+    _cache_set(GENERATION_KEY, time.time_ns(), 24 * 3600)  # what cache_set stored is out of date
+    try:
+        _cache().delete_many([SNAPSHOT_KEY, REFRESH_KEY])
+    except Exception:  # noqa: BLE001 — Redis down: the snapshot expires on its own
         pass
 
 

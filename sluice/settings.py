@@ -95,6 +95,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Every GET's queries are bounded by SLUICE_DASHBOARD_STATEMENT_TIMEOUT (a 503 past it).
+    "dashboard.timeouts.StatementTimeoutMiddleware",
 ]
 
 ROOT_URLCONF = "sluice.urls"

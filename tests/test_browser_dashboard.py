@@ -125,7 +125,10 @@ def test_operator_archives_and_restores(live_server, page, shop, worker_broker):
     expect(page.locator("#failures tbody tr[data-failed]")).to_have_count(1)
     page.get_by_label(f"Select {archive_me.message_id}").check()
     page.get_by_role("button", name="Restore selected").click()
-    expect(page.locator(".messages")).to_contain_text("1 message(s) restored")
+    expect(page.locator(".messages")).to_contain_text("Restore of 1 message(s) started")
+    op_row = page.locator("#operations [data-operation]").first  # a worker restores (issue 20 item 3)
+    expect(op_row).to_contain_text("restore")
+    expect(op_row).to_have_attribute("data-status", "finished", timeout=30_000)
     assert FailedMessage.objects.get(pk=archive_me.pk).status == "unresolved"
     assert net.failures == []
 

@@ -13,6 +13,7 @@ from core.messages import Headers
 from core.models import BulkOperation, FailedMessage
 from core.transport import Transport
 from dashboard.models import AuditEntry
+from tests.dashboard_api_support import clean_broker, run_queued  # noqa: F401 — fixture
 from tests.dashboard_pages_support import (  # noqa: F401 — fixtures
     _fresh_dashboard_cache, fail_message, operator, operator_client, viewer, viewer_client,
 )
@@ -53,7 +54,7 @@ def test_delete_selected_messages(operator_client, viewer_client, viewer, queue)
     assert nothing.status_code == 400 and b"banner bad" in nothing.content
 
 
-def test_purge_needs_the_queue_name_typed(operator_client, viewer_client, queue):
+def test_purge_needs_the_queue_name_typed(operator_client, viewer_client, queue, clean_broker):
     Transport().send_many(queue, ["a", "b", "c"])
     assert viewer_client.post(f"/queues/{queue}/purge/", {"confirm": queue}).status_code == 403
     wrong = operator_client.post(f"/queues/{queue}/purge/", {"confirm": "orders"})
@@ -61,8 +62,11 @@ def test_purge_needs_the_queue_name_typed(operator_client, viewer_client, queue)
     assert len(ids_in(queue)) == 3
     assert audited("purge_queue", "rejected")
     assert operator_client.post(f"/queues/{queue}/purge/", {"confirm": queue}).status_code == 303
+    entry = audited("purge_queue")
+    assert f"operation {entry.operation_id} queued: about 3 message(s)" in entry.detail
+    assert len(ids_in(queue)) == 3  # the request only queued it: a worker purges
+    assert run_queued(entry.operation_id).done == 3
     assert ids_in(queue) == []
-    assert "3 purged" in audited("purge_queue").detail
 
 
 def test_move_a_message_to_another_queue(operator_client, viewer_client, make_queue):
@@ -184,6 +188,7 @@ def test_archive_restore_and_archive_older_than(operator_client, viewer_client, 
     assert viewer_client.post("/failed/restore/", {"ids": [old.pk]}).status_code == 403
     assert FailedMessage.objects.get(pk=old.pk).status == "archived"
     assert operator_client.post("/failed/restore/", {"ids": [old.pk]}).status_code == 303
+    failures.run_operation(BulkOperation.objects.latest("pk").pk)  # what the worker does
     assert FailedMessage.objects.get(pk=old.pk).status == "unresolved"
     assert audited("restore_failed") and audited("archive_failed")
     archived_list = operator_client.get("/failed/?status=archived").content.decode()
@@ -247,6 +252,9 @@ def test_archived_groups_can_be_restored_as_a_group(operator_client, queue, erro
     row = html.split(f'data-group="{records[0].group_key}"')[1].split("</tr>")[0]
     assert "Restore group" in row
     assert operator_client.post("/failed/restore/", {"group": records[0].group_key}).status_code == 303
+    op = BulkOperation.objects.latest("pk")
+    assert (op.kind, op.total, op.status) == ("restore", 2, "pending")  # the request only queued it
+    failures.run_operation(op.pk)
     assert set(FailedMessage.objects.values_list("status", flat=True)) == {"unresolved"}
 
 

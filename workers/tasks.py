@@ -72,7 +72,8 @@ def purge_archived_failures() -> int:
 
 @shared_task(name="sluice.run_bulk_operation", acks_late=True)
 def run_bulk_operation(operation_id: int) -> dict:
-    """Retry / archive failed messages in batches; the operation row shows progress.
+    """Retry / archive / restore failed messages, or purge a queue, in batches; the operation
+    row shows progress.
     Re-running after a worker died carries on where the last committed batch ended."""
     from core.failures import run_operation
 

@@ -23,7 +23,7 @@ class DelayedCommands(Group):
         dele.add_argument("id")
 
     def list(self, options: dict[str, Any]) -> None:
-        messages, now = delayed_store().list(positive(options))
+        messages, now = delayed_store().list(positive(options), bodies=False)
         rows = [{
             "id": m.id, "destination": m.destination, "due": m.due.isoformat() if m.due else None,
             "retry_count": m.retry_count, "type": m.message_type,

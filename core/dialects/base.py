@@ -91,6 +91,9 @@ class Dialect(abc.ABC):
     #: :meth:`counts` reads committed data (False: it reads without locks, SQL Server's
     #: NOLOCK, so it may count rows of uncommitted sends and receives).
     counts_are_exact: bool = True
+    #: The SQL function giving a binary column's size in bytes: listings select it instead
+    #: of the column, so a page of 4 MiB bodies costs a page of integers.
+    byte_length_function: str = "OCTET_LENGTH"
     #: Error codes (:meth:`error_codes`) of failures that are the database's passing state
     #: — deadlock, lock timeout, serialization failure, lost connection — rather than the
     #: statement's: the work is retried later and no message is blamed for it.

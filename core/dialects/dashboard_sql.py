@@ -2,11 +2,37 @@
 core/failures): mixed into every dialect.  Bounded: never a full count of a big table."""
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 
 class DashboardSQL:
     """The dashboard's statements; the fragments and helpers come from :class:`Dialect`."""
+
+    #: Error codes of a statement the database stopped because :meth:`bounded`'s time ran out.
+    statement_timeout_errors: frozenset[str] = frozenset()
+    #: :meth:`bounded` works only inside a transaction (PostgreSQL's limit is transaction-local).
+    #: SQLite's is not: a transaction there would take the write lock (BEGIN IMMEDIATE) for a read.
+    bounded_needs_transaction: bool = True
+
+    def statement_timeout(self, seconds: float) -> tuple[str, list[Any]] | None:
+        """A statement that makes the database cancel every later statement of the current
+        transaction that runs longer than ``seconds``; None where there is none."""
+        return None
+
+    @contextlib.contextmanager
+    def bounded(self, connection: Any, seconds: float) -> Iterator[None]:
+        """Inside a transaction on Django ``connection``: its statements are cancelled past
+        ``seconds`` each (a dashboard page must not hold a worker and the database for
+        minutes).  :meth:`is_statement_timeout` tells such a cancel from other errors."""
+        statement = self.statement_timeout(seconds)
+        if statement is not None:
+            with connection.cursor() as cursor:
+                cursor.execute(*statement)
+        yield
+
+    def is_statement_timeout(self, exc: BaseException) -> bool:
+        return self._has_code(exc, self.statement_timeout_errors)
 
     def queue_stats(self, names: list[str]) -> str:
         """One row per queue of ``names`` (UNION ALL): (position, min RowVersion, max RowVersion,
@@ -25,6 +51,16 @@ class DashboardSQL:
 
     def queue_stats_params(self, count: int, cap: int) -> list[Any]:
         return [v for i in range(count) for v in (i, cap, cap)]
+
+    def _capped_count(self, source: str, where: str) -> str:
+        """A scalar subquery counting rows of ``source`` + ``where`` up to %s (then it stops)."""
+        return f"(SELECT COUNT(*) FROM (SELECT 1 AS x FROM {source}{where} LIMIT %s) c)"
+
+    def browse_sizes(self, name: str) -> str:
+        """:meth:`browse` with each Body's size in bytes in its place: a listing of 4 MiB
+        bodies reads integers, not bodies.  Params: :meth:`browse_params`."""
+        body = self._col("Body")
+        return self.browse(name).replace(body, f"{self.byte_length_function}({body})", 1)
 
     def failed_search_expression(self) -> str | None:
         """An SQL expression over a sluice_failed_message row that free-text search matches

@@ -106,10 +106,14 @@ class DelayedSQL(abc.ABC):
         """One row: (earliest due time or NULL, the database's now)."""
         return f"SELECT (SELECT MIN({self.quote('Time')}) FROM {self.table(name)}), {self.now_sql()}"
 
-    def delayed_list(self, name: str) -> str:
-        """Up to %s stored messages by due time, with the database's now.  Not locked."""
+    def delayed_list(self, name: str, bodies: bool = True) -> str:
+        """Up to %s stored messages by due time, with the database's now.  Not locked.
+        Without ``bodies`` the State column holds its size in bytes (an operator's listing)."""
+        columns = self._delayed_columns()
+        if not bodies:
+            columns = columns.replace(self.quote("State"), f"{self.byte_length_function}({self.quote('State')})")
         return (
-            f"SELECT {self._delayed_columns()}, {self.now_sql()} FROM {self.table(name)}{self.nolock_hint} "
+            f"SELECT {columns}, {self.now_sql()} FROM {self.table(name)}{self.nolock_hint} "
             f"ORDER BY {self.quote('Time')}, {self.quote('Id')}{self.limit}"
         )
 

@@ -10,9 +10,10 @@
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import re
-from typing import Any
+from typing import Any, Iterator
 
 from core.dialects.base import Dialect
 from core.dialects.delayed_sql import DELAYED_COLUMNS, DelayedSQL
@@ -24,6 +25,7 @@ class MSSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
     vendor = "microsoft"
     # OFFSET … FETCH rather than TOP (%s): the limit stays the last parameter, as LIMIT's.
     limit = " OFFSET 0 ROWS FETCH NEXT %s ROWS ONLY"
+    byte_length_function = "DATALENGTH"
     readpast_hint = " WITH (READPAST)"
     nolock_hint = " WITH (NOLOCK)"
     # The receive's hints (and the ORM's select_for_update(skip_locked=True)).
@@ -41,6 +43,27 @@ class MSSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
     # Azure SQL "try again" errors 40197, 40501, 40613.
     transient_errors = frozenset({"1205", "1222", "3960", "40001", "HYT00", "08S01", "40197", "40501", "40613"})
     missing_table_errors = frozenset({"208"})  # Invalid object name
+
+    #: 1222: lock request time out; HYT00: the driver's query timeout.
+    statement_timeout_errors = frozenset({"1222", "HYT00"})
+    bounded_needs_transaction = False
+
+    def statement_timeout(self, seconds: float) -> tuple[str, list[Any]]:
+        # SQL Server has no server-side limit on a statement's run time (that is the driver's
+        # query timeout); what makes a dashboard read hang is waiting for locks, so bound that.
+        return (f"SET LOCK_TIMEOUT {max(int(seconds * 1000), 1)}", [])
+
+    @contextlib.contextmanager
+    def bounded(self, connection: Any, seconds: float) -> Iterator[None]:
+        # LOCK_TIMEOUT lasts for the session: set back to "wait for ever" (-1) afterwards, so
+        # the connection's next user (a pump, an action) is not bounded by the dashboard's.
+        with connection.cursor() as cursor:
+            cursor.execute(*self.statement_timeout(seconds))
+        try:
+            yield
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCK_TIMEOUT -1")
 
     def error_codes(self, exc: BaseException) -> set[str]:
         # pyodbc / mssql-python: args = (SQLSTATE, "[SQLSTATE] [driver]… message (number) (SQLExecDirectW)").
@@ -354,6 +377,9 @@ class MSSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
                 f"WHERE {self._claim_where(count, include_quarantined)} AND {self._lease_free()}")
 
     # -- dashboard statistics (TOP instead of LIMIT; NOLOCK: estimates never wait) -----------
+    def _capped_count(self, source: str, where: str) -> str:
+        return f"(SELECT COUNT(*) FROM (SELECT TOP (%s) 1 AS x FROM {source}{where}) c)"
+
     def queue_stats(self, names: list[str]) -> str:
         parts = []
         for name in names:

@@ -177,13 +177,15 @@ class OutboxSQL(abc.ABC):
         """The record with MessageId %s."""
         return f"SELECT {self._outbox_columns()} FROM {self.table(name)} WHERE {self._col('MessageId')} = %s"
 
-    def outbox_stats(self, name: str) -> str:
-        """One row: (records, undispatched, quarantined, oldest undispatched CreatedAt, now)."""
+    def outbox_stats(self, name: str, capped: bool = False) -> str:
+        """One row: (records, undispatched, quarantined, oldest undispatched CreatedAt, now).
+        ``capped`` (the dashboard): each count stops at a cap, three %s parameters."""
         t = f"{self.table(name)}{self.nolock_hint}"
         undispatched = self._is("Dispatched", False)
+        wheres = ("", f" WHERE {undispatched}", f" WHERE {undispatched} AND {self._is('Quarantined', True)}")
+        counts = [self._capped_count(t, w) if capped else f"(SELECT COUNT(*) FROM {t}{w})" for w in wheres]
         return (
-            f"SELECT (SELECT COUNT(*) FROM {t}), (SELECT COUNT(*) FROM {t} WHERE {undispatched}), "
-            f"(SELECT COUNT(*) FROM {t} WHERE {undispatched} AND {self._is('Quarantined', True)}), "
+            f"SELECT {', '.join(counts)}, "
             f"(SELECT MIN({self._col('CreatedAt')}) FROM {t} WHERE {undispatched}), {self.now_sql()}"
         )
 

@@ -280,6 +280,12 @@ class PostgreSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
                 f'RETURNING "MessageId", "Operations", "CreatedAt", {self.now_sql()}')
 
     # -- dashboard: free-text search over failed messages through a trigram index -------------
+    statement_timeout_errors = frozenset({"57014"})  # query_canceled
+
+    def statement_timeout(self, seconds: float) -> tuple[str, list[Any]]:
+        # SET LOCAL takes no bound parameter; set_config(..., true) is the same, transaction-local.
+        return ("SELECT set_config('statement_timeout', %s, true)", [str(max(int(seconds * 1000), 1))])
+
     def failed_search_expression(self) -> str:
         return ('UPPER("message_id" || \' \' || "exception_type" || \' \' || "exception_message" || \' \' '
                 '|| "message_type" || \' \' || "original_queue")')

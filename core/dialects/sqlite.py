@@ -7,8 +7,10 @@ Timestamps are UTC text ``YYYY-MM-DD HH:MM:SS.SSS``, which sorts as time does.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
-from typing import Any
+import time
+from typing import Any, Iterator
 
 from core.dialects.base import Dialect
 from core.dialects.delayed_sql import DelayedSQL
@@ -22,6 +24,7 @@ class SQLiteDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
     supports_schemas = False
     rowversion_is_primary_key = True
     limit = " LIMIT %s"
+    byte_length_function = "LENGTH"
     # One writer at a time (BEGIN IMMEDIATE) and readers that never block: no hints, no row locks.
     readpast_hint = nolock_hint = lock_skip_hint = skip_locked_suffix = ""
     max_parameters = 30_000
@@ -30,6 +33,23 @@ class SQLiteDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
     transient_errors = frozenset({"5", "6"})
     # SQLite reports a missing table as a generic SQLITE_ERROR (1): only its text tells.
     missing_table_errors = frozenset({"no such table"})
+
+    #: SQLITE_INTERRUPT: the progress handler of :meth:`bounded` stopped the statement.
+    statement_timeout_errors = frozenset({"9"})
+    bounded_needs_transaction = False
+
+    @contextlib.contextmanager
+    def bounded(self, connection: Any, seconds: float) -> Iterator[None]:
+        # No statement timeout in SQLite: a progress handler, called every 10,000 virtual
+        # machine steps, interrupts the running statement once the deadline has passed.
+        connection.ensure_connection()
+        raw = connection.connection
+        deadline = time.monotonic() + seconds
+        raw.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
+        try:
+            yield
+        finally:
+            raw.set_progress_handler(None, 0)
 
     def error_codes(self, exc: BaseException) -> set[str]:
         code = getattr(exc, "sqlite_errorcode", None)  # sqlite3 errors (Python 3.11+)

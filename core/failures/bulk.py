@@ -1,4 +1,4 @@
-"""Bulk retry and archive as :class:`~core.models.BulkOperation` jobs.
+"""Bulk retry, archive and restore (and a queue's purge) as :class:`~core.models.BulkOperation` jobs.
 
 Records are handled in batches, one transaction each, and the operation's counters are
 updated per batch so a page can poll them (``sluice.run_bulk_operation`` runs one in
@@ -14,7 +14,8 @@ from django.db.models import F, Max, QuerySet
 from django.utils import timezone
 
 from core.conf import get_settings
-from core.failures.lifecycle import archive_one
+from core.failures.lifecycle import archive_one, restore_one
+from core.failures.queue_purge import run_purge
 from core.failures.records import MAX_ERROR_LINES, MAX_IN, RetryRefused, base, chunks
 from core.failures.retrying import send_back
 from core.failures.selections import describe, eligible, matching, normalise, querysets, with_ids
@@ -22,7 +23,8 @@ from core.models import BulkOperation, BulkOperationStatus
 
 log = logging.getLogger("sluice.failures")
 
-KINDS = ("retry", "archive")
+#: Kinds over failed-message records; "purge" (a queue's rows) runs in core.failures.queue_purge.
+KINDS = ("retry", "archive", "restore")
 
 
 def _start(kind: str, selection: Any, requested_by: str, using: str | None) -> BulkOperation:
@@ -46,6 +48,11 @@ def retry(selection: Any, requested_by: str = "", using: str | None = None) -> B
 def start_archive(selection: Any, requested_by: str = "", using: str | None = None) -> BulkOperation:
     """Create an archive operation (pending) for a large selection; run it with :func:`run_operation`."""
     return _start("archive", selection, requested_by, using)
+
+
+def start_restore(selection: Any, requested_by: str = "", using: str | None = None) -> BulkOperation:
+    """Create a restore operation (archived → unresolved, pending); run it with :func:`run_operation`."""
+    return _start("restore", selection, requested_by, using)
 
 
 def _batches(op: BulkOperation, batch_size: int, using: str) -> Iterator[QuerySet]:
@@ -79,6 +86,8 @@ def run_operation(operation_id: int, batch_size: int | None = None, using: str |
     op = ops.get(pk=operation_id)
     if op.status in (BulkOperationStatus.FINISHED, BulkOperationStatus.FAILED):
         return op
+    if op.kind == "purge":
+        return run_purge(op, using)
     if op.kind not in KINDS:
         raise ValueError(f"unknown operation kind {op.kind!r}")
     ops.filter(pk=op.pk).update(status=BulkOperationStatus.RUNNING, updated_at=timezone.now())
@@ -110,8 +119,11 @@ def _run_batch(op: BulkOperation, records: list, reasons: list[str], using: str)
     done = failed = 0
     now = timezone.now()
     for record in records:
-        if op.kind == "archive":
-            archive_one(record, now, op.requested_by, using, op.pk)
+        if op.kind in ("archive", "restore"):
+            if op.kind == "archive":
+                archive_one(record, now, op.requested_by, using, op.pk)
+            else:
+                restore_one(record, now, op.requested_by, using)
             done += 1
             continue
         try:

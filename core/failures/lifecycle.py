@@ -75,17 +75,19 @@ def archive(selection: Any, requested_by: str = "", using: str | None = None, ba
                for qs in querysets(normalise(selection), (FailureStatus.UNRESOLVED,), using))
 
 
+def restore_one(record: FailedMessage, now: dt.datetime, by: str, using: str) -> None:
+    """One (locked) archived record back to unresolved."""
+    record.status = FailureStatus.UNRESOLVED
+    record.archived_at = None
+    append_event(record, event("restored", now, exception_type=record.exception_type, by=by))
+    record.save(using=using, update_fields=["status", "archived_at", "history"])
+
+
 def restore(ids: Iterable[str] | Any, requested_by: str = "", using: str | None = None) -> int:
-    """Archived → unresolved; returns how many were restored."""
+    """Archived → unresolved; returns how many were restored.  For a large selection behind a
+    progress bar use :func:`~core.failures.start_restore`."""
     using = using or get_settings().DATABASE
-
-    def apply(record: FailedMessage, now: dt.datetime) -> None:
-        record.status = FailureStatus.UNRESOLVED
-        record.archived_at = None
-        append_event(record, event("restored", now, exception_type=record.exception_type, by=requested_by))
-        record.save(using=using, update_fields=["status", "archived_at", "history"])
-
-    return sum(_in_batches(qs, using, 1000, apply)
+    return sum(_in_batches(qs, using, 1000, lambda r, now: restore_one(r, now, requested_by, using))
                for qs in querysets(normalise(ids), (FailureStatus.ARCHIVED,), using))
 
 

@@ -24,10 +24,11 @@ class FailureGroup(NamedTuple):
 
 
 def groups(by: str = "exception", status: str = FailureStatus.UNRESOLVED, using: str | None = None,
-           queue: str | None = None, message_type: str | None = None) -> list[FailureGroup]:
+           queue: str | None = None, message_type: str | None = None, limit: int | None = None) -> list[FailureGroup]:
     """Groups of (by default unresolved) records, largest first.  ``by``: "exception" (type +
     first stack frame; the key is ``group_key``), "message_type" or "queue" (the key is the
-    type / queue name, and exception_type is "")."""
+    type / queue name, and exception_type is "").  ``limit``: only the largest that many, cut
+    in SQL (titles are then looked up for those alone: 100,000 groups are not all read)."""
     using = using or get_settings().DATABASE
     qs = base(using).filter(status=status)
     if queue:
@@ -39,7 +40,7 @@ def groups(by: str = "exception", status: str = FailureStatus.UNRESOLVED, using:
         # exception type come from one of its rows (the key is a hash of both), fetched by id.
         rows = list(qs.order_by().values("group_key").annotate(
             n=Count("pk"), first=Min("time_of_failure"), last=Max("time_of_failure"), one=Max("pk"))
-            .order_by("-n", "-last"))
+            .order_by("-n", "-last")[:limit])
         titles: dict[int, tuple[str, str]] = {}
         for chunk in chunks([r["one"] for r in rows], MAX_IN):
             for pk, title, exception_type in base(using).filter(pk__in=chunk).values_list(
@@ -51,7 +52,7 @@ def groups(by: str = "exception", status: str = FailureStatus.UNRESOLVED, using:
     if field is None:
         raise ValueError('groups(by=...) must be "exception", "message_type" or "queue"')
     rows = qs.order_by().values(field).annotate(n=Count("pk"), first=Min("time_of_failure"),
-                                                last=Max("time_of_failure")).order_by("-n", "-last")
+                                                last=Max("time_of_failure")).order_by("-n", "-last")[:limit]
     return [FailureGroup(r[field], r[field] or "(none)", r["n"], r["last"], "", r["first"]) for r in rows]
 
 

@@ -68,6 +68,8 @@ ELIGIBLE = {
     ("retry", "bulk"): (FailureStatus.UNRESOLVED,),
     ("archive", "ids"): (FailureStatus.UNRESOLVED,),
     ("archive", "bulk"): (FailureStatus.UNRESOLVED,),
+    ("restore", "ids"): (FailureStatus.ARCHIVED,),
+    ("restore", "bulk"): (FailureStatus.ARCHIVED,),
 }
 
 

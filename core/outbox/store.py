@@ -73,6 +73,8 @@ class OutboxStats:
     quarantined: int
     bytes: int
     oldest_undispatched_age_s: float | None
+    #: Counts stop at this many (a count above it means "more than"); None: exact.
+    count_cap: int | None = None
 
 
 @dataclass(frozen=True)
@@ -211,14 +213,16 @@ class OutboxStore:
             raw = cursor.fetchone()
         return None if raw is None else d.to_outbox_row(raw)
 
-    def stats(self) -> OutboxStats:
+    def stats(self, cap: int | None = None) -> OutboxStats:
+        """Counts, size and the oldest undispatched record's age.  ``cap`` (a page on a big
+        table): each count stops just past it, so it reads at most that many index entries."""
         d = self.dialect
         with self._cursor() as cursor:
-            cursor.execute(d.outbox_stats(self.table), [])
+            cursor.execute(d.outbox_stats(self.table, capped=cap is not None), [] if cap is None else [cap + 1] * 3)
             records, undispatched, quarantined, oldest, now = cursor.fetchone()
         age = None if oldest is None else _seconds_between(d.to_datetime(oldest), d.to_datetime(now))
         return OutboxStats(self.table, int(records), int(undispatched or 0), int(quarantined or 0),
-                           self.size(), age)
+                           self.size(), age, cap)
 
     def size(self) -> int:
         """Bytes the table takes; the data's own size where the database cannot say."""

@@ -11,8 +11,9 @@ from core import failures
 from core.conf import get_settings
 from core.errors import InvalidHeaders, InvalidMessage, SluiceError
 from core.messages import Headers, encode_headers
-from core.models import BulkOperation, BulkOperationStatus, FailedMessage
+from core.models import FailedMessage
 
+from dashboard import masking
 from dashboard.actions import validate
 from dashboard.actions.audit import acting, describe_ids
 from dashboard.actions.errors import ActionError
@@ -25,6 +26,8 @@ PROTECTED_HEADERS = frozenset({
     Headers.MESSAGE_ID, Headers.CORRELATION_ID, Headers.CONVERSATION_ID, Headers.ORIGINATING_ENDPOINT,
     Headers.TIME_SENT, failures.RETRY_OF, failures.RETRIED_AT, "NServiceBus.RelatedTo",
 })
+#: The status a selection's records must have for each kind, for "nothing to …" errors.
+NOTHING_TO = {"retry": "unresolved or archived", "archive": "unresolved", "restore": "archived"}
 SELECTION_KEYS = ("ids", "message_ids", "group", "all")
 
 
@@ -106,14 +109,17 @@ def _start(user: Any, action: str, kind: str, data: Any, via: str, allow_older_t
     with acting(user, action, via, target="failed messages") as audit:
         selection = parse_selection(data, allow_older_than=allow_older_than)
         audit.target, audit.ids = selection.description, selection.ids
-        start = failures.retry if kind == "retry" else failures.start_archive
+        running = failures.active_operation(kind, selection.core)
+        if running is not None:  # a second click while the first runs
+            raise ActionError(f"a {kind} of {selection.description} is already under way (operation {running.pk})",
+                              409)
+        start = {"retry": failures.retry, "archive": failures.start_archive, "restore": failures.start_restore}[kind]
         op = start(selection.core, requested_by=getattr(user, "username", ""))
         audit.operation_id = op.pk
         if op.total == 0:
             op.delete()
             audit.operation_id = None
-            raise ActionError(f"nothing to {kind}: no message of the selection is "
-                              f"{'unresolved' if kind == 'archive' else 'unresolved or archived'}", 409)
+            raise ActionError(f"nothing to {kind}: no message of the selection is {NOTHING_TO[kind]}", 409)
         try:
             enqueue(op)
         except BrokerUnavailable as exc:
@@ -136,24 +142,9 @@ def archive_failed(user: Any, selection: Any, *, via: str = "") -> ActionResult:
 
 
 def restore_failed(user: Any, selection: Any, *, via: str = "") -> ActionResult:
-    """Archived → unresolved, at once (one UPDATE batch per 1,000); recorded as a finished
-    BulkOperation of kind "restore" so pages and scripts follow it like the others."""
-    with acting(user, "restore_failed", via, target="failed messages") as audit:
-        selection = parse_selection(selection)
-        audit.target, audit.ids = selection.description, selection.ids
-        core_sel = dict(selection.core)
-        username = getattr(user, "username", "")
-        restored = failures.restore(core_sel, requested_by=username)
-        if not restored:
-            raise ActionError("nothing to restore: no message of the selection is archived", 409)
-        now = timezone.now()
-        op = BulkOperation.objects.create(
-            kind="restore", description=selection.description[:500], selection=core_sel, total=restored,
-            done=restored, status=BulkOperationStatus.FINISHED, requested_by=username[:150], finished_at=now)
-        audit.operation_id = op.pk
-        audit.detail = f"{restored} restored (operation {op.pk})"
-    return ActionResult("restore_failed", restored, f"{restored} message(s) restored",
-                        audit_id=audit.entry_id, operation_id=op.pk)
+    """Archived → unresolved, as a BulkOperation a Celery worker runs in batches (a group can
+    hold a million records: too many for one request)."""
+    return _start(user, "restore_failed", "restore", selection, via)
 
 
 def delete_failed(user: Any, selection: Any, *, via: str = "") -> ActionResult:
@@ -204,7 +195,14 @@ def edit_and_retry(user: Any, record_id: Any, body: Any, headers: Any = None, *,
         if record is None:
             raise ActionError(f"failed message {pk} does not exist", 404)
         audit.target, audit.ids = f"failed message {record.message_id}", [str(pk)]
-        edited = None if headers is None else _edited_headers(failures.headers_of(record), headers)
+        stored = failures.headers_of(record)
+        try:  # what the operator saw masked and left as "***" is the stored value
+            body = masking.unmask_body(body, record.body)
+        except masking.MaskedBodyInvalid as exc:
+            raise ActionError(str(exc)) from None
+        if isinstance(headers, Mapping):
+            headers = masking.unmask_headers(headers, stored)
+        edited = None if headers is None else _edited_headers(stored, headers)
         try:
             copy = failures.edit_and_retry(record.message_id, body, edited, queue=record.original_queue,
                                            requested_by=getattr(user, "username", ""), using=using)

@@ -5,6 +5,7 @@ from typing import Any, Sequence
 
 from django.db import transaction
 
+from core import failures
 from core.conf import get_settings
 from core.errors import PoisonMessage
 from core.messages import Message, decode_headers
@@ -14,6 +15,7 @@ from core.transport import Transport, row_id_for
 from dashboard.actions import validate
 from dashboard.actions.audit import acting, describe_ids
 from dashboard.actions.errors import ActionError
+from dashboard.actions.operations import BrokerUnavailable, enqueue
 from dashboard.actions.result import ActionResult
 
 
@@ -35,16 +37,26 @@ def delete_messages(user: Any, queue: str, ids: Sequence[str], *, via: str = "")
 
 
 def purge_queue(user: Any, queue: str, confirm: Any, *, via: str = "") -> ActionResult:
-    """Delete every message of a queue (rows receivers hold are skipped).  ``confirm`` must be
-    the queue's name, typed by the operator: ActionError 400 otherwise."""
+    """Delete every message of a queue (rows receivers hold are skipped), as a BulkOperation
+    a worker runs in batches (``result.operation_id``; its count is the estimated size).
+    ``confirm`` must be the queue's name, typed by the operator: ActionError 400 otherwise;
+    409 while a purge of that queue is under way."""
     with acting(user, "purge_queue", via, target=f"queue {queue}") as audit:
         info = validate.queue(queue)
         if not isinstance(confirm, str) or confirm != info.name:
             raise ActionError(f"type the queue name ({info.name}) to confirm the purge")
-        purged = Transport().purge(info.name)
-        audit.detail = f"{purged} purged"
-    return ActionResult("purge_queue", purged, f"{purged} message(s) purged from {info.name}",
-                        audit_id=audit.entry_id)
+        running = failures.active_operation("purge", {"queue": info.name})
+        if running is not None:
+            raise ActionError(f"a purge of {info.name} is already under way (operation {running.pk})", 409)
+        op = failures.start_purge(info.name, requested_by=getattr(user, "username", ""))
+        audit.operation_id = op.pk
+        try:
+            enqueue(op)
+        except BrokerUnavailable as exc:
+            raise ActionError(str(exc), 503) from None
+        audit.detail = f"operation {op.pk} queued: about {op.total} message(s)"
+    return ActionResult("purge_queue", op.total, f"purge of {info.name} started (operation {op.pk}): "
+                        f"about {op.total} message(s)", audit_id=audit.entry_id, operation_id=op.pk)
 
 
 def move_message(user: Any, queue: str, message_id: str, to_queue: str, *, via: str = "") -> ActionResult:

@@ -17,6 +17,7 @@ from core.failures import headers_of
 from core.messages import Message
 from core.models import BulkOperation, FailedMessage
 
+from dashboard.masking import mask_body, mask_headers
 from dashboard.models import AuditEntry
 from dashboard.stats import QueueStats
 
@@ -27,7 +28,7 @@ def _iso(value: dt.datetime | None) -> str | None:
 
 def body_json(body: bytes | memoryview | None) -> dict[str, Any]:
     """``body``: the text when it is UTF-8 (else null); ``body_base64``: always the bytes."""
-    data = bytes(body or b"")
+    data = mask_body(body)  # SLUICE_MASK_BODY_FIELDS: the API shows what the pages show
     try:
         text: str | None = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -43,8 +44,12 @@ def queue_json(q: QueueStats) -> dict[str, Any]:
             "ttl_seconds": q.ttl_seconds, "error": q.error or None}
 
 
-def message_json(m: Message) -> dict[str, Any]:
-    return {"id": m.id, "row_version": m.row_version, "headers": m.headers, **body_json(m.body),
+def message_json(m: Message, size: int, with_body: bool) -> dict[str, Any]:
+    """A queued message; ``body`` / ``body_base64`` are null unless ``with_body`` (a listing
+    reads sizes only, ``?bodies=1`` asks for them)."""
+    body = body_json(m.body) if with_body else {"body": None, "body_base64": None}
+    return {"id": m.id, "row_version": m.row_version, "headers": mask_headers(m.headers), **body, "size": size,
+            "body_included": with_body,
             "expires": _iso(m.expires), "expired": m.expired, "message_type": m.message_type,
             "poison": m.poison, "raw_headers": m.raw_headers if m.poison else None}
 
@@ -62,7 +67,7 @@ def failed_json(r: FailedMessage) -> dict[str, Any]:
 
 
 def failed_detail_json(r: FailedMessage) -> dict[str, Any]:
-    return {**failed_json(r), "stack_trace": r.stack_trace, "headers": headers_of(r), **body_json(r.body),
+    return {**failed_json(r), "stack_trace": r.stack_trace, "headers": mask_headers(headers_of(r)), **body_json(r.body),
             "first_failed_at": _iso(r.first_failed_at), "last_failed_at": _iso(r.last_failed_at),
             "retried_at": _iso(r.retried_at), "resolved_at": _iso(r.resolved_at),
             "archived_at": _iso(r.archived_at), "history": r.history or []}

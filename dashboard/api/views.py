@@ -13,13 +13,15 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core import failures
+from core.conf import get_settings
 from core.delayed import delayed_store
+from core.messages import Message
 from core.models import BulkOperation, FailedMessage, FailureStatus
 from core.outbox import OutboxStore
 from core.records.run import last_run
 from core.transport import Transport
 
-from dashboard import actions, metric_windows, stats
+from dashboard import actions, metric_windows, searching, stats
 from dashboard.actions import ActionError
 from dashboard.actions import validate
 from dashboard.api import serializers as s
@@ -71,7 +73,7 @@ def _body(request: Request) -> dict[str, Any]:
 def _act(fn: Callable[[], actions.ActionResult], make: Callable[[actions.ActionResult], dict],
          code: int = status.HTTP_200_OK) -> Response:
     result = fn()
-    stats.clear_cache()  # the next overview shows the change
+    stats.forget_snapshot()  # the next overview shows the change (throughput samples stay)
     return Response(make(result), status=code)
 
 
@@ -85,16 +87,44 @@ class QueueList(APIView):
                          "problem": snap.problem or None})
 
 
+def _with_bodies(transport: Transport, queue: str, listed: list[tuple[Message, int]],
+                 after: int) -> list[tuple[Message, int]]:
+    """The leading messages of ``listed`` whose bodies fit SLUICE_DASHBOARD_API_BODY_BYTES
+    (at least one), read again with their bodies.  Rows taken meanwhile let later ones in:
+    those are cut to the budget too, so a response never carries more than it allows."""
+    budget, total, count = get_settings().DASHBOARD_API_BODY_BYTES, 0, 0
+    for _, size in listed:
+        if count and total + size > budget:
+            break
+        total, count = total + size, count + 1
+    kept, total = [], 0
+    for m in transport.browse(queue, limit=max(count, 1), after=after):
+        if kept and total + len(m.body) > budget:
+            break
+        kept.append((m, len(m.body)))
+        total += len(m.body)
+    return kept
+
+
 class QueueMessages(APIView):
-    @doc(summary="Messages of a queue in FIFO order (keyset on row_version)",
-                   parameters=[OpenApiParameter("limit", int), OpenApiParameter("after", int)])
+    @doc(summary="Messages of a queue in FIFO order (keyset on row_version); bodies only with bodies=1, "
+                 "and then only as many as fit SLUICE_DASHBOARD_API_BODY_BYTES (next_after continues)",
+         parameters=[OpenApiParameter("limit", int), OpenApiParameter("after", int),
+                     OpenApiParameter("bodies", bool)])
     def get(self, request: Request, name: str) -> Response:
         info = validate.queue(name)
         limit = int_param(request, "limit", 50)
         after = int_param(request, "after", 0, 0, 2**63 - 1)
-        messages = Transport().browse(info.name, limit=limit, after=after)
-        return Response({"messages": [s.message_json(m) for m in messages],
-                         "next_after": messages[-1].row_version if len(messages) == limit else None})
+        transport = Transport()
+        listed = transport.browse_sizes(info.name, limit=limit, after=after)
+        more = len(listed) == limit
+        bodies = request.query_params.get("bodies", "").lower() in ("1", "true", "yes")
+        if bodies and listed:
+            shown = _with_bodies(transport, info.name, listed, after)
+            more = more or len(shown) < len(listed)
+            listed = shown
+        return Response({"messages": [s.message_json(m, size, bodies) for m, size in listed],
+                         "next_after": listed[-1][0].row_version if more and listed else None})
 
 
 class QueueMessage(APIView):
@@ -113,11 +143,12 @@ class QueueMessageMove(APIView):
 
 
 class QueuePurge(APIView):
-    @doc(summary="Delete every message of a queue", request=s.PurgeRequest)
+    @doc(summary="Delete every message of a queue: a bulk operation the workers run (poll "
+                 "GET /api/operations/<operation>/); count is the queue's estimated size", request=s.PurgeRequest)
     def post(self, request: Request, name: str) -> Response:
         confirm = _body(request).get("confirm")
         return _act(lambda: actions.purge_queue(request.user, name, confirm, via="api"),
-                    lambda r: {"purged": r.count})
+                    lambda r: {"operation": r.operation_id, "count": r.count}, status.HTTP_202_ACCEPTED)
 
 
 # -- delayed ----------------------------------------------------------------------------------------
@@ -132,7 +163,7 @@ class DelayedList(APIView):
         if not hasattr(store, "list"):
             raise ActionError(f"the delayed store {type(store).__name__} cannot list its messages", 501)
         # The store lists by due time; a destination filter looks at up to 1,000 of them.
-        rows, now = store.list(1000 if destination else limit)
+        rows, now = store.list(1000 if destination else limit, bodies=False)
         if destination:
             rows = [m for m in rows if m.destination == destination][:limit]
         return Response({"delayed": [s.delayed_json(m) for m in rows], "now": now.isoformat() if now else None})
@@ -164,14 +195,20 @@ class FailedList(APIView):
         if status_ and status_ not in FailureStatus.values:
             raise ActionError(f"status must be one of {', '.join(FailureStatus.values)}")
         limit = int_param(request, "limit", 50)
+        try:
+            searching.check_text(p.get("q") or "")
+        except searching.TextTooShort as exc:
+            raise ActionError(str(exc)) from None
         qs = failures.search(text=p.get("q") or None, exception=p.get("exception") or None,
                              message_id=p.get("message_id") or None, queue=p.get("queue") or None,
                              message_type=p.get("message_type") or None, status=status_,
                              group=p.get("group") or None, since=time_param(request, "since"),
                              until=time_param(request, "until"))
+        qs, limited = searching.bound(qs, p.get("q") or "")
         count = qs.order_by()[:COUNT_CAP + 1].count()
         rows = qs.defer("headers", "body", "stack_trace", "history")[:limit]
         return Response({"count": min(count, COUNT_CAP), "count_capped": count > COUNT_CAP,
+                         "search_note": limited.note or None,
                          "results": [s.failed_json(r) for r in rows]})
 
 
@@ -189,7 +226,7 @@ class FailedGroups(APIView):
             {"key": g.group_key, "title": g.title, "count": g.count,
              "first_failed_at": g.first_failed.isoformat() if g.first_failed else None,
              "last_failed_at": g.last_failed.isoformat(), "exception_type": g.exception_type}
-            for g in failures.groups(by=by, status=status_)[:1000]]})
+            for g in failures.groups(by=by, status=status_, limit=1000)]})
 
 
 class FailedItem(APIView):

@@ -15,6 +15,14 @@ from dashboard.views.common import date_param, int_param, page
 PAGE_SIZE = 100
 
 
+def _day_after(day: dt.datetime) -> dt.datetime | None:
+    """The start of the next day; None (no upper bound) after 9999-12-31, the last one."""
+    try:
+        return day + dt.timedelta(days=1)
+    except OverflowError:
+        return None
+
+
 @viewer_required
 @require_GET
 def audit(request: HttpRequest) -> HttpResponse:
@@ -28,8 +36,10 @@ def audit(request: HttpRequest) -> HttpResponse:
     since, until = date_param(request, "since"), date_param(request, "until")
     if since:
         qs = qs.filter(at__gte=since)
+    if until and len(request.GET.get("until", "").strip()) <= 10:
+        until = _day_after(until)  # a date: that whole day is included
     if until:
-        qs = qs.filter(at__lt=until + dt.timedelta(days=1) if len(request.GET.get("until", "")) <= 10 else until)
+        qs = qs.filter(at__lt=until)
     before = int_param(request, "before", None, 1, 2**62)
     if before:
         qs = qs.filter(pk__lt=before)

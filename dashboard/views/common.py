@@ -13,6 +13,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.utils import timezone
 
+from dashboard import stats
 from dashboard.actions import ActionError, ActionResult
 from dashboard.permissions import can_act
 
@@ -54,6 +55,7 @@ def act(request: HttpRequest, call: Callable[[], ActionResult], redirect_to: str
         return error_response(request, str(exc) or VIEWER_REASON, 403)
     except ActionError as exc:
         return error_response(request, exc.message, exc.status)
+    stats.forget_snapshot()  # the pages after an action show its effect
     messages.success(request, result.message[:1].upper() + result.message[1:] + ".")
     if request.htmx:
         response = HttpResponse(status=204)
@@ -80,7 +82,12 @@ def int_param(request: HttpRequest, name: str, default: int | None, low: int, hi
 
 def date_param(request: HttpRequest, name: str) -> dt.datetime | None:
     """A ``YYYY-MM-DD`` (or ISO time) GET parameter as an aware UTC datetime; None when absent or bad."""
-    raw = request.GET.get(name, "").strip()
+    return parse_date(request.GET.get(name, ""))
+
+
+def parse_date(raw: str) -> dt.datetime | None:
+    """``YYYY-MM-DD`` (or an ISO time) as an aware UTC datetime; None when empty or bad."""
+    raw = raw.strip()
     if not raw:
         return None
     try:
@@ -113,7 +120,7 @@ def body_view(body: bytes | memoryview | None, limit: int = BODY_DISPLAY_LIMIT) 
         try:
             text = json.dumps(json.loads(text), indent=2, ensure_ascii=False)
             is_json = True
-        except ValueError:
+        except (ValueError, RecursionError):  # deep nesting: shown as the text it is
             pass
     truncated = len(text) > limit
     return BodyView(text[:limit] if truncated else text, is_json, truncated, len(data))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse
-from django.urls import reverse
+from django.urls import NoReverseMatch, reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from core.delayed import delayed_store
@@ -17,6 +17,14 @@ LIST_LIMIT = 1000
 DEFAULT_SHOWN = 200
 
 
+def _queue_url(destination: str) -> str:
+    """The destination's queue page; "" for one no queue page can have (empty, holding "/")."""
+    try:
+        return reverse("dashboard:queue", args=[destination]) if destination else ""
+    except NoReverseMatch:
+        return ""
+
+
 @viewer_required
 @require_GET
 def delayed(request: HttpRequest) -> HttpResponse:
@@ -25,7 +33,7 @@ def delayed(request: HttpRequest) -> HttpResponse:
     problem, rows, now = "", [], None
     store = delayed_store()
     try:
-        items, now = store.list(LIST_LIMIT)
+        items, now = store.list(LIST_LIMIT, bodies=False)
     except (DatabaseError, AttributeError) as exc:
         items = []
         problem = f"The delayed store cannot be read: {exc}"
@@ -34,6 +42,7 @@ def delayed(request: HttpRequest) -> HttpResponse:
         items = [m for m in items if m.destination == destination]
     for m in items[:shown]:
         rows.append({"m": m, "due": m.due is not None and now is not None and m.due <= now,
+                     "queue_url": _queue_url(m.destination),
                      "delayed_retry": Headers.DELAYED_RETRIES in m.headers,
                      "message_id": m.headers.get(Headers.MESSAGE_ID) or m.id})
     return page(request, "dashboard/delayed.html", {

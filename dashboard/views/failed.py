@@ -6,10 +6,11 @@ this module only turns forms into selections and outcomes into pages."""
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 from typing import Any, Callable
 
 from django.db.models import Q
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.utils import timezone
@@ -17,12 +18,17 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
 from core import failures
+from core.conf import get_settings
 from core.messages import Headers
 from core.models import BulkOperation, BulkOperationStatus, FailedMessage, FailureStatus
-from dashboard import actions
+from dashboard import actions, stats
+from dashboard import searching as searching_module
+from dashboard.actions import ActionError, validate
+from dashboard.masking import mask_body, mask_headers
 from dashboard.permissions import viewer_required
+from dashboard.views import edits
 from dashboard.views.common import (
-    act, back_to, body_view, date_param, download, error_response, ordered_headers, page,
+    act, back_to, body_view, download, error_response, ordered_headers, page, parse_date,
 )
 
 PAGE_SIZE = 50
@@ -34,8 +40,12 @@ PINNED = (Headers.MESSAGE_ID, Headers.ENCLOSED_MESSAGE_TYPES, Headers.FAILED_Q, 
           Headers.EXCEPTION_TYPE, Headers.TIME_SENT, Headers.CORRELATION_ID)
 #: Groups listed before "show all" (the largest first).
 GROUPS_SHOWN = 30
+#: Groups "show all" lists at most (the largest; the page says when there are more).
+GROUPS_LISTED = 200
 #: Matching messages are counted up to this many ("1000+").
 COUNT_CAP = 1000
+#: Search fields beyond queue / type: with them, "Retry all unresolved" retries what the search shows.
+SEARCH_KEYS = ("q", "exception", "message_id", "since", "until", "group")
 NOTHING_SELECTED = "Nothing selected: tick messages first, or use a group's buttons."
 #: Seconds after which a still-pending operation is flagged "waiting for a worker".
 STALE_PENDING = 10
@@ -47,7 +57,10 @@ RECENT_OPERATIONS = 8
 
 def _filters(request: HttpRequest) -> dict[str, Any]:
     """The search form's values (GET, so a view can be bookmarked)."""
-    g = request.GET
+    return _filters_of(request.GET)
+
+
+def _filters_of(g: QueryDict) -> dict[str, Any]:
     status = g.get("status", "unresolved")
     if status not in dict(STATUSES):
         status = "unresolved"
@@ -59,12 +72,12 @@ def _filters(request: HttpRequest) -> dict[str, Any]:
     }
 
 
-def _search(request: HttpRequest, f: dict[str, Any]):
+def _search(f: dict[str, Any]):
     return failures.search(
         text=f["q"] or None, exception=f["exception"] or None, message_id=f["message_id"] or None,
         queue=f["queue"] or None, message_type=f["type"] or None, group=f["group"] or None,
         status=None if f["status"] == "all" else f["status"],
-        since=date_param(request, "since"), until=date_param(request, "until"))
+        since=parse_date(f["since"]), until=parse_date(f["until"]))
 
 
 def _groups(by: str, f: dict[str, Any]) -> list[dict[str, Any]]:
@@ -72,7 +85,7 @@ def _groups(by: str, f: dict[str, Any]) -> list[dict[str, Any]]:
     needs: the filter its link applies, whether bulk buttons apply, the confirmation text."""
     status = "unresolved" if f["status"] == "all" else f["status"]
     out = []
-    for g in failures.groups(by, status=status, queue=f["queue"] or None, message_type=f["type"] or None)[:200]:
+    for g in _cached_groups(by, status, f["queue"], f["type"]):
         key = g.group_key
         filt = {"group": key} if by == "exception" else ({"type": key} if by == "message_type" else {"queue": key})
         out.append({"key": key, "title": g.title, "count": g.count, "first": g.first_failed, "last": g.last_failed,
@@ -80,6 +93,19 @@ def _groups(by: str, f: dict[str, Any]) -> list[dict[str, Any]]:
                     "confirm": f"Retry the {g.count} message(s) of this group? Each goes back to its queue and is "
                                "processed again: side effects may repeat."})
     return out
+
+
+def _cached_groups(by: str, status: str, queue: str, message_type: str) -> list[failures.FailureGroup]:
+    """The GROUPS_LISTED largest groups, cut in SQL and shared by every viewer for
+    SLUICE_DASHBOARD_CACHE_SECONDS like the overview's snapshot: grouping a million records
+    costs a few hundred milliseconds, too much for every page view during an incident."""
+    key = "sluice:dashboard:groups:" + hashlib.sha1(repr((by, status, queue, message_type)).encode()).hexdigest()
+    found = stats.cache_get(key)
+    if found is None:
+        found = failures.groups(by, status=status, queue=queue or None, message_type=message_type or None,
+                                limit=GROUPS_LISTED)
+        stats.cache_set(key, found, get_settings().DASHBOARD_CACHE_SECONDS)
+    return found
 
 
 def _page_of(qs, request: HttpRequest):
@@ -116,7 +142,14 @@ def failed_list(request: HttpRequest) -> HttpResponse:
     by = request.GET.get("by", "exception")
     if by not in GROUPINGS:
         by = "exception"
-    qs = _search(request, f)
+    problem, note = "", ""
+    try:
+        searching_module.check_text(f["q"])
+        qs, limited = searching_module.bound(_search(f), f["q"])
+        note = limited.note
+    except searching_module.TextTooShort as exc:
+        problem, f["q"] = str(exc), ""
+        qs = _search(f)
     rows, next_before = _page_of(qs, request)
     keep = {k: v for k, v in f.items() if v and not (k == "status" and v == "unresolved")}
     filtered = any(k != "status" for k in keep)
@@ -134,7 +167,7 @@ def failed_list(request: HttpRequest) -> HttpResponse:
         "matching_capped": matching is not None and matching > COUNT_CAP, "filtered": filtered,
         "next_url": f"?{urlencode({**keep, 'by': by, 'before': next_before})}" if next_before else "",
         "first_url": f"?{urlencode({**keep, 'by': by})}" if request.GET.get("before") else "",
-        "this_url": request.get_full_path(), **recent_operations(),
+        "this_url": request.get_full_path(), "problem": problem, "search_note": note, **recent_operations(),
     })
 
 
@@ -150,10 +183,10 @@ def operations(request: HttpRequest) -> HttpResponse:
 @require_GET
 def failed_detail(request: HttpRequest, pk: int) -> HttpResponse:
     record = get_object_or_404(FailedMessage, pk=pk)
-    headers = failures.headers_of(record)
+    headers = mask_headers(failures.headers_of(record))
     return page(request, "dashboard/failed_detail.html", {
         "section": "failed", "record": record, "headers": ordered_headers(headers, PINNED),
-        "body": body_view(record.body), "history": list(reversed(record.history or [])),
+        "body": body_view(mask_body(record.body)), "history": list(reversed(record.history or [])),
         "editable": record.status in (FailureStatus.UNRESOLVED, FailureStatus.ARCHIVED),
     })
 
@@ -162,7 +195,7 @@ def failed_detail(request: HttpRequest, pk: int) -> HttpResponse:
 @require_GET
 def failed_body(request: HttpRequest, pk: int) -> HttpResponse:
     record = get_object_or_404(FailedMessage, pk=pk)
-    return download(record.body, f"failed-{record.message_id}")
+    return download(mask_body(record.body), f"failed-{record.message_id}")
 
 
 # -- acting ------------------------------------------------------------------------------------
@@ -176,6 +209,8 @@ def _selection(request: HttpRequest) -> dict[str, Any]:
     ids = [i for i in p.getlist("ids") if i]
     if ids:
         sel["ids"] = ids
+    elif p.get("all") and any(p.get(k) for k in SEARCH_KEYS):
+        sel["ids"] = _searched_ids(p)
     elif p.get("group"):
         sel["group"] = p["group"]
     elif p.get("all"):
@@ -189,12 +224,32 @@ def _selection(request: HttpRequest) -> dict[str, Any]:
     return sel
 
 
+def _searched_ids(p: QueryDict) -> list[int]:
+    """"All unresolved" under a search: the record ids of exactly what the search shows
+    (unresolved only), as an ids selection; ActionError when there are more than one
+    request may name (narrow the search, or use a group)."""
+    f = {**_filters_of(p), "status": "unresolved"}
+    try:
+        searching_module.check_text(f["q"])
+    except searching_module.TextTooShort as exc:
+        raise ActionError(str(exc)) from None
+    qs, _ = searching_module.bound(_search(f), f["q"])
+    ids = list(qs.values_list("pk", flat=True)[:validate.MAX_IDS + 1])
+    if len(ids) > validate.MAX_IDS:
+        raise ActionError(f"this search matches more than {validate.MAX_IDS} unresolved messages; narrow it "
+                          "(or retry by group) to retry what it shows")
+    return ids
+
+
 def _bulk_view(start: Callable[..., Any]) -> Callable[[HttpRequest], HttpResponse]:
     """A POST view running one of the bulk actions on the form's selection."""
     @viewer_required
     @require_POST
     def view(request: HttpRequest) -> HttpResponse:
-        selection = _selection(request)
+        try:
+            selection = _selection(request)
+        except ActionError as exc:
+            return error_response(request, exc.message, exc.status)
         if not selection:
             return error_response(request, NOTHING_SELECTED, 400)
         return act(request, lambda: start(request.user, selection, via="web"),
@@ -228,13 +283,13 @@ PROTECTED_NOTE = ("Identity headers stay as they are: the copy gets a new messag
 def edit_retry(request: HttpRequest, pk: int) -> HttpResponse:
     """GET: the form (body, non-protected headers; protected ones locked).  POST: send the copy."""
     record = get_object_or_404(FailedMessage, pk=pk)
-    stored = failures.headers_of(record)
+    stored = mask_headers(failures.headers_of(record))  # the action puts masked values back
     protected = set(actions.PROTECTED_HEADERS)
     editable = {k: v for k, v in stored.items()
                 if k not in protected and k not in failures.FAILURE_HEADERS
                 and not k.startswith(failures.EXCEPTION_INFO_PREFIX)}
     locked = [(k, stored[k]) for k in sorted(protected) if k in stored]
-    body = bytes(record.body or b"")
+    body = mask_body(record.body)
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
@@ -245,7 +300,10 @@ def edit_retry(request: HttpRequest, pk: int) -> HttpResponse:
         keys, values = request.POST.getlist("hk"), request.POST.getlist("hv")
         # Protected headers are not in the form: they go along unchanged.
         headers = {**dict(locked), **{k.strip(): v for k, v in zip(keys, values) if k.strip()}}
-        new_body = request.POST.get("body", "")
+        try:
+            new_body = edits.submitted_body(request, text)
+        except edits.BodyRefused as exc:
+            return error_response(request, str(exc), exc.status)
         return act(request, lambda: actions.edit_and_retry(request.user, record.pk, new_body, headers, via="web"),
                    reverse("dashboard:failed-detail", args=[record.pk]))
     if text is None:

@@ -17,7 +17,9 @@ from core.messages import Headers, Message, parse_wire_time
 from core.queues import list_queues, registry
 from core.transport import Transport
 from dashboard import actions
+from dashboard.masking import mask_body, mask_headers
 from dashboard.permissions import viewer_required
+from dashboard.views.failed import recent_operations
 from dashboard.views.common import (
     act, back_to, body_view, download, error_response, int_param, ordered_headers, page,
 )
@@ -83,21 +85,21 @@ def _filters(request: HttpRequest) -> Filters:
                    expired=expired if expired in ("only", "exclude") else "")
 
 
-def _scan(transport: Transport, name: str, after: int, f: Filters) -> tuple[list[Message], int, bool]:
-    """Up to PAGE_SIZE matching messages after RowVersion ``after``; also the RowVersion to continue
-    from and whether more rows may follow.  Reads at most SCAN_LIMIT rows."""
-    found: list[Message] = []
+def _scan(transport: Transport, name: str, after: int, f: Filters) -> tuple[list[tuple[Message, int]], int, bool]:
+    """Up to PAGE_SIZE matching (message, body size) after RowVersion ``after``; also the RowVersion
+    to continue from and whether more rows may follow.  Reads at most SCAN_LIMIT rows, and no body."""
+    found: list[tuple[Message, int]] = []
     now = timezone.now()
     scanned = 0
     cursor = after
     while scanned < SCAN_LIMIT:
-        chunk = transport.browse(name, limit=PAGE_SIZE + 1 if not f.active else SCAN_CHUNK, after=cursor)
-        for m in chunk:
+        chunk = transport.browse_sizes(name, limit=PAGE_SIZE + 1 if not f.active else SCAN_CHUNK, after=cursor)
+        for m, size in chunk:
             scanned += 1
             if f.matches(m, now):
-                found.append(m)
+                found.append((m, size))
                 if len(found) > PAGE_SIZE:
-                    return found[:PAGE_SIZE], found[PAGE_SIZE - 1].row_version, True
+                    return found[:PAGE_SIZE], found[PAGE_SIZE - 1][0].row_version, True
             cursor = m.row_version
         if len(chunk) < (PAGE_SIZE + 1 if not f.active else SCAN_CHUNK):
             return found, cursor, False
@@ -135,12 +137,12 @@ def queue(request: HttpRequest, name: str) -> HttpResponse:
     except DatabaseError as exc:
         messages, cursor, more = [], after, False
         problem = f"The queue table cannot be read: {exc}"
-    rows = [Row(m, sent_at(m), len(m.body or b"")) for m in messages]
+    rows = [Row(m, sent_at(m), size) for m, size in messages]
     return page(request, "dashboard/queue.html", {
         "section": "queues", "name": name, "info": info, "rows": rows, "f": f, "problem": problem,
         "next_url": f"?{urlencode({**f.params(), 'after': cursor})}" if more else "",
         "first_url": f"?{urlencode(f.params())}" if after else "", "after": after,
-        "this_url": request.get_full_path(),
+        "this_url": request.get_full_path(), **recent_operations(),  # a purge's progress bar
     })
 
 
@@ -162,9 +164,10 @@ def message(request: HttpRequest, name: str, row_version: int) -> HttpResponse:
     if m is None:
         return error_response(request, "This message is no longer in the queue (received, deleted or "
                                        "held by a receiver right now).", 404)
-    headers = ordered_headers(m.headers, PINNED) if not m.poison else [(Headers.RAW_HEADERS, m.raw_headers)]
+    headers = ordered_headers(mask_headers(m.headers), PINNED) if not m.poison \
+        else [(Headers.RAW_HEADERS, m.raw_headers)]
     return page(request, "dashboard/message.html", {
-        "section": "queues", "name": name, "m": m, "headers": headers, "body": body_view(m.body),
+        "section": "queues", "name": name, "m": m, "headers": headers, "body": body_view(mask_body(m.body)),
         "sent": sent_at(m), "others": [q.name for q in list_queues() if q.name != name],
     })
 
@@ -178,7 +181,7 @@ def message_body(request: HttpRequest, name: str, row_version: int) -> HttpRespo
         return _unknown(request, name)
     if m is None:
         return error_response(request, "This message is no longer in the queue.", 404)
-    return download(m.body, f"{name}-{row_version}")
+    return download(mask_body(m.body), f"{name}-{row_version}")
 
 
 @viewer_required

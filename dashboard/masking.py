@@ -1,0 +1,115 @@
+"""Payload privacy: header values and JSON body fields named in ``SLUICE_MASK_HEADERS`` /
+``SLUICE_MASK_BODY_FIELDS`` are shown as ``***`` on every page, download and API response.
+
+Only what is shown is masked: the stored message keeps its values, so a retry sends the
+original.  An edit-and-retry of a masked message gets them back too (:func:`unmask_headers`,
+:func:`unmask_body`): a value the operator left as ``***`` is the stored one.
+
+Body fields are matched by object key at any depth, case-insensitively, in bodies that parse
+as JSON; other bodies (XML, text, binary) are shown as they are.  A masked JSON body is shown
+re-serialised (two-space indent), not byte for byte.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+from core.conf import get_settings
+
+MASK = "***"
+
+
+class MaskedBodyInvalid(ValueError):
+    """An edited body of a message with masked fields is not JSON: its masked values cannot be put back."""
+
+
+def _names(names: tuple[str, ...]) -> frozenset[str]:
+    return frozenset(n.strip().lower() for n in names if n.strip())
+
+
+def masked_header_names() -> frozenset[str]:
+    return _names(get_settings().MASK_HEADERS)
+
+
+def masked_fields() -> frozenset[str]:
+    return _names(get_settings().MASK_BODY_FIELDS)
+
+
+def mask_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """``headers`` with the values of masked names replaced by ``***``."""
+    names = masked_header_names()
+    return {k: (MASK if k.lower() in names else v) for k, v in headers.items()}
+
+
+def _walk(value: Any, fields: frozenset[str], original: Any = None, restore: bool = False) -> Any:
+    """Mask (or, with ``restore``, put back from ``original``) the values of ``fields``."""
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            before = original.get(k) if isinstance(original, dict) else None
+            if k.lower() in fields:
+                out[k] = before if restore and v == MASK and isinstance(original, dict) and k in original else \
+                    (v if restore else MASK)
+            else:
+                out[k] = _walk(v, fields, before, restore)
+        return out
+    if isinstance(value, list):
+        befores = original if isinstance(original, list) else []
+        return [_walk(v, fields, befores[i] if i < len(befores) else None, restore) for i, v in enumerate(value)]
+    return value
+
+
+def _parse(body: bytes | str) -> Any:
+    """The JSON value of a body, or a sentinel when it is not JSON (or too deep to parse)."""
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError, TypeError):
+        return _NOT_JSON
+
+
+_NOT_JSON = object()
+
+
+def _lines(text: str) -> str:
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def mask_body(body: bytes | memoryview | None) -> bytes:
+    """The body as pages, downloads and the API show it: a JSON body with masked fields
+    re-serialised; any other body (or no field configured) unchanged."""
+    data = bytes(body or b"")
+    fields = masked_fields()
+    if not fields:
+        return data
+    value = _parse(data)
+    if value is _NOT_JSON:
+        return data
+    return json.dumps(_walk(value, fields), indent=2, ensure_ascii=False).encode("utf-8")
+
+
+def is_masking(body: bytes | memoryview | None) -> bool:
+    """Whether ``body`` is shown differently from what is stored."""
+    return bool(masked_fields()) and mask_body(body) != bytes(body or b"")
+
+
+def unmask_headers(submitted: Mapping[str, str], stored: Mapping[str, str]) -> dict[str, str]:
+    """Headers of an edit: a masked header still ``***`` gets its stored value."""
+    names = masked_header_names()
+    return {k: (stored[k] if v == MASK and k.lower() in names and k in stored else v) for k, v in submitted.items()}
+
+
+def unmask_body(submitted: str, stored: bytes | memoryview | None) -> str:
+    """The body of an edit: ``submitted`` with each masked field still ``***`` given its stored
+    value.  The submitted text itself when the stored body shows unmasked; MaskedBodyInvalid
+    when it was masked and the edit is not JSON (its values could not be put back)."""
+    original = bytes(stored or b"")
+    if not is_masking(original):
+        return submitted
+    shown = mask_body(original).decode("utf-8")
+    if _lines(submitted) == _lines(shown) or submitted.encode("utf-8") == original:
+        return original.decode("utf-8")  # untouched: the stored body, byte for byte
+    value = _parse(submitted)
+    if value is _NOT_JSON:
+        raise MaskedBodyInvalid("this body has masked fields (SLUICE_MASK_BODY_FIELDS): keep it valid JSON so "
+                                "their stored values can be put back")
+    return json.dumps(_walk(value, masked_fields(), _parse(original), restore=True), indent=2, ensure_ascii=False)

@@ -1,0 +1,73 @@
+"""Every dashboard and API read runs with a statement timeout (SLUICE_DASHBOARD_STATEMENT_TIMEOUT).
+
+A page that asks the database for something unaffordable (a search over millions of rows,
+a lock a long purge holds) must answer with a message in seconds, not hold a gunicorn worker
+and a database connection until the proxy gives up.  GET requests' statements are bounded by
+the dialect (in one transaction where its limit needs one) (core/dialects: PostgreSQL statement_timeout, SQL Server
+LOCK_TIMEOUT, SQLite a progress handler); a statement stopped so gives a 503 page / JSON error
+that says which limit was reached.  Writes (POST…) are not bounded here: their bulk work runs
+on the workers, and an action half-stopped would be worse than a slow one.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Callable
+
+from django.db import DatabaseError, connections, transaction
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+from core.conf import get_settings
+from core.dialects import dialect_for
+
+log = logging.getLogger("sluice.dashboard")
+
+READS = ("GET", "HEAD")
+#: Paths left alone: static files and Django's admin (its own pages).
+EXEMPT = ("/static/", "/admin/")
+
+
+class StatementTimeoutMiddleware:
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        seconds = get_settings().DASHBOARD_STATEMENT_TIMEOUT
+        if request.method not in READS or seconds <= 0 or request.path.startswith(EXEMPT):
+            return self.get_response(request)
+        alias = get_settings().DATABASE
+        connection = connections[alias]
+        dialect = dialect_for(connection)
+        scope = transaction.atomic(using=alias) if dialect.bounded_needs_transaction else contextlib.nullcontext()
+        with scope, dialect.bounded(connection, seconds):
+            response = self.get_response(request)
+        if isinstance(response, _Stopped):  # rendered now, outside the rolled-back transaction
+            return _timed_out(request, seconds)
+        return response
+
+    def process_exception(self, request: HttpRequest, exc: Exception) -> HttpResponse | None:
+        """A view's statement stopped by the timeout: a 503 that says so (else Django's 500)."""
+        alias = get_settings().DATABASE
+        if not isinstance(exc, DatabaseError) or not dialect_for(connections[alias]).is_statement_timeout(exc):
+            return None
+        if connections[alias].in_atomic_block:
+            transaction.set_rollback(True, using=alias)  # the failed transaction is rolled back, not committed
+        seconds = get_settings().DASHBOARD_STATEMENT_TIMEOUT
+        log.warning("%s %s stopped: a query ran past %s s (SLUICE_DASHBOARD_STATEMENT_TIMEOUT)",
+                    request.method, request.path, seconds)
+        return _Stopped(status=503)
+
+
+class _Stopped(HttpResponse):
+    """Marks a request whose statement timed out; __call__ answers it once the transaction is gone."""
+
+
+def _timed_out(request: HttpRequest, seconds: float) -> HttpResponse:
+    message = (f"This view needed a database query that ran longer than {seconds:g} s "
+               "(SLUICE_DASHBOARD_STATEMENT_TIMEOUT) and was stopped. Narrow the search or filter, "
+               "or try again when the database is less busy.")
+    if request.path.startswith("/api/"):
+        return JsonResponse({"error": message}, status=503)
+    from dashboard.views.common import error_response  # the page layout; imported late (views import models)
+
+    return error_response(request, message, 503)
