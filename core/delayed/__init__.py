@@ -7,6 +7,8 @@
 - :mod:`core.delayed.wake`: the in-process wake hub and the NOTIFY payload.
 - :mod:`core.delayed.listener`: the PostgreSQL LISTEN connection.
 - :mod:`core.delayed.mover`: :class:`DelayedMover`, the loop.
+- :mod:`core.delayed.clearing`: when the mover takes forwarded messages out of the store
+  (with the queue insert, or after it committed).
 """
 from __future__ import annotations
 

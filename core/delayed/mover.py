@@ -24,7 +24,6 @@ to the error queue.
 """
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import logging
 import math
@@ -36,6 +35,7 @@ from django.db import DatabaseError, connections, transaction
 from core.breakers import FailureRateCircuitBreaker, RepeatedFailuresOverTimeCircuitBreaker
 from core.conf import get_settings
 from core.db import writer_turn
+from core.delayed.clearing import StoreClearing
 from core.delayed.listener import PostgresListener, acquire_listener, release_listener
 from core.delayed.sql_store import SqlDelayedStore
 from core.delayed.wake import NOTIFY_CHANNEL, wake_hub
@@ -89,15 +89,12 @@ class DelayedMover:
         self.number_of_retries = s.DELAYED_NUMBER_OF_RETRIES if number_of_retries is None else number_of_retries
         self.error_queue = error_queue or s.ERROR_QUEUE
         self.transport = Transport(self.using, delayed=self.store)
-        # A store on the mover's database shares its transaction: forward and remove commit
-        # together (exactly once), and the claim may delete as it reads.  Any other store
-        # is cleared only after the queue insert committed (at least once): a crash
-        # between the two commits forwards the message again, never loses it.
-        self._shares_transaction = getattr(self.store, "using", None) == self.using
+        # Exactly once where the store shares the mover's transaction, else at least once
+        # (core.delayed.clearing).  The claim deletes as it reads: only inside that shared
+        # transaction may it run before the queue insert that could fail.
+        self.clearing = StoreClearing(self.store, self.using)
         self._claim_due: Callable[[int], list[DelayedMessage]] | None = getattr(self.store, "claim_due", None) \
-            if self._shares_transaction else None
-        #: Forwarded messages to remove from a store that does not share the transaction.
-        self._forwarded: list[DelayedMessage] = []
+            if self.clearing.shares_transaction else None
         self.lease = Lease(f"delayed-mover:{self.table}", lease_seconds or s.MOVER_LEASE_SECONDS, self.using) \
             if elect else None
         self.fetch_breaker = RepeatedFailuresOverTimeCircuitBreaker(
@@ -248,10 +245,9 @@ class DelayedMover:
 
     def _move_batch(self, isolate: bool) -> int:
         claim_due = None if isolate else self._claim_due
-        self._forwarded = []
         queued = False
         try:
-            with self._store_transaction():
+            with self.clearing.store_transaction():
                 with writer_turn(self.using), transaction.atomic(using=self.using):
                     if claim_due is not None:
                         # Out of the store already (its rows come back if this transaction rolls back).
@@ -266,37 +262,18 @@ class DelayedMover:
                         elif batch:
                             self._forward_all(batch, removed=False)
                 queued = True
-                if self._forwarded:
-                    # The queue insert has committed: only now may a store elsewhere forget them.
-                    self._remove_all(self._forwarded)
+                self.clearing.queue_committed()
         except DatabaseError as exc:
             if not queued:
                 raise
             # Forwarded but still stored: the store's fault, not the messages' (moving them
             # one by one now would forward them again at once).  Forwarded again later.
             log.warning("%d delayed message(s) were forwarded but could not be removed from %s (%s); "
-                        "they will be forwarded again", len(self._forwarded), self.table, exc)
+                        "they will be forwarded again", len(self.clearing.pending), self.table, exc)
             raise _FetchFailed(exc) from exc
         if batch:
             log.debug("moved %d delayed message(s) from %s", len(batch), self.table)
         return len(batch)
-
-    def _store_transaction(self) -> Any:
-        """A transaction on a SQL store's own database around the mover's: its fetch
-        locks hold until the forwarded rows are removed, and a crash before that commit
-        rolls the removal back (the message is forwarded again, not lost)."""
-        using = getattr(self.store, "using", None)
-        if self._shares_transaction or using is None:
-            return contextlib.nullcontext()
-        return transaction.atomic(using=using)
-
-    def _forwarded_out_of_store(self, messages: list[DelayedMessage]) -> None:
-        """Take forwarded messages out of the store: at once where the store shares the
-        queue insert's transaction; otherwise after that transaction commits."""
-        if self._shares_transaction:
-            self._remove_all(messages)
-        else:
-            self._forwarded.extend(messages)
 
     def _fetch_batch(self) -> list[DelayedMessage]:
         fetch_due = getattr(self.store, "fetch_due", None)
@@ -340,19 +317,10 @@ class DelayedMover:
         try:
             self.transport.enqueue(outgoing)
             if not removed:
-                self._forwarded_out_of_store(batch)
+                self.clearing.forwarded(batch)
         except DatabaseError as exc:
             raise _DispatchFailed(exc) from exc
         self.moved += len(batch)
-
-    def _remove_all(self, batch: list[DelayedMessage]) -> None:
-        """Take a forwarded batch out of the store: in one statement where it can."""
-        remove_many = getattr(self.store, "remove_many", None)
-        if remove_many is not None:
-            remove_many(batch)
-        else:
-            for message in batch:
-                self.store.remove(message)
 
     def _forward(self, message: DelayedMessage) -> None:
         """Put one message in its queue and take it out of the store."""
@@ -362,7 +330,7 @@ class DelayedMover:
             raise _DispatchFailed(exc) from exc
         try:
             self.transport.enqueue([outgoing])
-            self._forwarded_out_of_store([message])
+            self.clearing.forwarded([message])
         except DatabaseError as exc:
             raise _DispatchFailed(exc) from exc
         self.moved += 1
@@ -393,7 +361,7 @@ class DelayedMover:
             with transaction.atomic(using=self.using):
                 self.transport.enqueue([self.transport.outgoing(self.error_queue, _message_id(message), headers,
                                                                 message.body, forever=True)])
-                self._forwarded_out_of_store([message])
+                self.clearing.forwarded([message])
         except Exception as error:  # noqa: BLE001 — kept in the store, logged, retried next time
             if isinstance(error, DatabaseError) and self._database_fault(error):
                 raise _DispatchFailed(error) from error
