@@ -17,6 +17,12 @@ from core.errors import SluiceError
 class Command(BaseCommand):
     help = "Sluice: SQL-table messaging (queues, sending, browsing, workers)."
 
+    def get_version(self) -> str:
+        # `manage.py sluice --version`: Sluice's version, not Django's.
+        from sluice import __version__
+
+        return __version__
+
     def add_arguments(self, parser) -> None:
         autodiscover_modules("sluice_cli")
         sub = parser.add_subparsers(dest="action", required=True, metavar="COMMAND")
