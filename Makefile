@@ -3,11 +3,13 @@
 # Chromium), so `make test` and `make run` work on a fresh Debian 12 machine.
 #
 #   make run                 migrate, set up, serve the dashboard (gunicorn; prints a login) + worker (Ctrl-C stops)
-#   make test                import contracts, then pytest on SQLite and on PostgreSQL (all at once)
+#   make test                lint, the docs site (mkdocs build --strict), then pytest on SQLite and PostgreSQL (at once)
 #   make test-sqlite         pytest on SQLite only
 #   make test-postgresql     pytest on PostgreSQL only
 #   make bench               transport benchmark on SQLite and PostgreSQL
-#   make lint                import-linter contracts
+#   make lint                import-linter contracts and deptry (every run-time import is a declared dependency)
+#   make docs                serve the documentation site on http://127.0.0.1:8001 (DOCS_ADDR)
+#   make docs-build          build it into var/site (mkdocs build --strict: broken links fail)
 #   make venv                only the set-up (.venv, system packages)
 #   make clean               remove var/ and caches (keeps .venv)
 #
@@ -38,6 +40,7 @@ TEST_SHARDS ?= 1
 TEST_REDIS  ?= redis://127.0.0.1:6379
 PYTEST_ARGS ?=
 BENCH_ARGS  ?=
+DOCS_ADDR   ?= 127.0.0.1:8001
 
 # Test/bench environment (PySpark binds oddly without SPARK_LOCAL_IP; Playwright's
 # sync API runs an event loop in the test thread, next to pytest-django's live_server).
@@ -45,7 +48,7 @@ export SPARK_LOCAL_IP := 127.0.0.1
 export PYSPARK_PYTHON := $(CURDIR)/$(PY)
 export DJANGO_ALLOW_ASYNC_UNSAFE := true
 
-.PHONY: help venv run test test-sqlite test-postgresql bench lint clean \
+.PHONY: help venv run test test-sqlite test-postgresql bench lint lint-only docs docs-build docs-build-only clean \
         services-all services-postgres services-test-sqlite
 
 help:
@@ -72,8 +75,10 @@ services-postgres:
 test: venv services-all
 	@mkdir -p var
 	@failed=""; \
-	echo "== lint-imports"; \
-	$(VENV)/bin/lint-imports || failed="$$failed lint"; \
+	echo "== lint (import contracts, declared dependencies)"; \
+	$(MAKE) --no-print-directory lint-only || failed="$$failed lint"; \
+	echo "== docs (mkdocs build --strict)"; \
+	$(MAKE) --no-print-directory docs-build-only || failed="$$failed docs"; \
 	echo "== pytest on SQLite ($(SQLITE_URL)) and PostgreSQL ($(PG_URL))$(if $(MSSQL_URL), and SQL Server), at once"; \
 	bash scripts/test_passes.sh --shards '$(TEST_SHARDS)' --redis '$(TEST_REDIS)' \
 		'postgresql=$(PG_URL)' 'sqlite=$(SQLITE_URL)' $(if $(MSSQL_URL),'mssql=$(MSSQL_URL)') \
@@ -97,8 +102,20 @@ bench: venv services-postgres
 	SLUICE_BENCH_POSTGRES_URL='$(PG_URL)' $(PY) -m benchmarks transport --db postgresql $(BENCH_ARGS) || failed="$$failed postgresql"; \
 	if [ -n "$$failed" ]; then echo "== FAILED:$$failed"; exit 1; fi
 
-lint: venv
+lint: venv lint-only
+
+# The checks alone, without the set-up (make test has done it).
+lint-only:
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/deptry .
+
+docs: venv
+	$(VENV)/bin/mkdocs serve --dev-addr '$(DOCS_ADDR)'
+
+docs-build: venv docs-build-only
+
+docs-build-only:
+	$(VENV)/bin/mkdocs build --strict --site-dir var/site
 
 clean:
 	rm -rf var .pytest_cache test-results build htmlcov .coverage

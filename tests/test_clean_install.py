@@ -221,6 +221,13 @@ def test_base_install_says_what_to_install_for_the_pipeline(base_site):
 
 def test_pipeline_install_runs_the_pipeline(pipeline_venv, tmp_path, redis):
     site = Site(pipeline_venv, tmp_path, redis)
+    site.env.update(SLUICE_RECORDS_EXPORT_DELAY="0", SLUICE_SPARK_MASTER="local[1]", SLUICE_SPARK_DRIVER_MEMORY="1g")
     site.sluice("setup")
+    for _ in range(3):
+        site.sluice("send", "demo", "--type", "Ping", "--body", "{}")
+    site.sluice("worker", "--queue", "demo", "--until-empty", "--no-mover", timeout=120)
+
     result = site.sluice("pipeline", "run", "--json", timeout=300)
-    assert "exported" in json.loads(result.stdout.strip().splitlines()[-1]), result.stdout
+    run_summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert run_summary["exported"] == 3, result.stdout
+    assert run_summary["windows"] >= 1, result.stdout
