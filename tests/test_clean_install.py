@@ -173,8 +173,11 @@ def test_the_installed_package_is_the_wheel_and_knows_its_version(base_site):
 
 def test_base_install_serves_the_dashboard_and_handles_messages_with_celery(base_site):
     site = base_site
-    site.sluice("manage", "migrate", "--noinput")
-    site.sluice("setup")
+    # As the Docker image and docker-compose.yml run it: a manage.py alone in the run
+    # directory (python manage.py ...), and the sluice command (sluice manage ...).
+    shutil.copy(ROOT / "manage.py", site.home)
+    run([str(site.bin / "python"), "manage.py", "migrate", "--noinput"], cwd=site.home, env=site.env)
+    run([str(site.bin / "python"), "manage.py", "sluice", "setup"], cwd=site.home, env=site.env)
     site.sluice("manage", "collectstatic", "--noinput", "-v0")
     assert (site.home / "var" / "static").is_dir(), "collectstatic wrote somewhere else than the run directory"
 
