@@ -120,21 +120,17 @@ def settings_markdown() -> str:
 
 
 def commands_markdown() -> str:
-    parts = []
-    for e in command_entries():
-        parts.append(f"### `{e.name}`\n\n{e.description}\n\n```text\n{e.details['usage']}\n```\n")
-        if e.details["options"]:
-            parts.append(e.details["options"] + "\n")
-    return "\n".join(parts)
+    return "\n".join(_section(f"### `{e.name}`", e.description, f"```text\n{e.details['usage']}\n```",
+                              e.details["options"]) for e in command_entries())
 
 
 def api_markdown() -> str:
-    parts = []
-    for e in api_entries():
-        parts.append(f"### `{e.name}`\n\n**{e.description}**\n")
-        if e.details["description"]:
-            parts.append(e.details["description"] + "\n")
-    return "\n".join(parts)
+    return "\n".join(_section(f"### `{e.name}`", f"**{e.description}**", e.details["description"])
+                     for e in api_entries())
+
+
+def _section(*paragraphs: str) -> str:
+    return "\n\n".join(p for p in paragraphs if p) + "\n"
 
 
 def _cell(text: str) -> str:

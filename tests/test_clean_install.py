@@ -40,9 +40,13 @@ PASSED_THROUGH = ("PATH", "HOME", "LANG", "TMPDIR", "SPARK_LOCAL_IP")
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
+    # Built from a copy: setuptools writes build/ and *.egg-info beside the sources.
+    source = tmp_path_factory.mktemp("source") / "sluice"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "var", "build", "*.egg-info", "__pycache__", "node_modules", "test-results"))
     out = tmp_path_factory.mktemp("dist")
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-q",
-         "-w", str(out), str(ROOT)], cwd=ROOT, env=os.environ.copy(), timeout=300)
+         "-w", str(out), str(source)], cwd=source, env=os.environ.copy(), timeout=300)
     (built,) = out.glob("sluice-*.whl")
     return built
 
