@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent developer/CI set-up: system libraries, .venv, editable install of the
-# project with every extra it tests (.[test,docs,mssql,pipeline,otel]) (re-run only when pyproject.toml or the set of
-# packages changed). A run with nothing to do takes about a second.
+# project with every extra the tests exercise, .[test,docs,mssql,pipeline,otel] (re-run
+# only when pyproject.toml or the set of packages changed). A run with nothing to do
+# takes about a second.
 #
 #   bash scripts/bootstrap.sh
 #
