@@ -3,17 +3,18 @@
 # Chromium), so `make test` and `make run` work on a fresh Debian 12 machine.
 #
 #   make run                 migrate, set up, serve the dashboard (gunicorn; prints a login) + worker (Ctrl-C stops)
-#   make test                import contracts, then pytest on SQLite and on PostgreSQL (all at once)
+#   make test                lint, then pytest on SQLite and PostgreSQL at once (docs build and clean install included)
 #   make test-sqlite         pytest on SQLite only
 #   make test-postgresql     pytest on PostgreSQL only
 #   make bench               transport benchmark on SQLite and PostgreSQL
-#   make lint                import-linter contracts
+#   make lint                import-linter contracts and deptry (every run-time import is a declared dependency)
+#   make docs                serve the documentation site on http://127.0.0.1:8001 (DOCS_ADDR)
+#   make docs-build          build it into var/site (mkdocs build --strict: broken links fail)
 #   make venv                only the set-up (.venv, system packages)
 #   make clean               remove var/ and caches (keeps .venv)
 #
 # Variables: PYTEST_ARGS="-k foo -x", BENCH_ARGS="...", PG_URL=postgresql://...,
-#            TEST_SHARDS=1 (pytest processes per database in make test; 2 is faster but the
-#            browser progress-bar test fails in part 1, cause not found yet),
+#            TEST_SHARDS=2 (pytest processes per database in make test; 1: one each),
 #            MSSQL_URL=mssql://... (make test also runs on that SQL Server; see
 #            .github/workflows/sqlserver.yml), DEMO=0 (make run without demo traffic),
 #            RUN_ADDR=127.0.0.1:8080 (where make run serves).
@@ -31,13 +32,16 @@ PG_URL      ?= postgresql://sluice:sluice@127.0.0.1:5432/sluice
 SQLITE_URL  ?= sqlite:///var/test-sqlite.sqlite3
 MSSQL_URL   ?=
 # make test runs each database's pass as TEST_SHARDS pytest processes, all at once, each
-# on a Redis database of its own: TEST_REDIS/1, /2, … (scripts/test_passes.sh).  2 takes
-# about 9-11 min instead of 13 on two cores, but there test_operator_retries_a_group_and_
-# watches_the_progress_bar_finish fails in part 1 (never alone, nor unsharded): not yet found.
-TEST_SHARDS ?= 1
+# on a Redis database of its own: TEST_REDIS/1, /2, … (scripts/test_passes.sh).  A part is
+# a set of whole test files balanced on their times in the last run (tests/sharding.py):
+# each file's fixtures start once, and its tests run in the order of an unsharded run.
+# (Split test by test, 2 parts took 9-11 min instead of 13-22 on two cores, but a browser
+# progress-bar test then failed in part 1, never alone nor unsharded.)
+TEST_SHARDS ?= 2
 TEST_REDIS  ?= redis://127.0.0.1:6379
 PYTEST_ARGS ?=
 BENCH_ARGS  ?=
+DOCS_ADDR   ?= 127.0.0.1:8001
 
 # Test/bench environment (PySpark binds oddly without SPARK_LOCAL_IP; Playwright's
 # sync API runs an event loop in the test thread, next to pytest-django's live_server).
@@ -45,7 +49,7 @@ export SPARK_LOCAL_IP := 127.0.0.1
 export PYSPARK_PYTHON := $(CURDIR)/$(PY)
 export DJANGO_ALLOW_ASYNC_UNSAFE := true
 
-.PHONY: help venv run test test-sqlite test-postgresql bench soak lint clean \
+.PHONY: help venv run test test-sqlite test-postgresql bench soak lint lint-only docs docs-build docs-build-only clean \
         services-all services-postgres services-test-sqlite
 
 help:
@@ -66,14 +70,16 @@ services-test-sqlite:
 services-postgres:
 	@bash scripts/services.sh postgres
 
-# Lint, then the pytest passes (PostgreSQL, the longest, SQLite, SQL Server with MSSQL_URL),
+# Lint, then the pytest passes (PostgreSQL, the longest, SQLite, SQL Server with MSSQL_URL;
+# the SQLite pass also builds the docs site strictly and installs the wheel into clean
+# venvs: tests/test_docs.py, tests/test_clean_install.py),
 # all at once, each in TEST_SHARDS parts started 15 s apart (scripts/test_passes.sh; a log
 # of each part in var/test-NAME-K.log); runs them all even if one fails, fails if any failed.
 test: venv services-all
 	@mkdir -p var
 	@failed=""; \
-	echo "== lint-imports"; \
-	$(VENV)/bin/lint-imports || failed="$$failed lint"; \
+	echo "== lint (import contracts, declared dependencies)"; \
+	$(MAKE) --no-print-directory lint-only || failed="$$failed lint"; \
 	echo "== pytest on SQLite ($(SQLITE_URL)) and PostgreSQL ($(PG_URL))$(if $(MSSQL_URL), and SQL Server), at once"; \
 	bash scripts/test_passes.sh --shards '$(TEST_SHARDS)' --redis '$(TEST_REDIS)' \
 		'postgresql=$(PG_URL)' 'sqlite=$(SQLITE_URL)' $(if $(MSSQL_URL),'mssql=$(MSSQL_URL)') \
@@ -104,8 +110,20 @@ SOAK_DBS     ?= postgresql
 soak: venv services-postgres
 	@for db in $(SOAK_DBS); do SLUICE_BENCH_POSTGRES_URL='$(PG_URL)' $(PY) -m benchmarks soak --db $$db --seconds $(SOAK_SECONDS) || exit 1; done
 
-lint: venv
+lint: venv lint-only
+
+# The checks alone, without the set-up (make test has done it).
+lint-only:
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/deptry .
+
+docs: venv
+	$(VENV)/bin/mkdocs serve --dev-addr '$(DOCS_ADDR)'
+
+docs-build: venv docs-build-only
+
+docs-build-only:
+	$(VENV)/bin/mkdocs build --strict --site-dir var/site
 
 clean:
 	rm -rf var .pytest_cache test-results build htmlcov .coverage

@@ -10,8 +10,9 @@ import dataclasses
 import json
 import os
 import re
+import warnings
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 TRANSACTION_MODES = ("receive_only", "sends_atomic_with_receive", "outbox")
 OUTBOX_CONCURRENCY_CONTROLS = ("optimistic", "pessimistic")
@@ -78,10 +79,13 @@ class SluiceSettings:
     DELAYED_BATCH_SIZE: int = 100
     #: Longest the mover sleeps when nothing is due (a store anywhere wakes it sooner).
     DELAYED_MAX_SLEEP: float = 60.0
-    #: Seconds of continuous failure before a circuit breaker triggers (store / fetch / dispatch / pump).
+    #: Seconds of continuous failure before the delayed store's circuit breaker triggers.
     TIME_TO_TRIGGER_STORE_BREAKER: float = 30.0
+    #: Seconds of continuous failure fetching due delayed messages before its breaker triggers.
     TIME_TO_TRIGGER_FETCH_BREAKER: float = 30.0
+    #: Seconds of continuous failure forwarding due delayed messages before its breaker triggers.
     TIME_TO_TRIGGER_DISPATCH_BREAKER: float = 30.0
+    #: Seconds of continuous receive failure before a pump's circuit breaker triggers.
     TIME_TO_TRIGGER_RECEIVE_BREAKER: float = 30.0
     #: Forwarding failures per second above which the recovery breaker triggers.
     MAXIMUM_RECOVERY_FAILURES_PER_SECOND: float = 1.0
@@ -92,16 +96,19 @@ class SluiceSettings:
     WAKEUP_HEALTH_CHECK_SECONDS: float = 10.0
     #: Seconds that check may take; past it the listener reconnects (loops poll meanwhile).
     WAKEUP_HEALTH_CHECK_TIMEOUT: float = 5.0
-    #: Beat intervals (seconds) of the periodic maintenance tasks.
+    #: Seconds between Celery beat's purges of expired messages.
     PURGE_INTERVAL: float = 60.0
+    #: Seconds between Celery beat's deletions of queues idle past their auto-delete time.
     IDLE_QUEUE_INTERVAL: float = 60.0
+    #: Seconds between Celery beat's ingestions of the error queue into failed messages.
     INGEST_INTERVAL: float = 5.0
+    #: Seconds between Celery beat's deletions of old archived failed messages.
     ARCHIVE_PURGE_INTERVAL: float = 3600.0
     #: Archived failed messages older than this many seconds are deleted (14 days).
     FAILED_ARCHIVE_RETENTION: float = 14 * 24 * 3600.0
-    #: Error-queue messages ingested per transaction; failed messages a retry/archive
-    #: job handles per transaction.
+    #: Error-queue messages ingested per transaction.
     ERROR_INGESTION_BATCH_SIZE: int = 100
+    #: Failed messages a retry or archive job handles per transaction.
     RETRY_BATCH_SIZE: int = 100
     #: Longest one run of a periodic task works before leaving the rest to the next run.
     TASK_TIME_BUDGET: float = 20.0
@@ -258,6 +265,32 @@ class SluiceSettings:
 
 FIELDS = {f.name: f for f in dataclasses.fields(SluiceSettings) if f.name != "extra"}
 
+#: Renamed settings (names without SLUICE_): old name -> (new name, the version that drops the
+#: old one).  The old name keeps working, with a SluiceDeprecationWarning, for one minor
+#: version after the rename; CHANGELOG.md lists each rename under "Deprecated".
+RENAMED: dict[str, tuple[str, str]] = {}
+
+
+class SluiceDeprecationWarning(DeprecationWarning):
+    """A setting or feature that will be removed; the message says what replaces it."""
+
+
+# Python hides DeprecationWarning outside __main__; a renamed setting lives in the
+# environment or a settings file, where nobody would see it.  Django logs warnings.
+warnings.filterwarnings("default", category=SluiceDeprecationWarning)
+
+
+def _renamed(has: Callable[[str], bool], get: Callable[[str], Any]) -> dict[str, Any]:
+    """Values set under an old name, by new name (warning for each); the new name wins."""
+    values = {}
+    for old, (new, removed_in) in RENAMED.items():
+        if has(f"SLUICE_{old}"):
+            warnings.warn(f"SLUICE_{old} is renamed SLUICE_{new}; the old name stops working in "
+                          f"Sluice {removed_in}", SluiceDeprecationWarning, stacklevel=3)
+            if not has(f"SLUICE_{new}"):
+                values[new] = get(f"SLUICE_{old}")
+    return values
+
 
 def spark_conf(text: str) -> dict[str, str]:
     """SLUICE_SPARK_CONF as a dict (pipeline.job.parse_conf; ValueError names a bad item)."""
@@ -287,8 +320,9 @@ def _parse(name: str, raw: str) -> Any:
 
 def from_environ(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
     """``SLUICE_*`` environment variables as Django settings (used by sluice/settings.py)."""
-    return {f"SLUICE_{name}": _parse(name, environ[f"SLUICE_{name}"])
-            for name in FIELDS if f"SLUICE_{name}" in environ}
+    raw = {**_renamed(environ.__contains__, environ.__getitem__),
+           **{name: environ[f"SLUICE_{name}"] for name in FIELDS if f"SLUICE_{name}" in environ}}
+    return {f"SLUICE_{name}": _parse(name, value) for name, value in raw.items()}
 
 
 _cached: SluiceSettings | None = None
@@ -318,9 +352,9 @@ def _build() -> SluiceSettings:
 
     setting_changed.connect(_clear_cache, dispatch_uid="sluice-settings")
 
-    values = {}
-    for name, f in FIELDS.items():
+    values = _renamed(lambda name: hasattr(settings, name), lambda name: getattr(settings, name))
+    for name in FIELDS:
         if hasattr(settings, f"SLUICE_{name}"):
-            value = getattr(settings, f"SLUICE_{name}")
-            values[name] = tuple(value) if isinstance(f.default, tuple) else value
-    return SluiceSettings(**values)
+            values[name] = getattr(settings, f"SLUICE_{name}")
+    return SluiceSettings(**{name: tuple(value) if isinstance(FIELDS[name].default, tuple) else value
+                             for name, value in values.items()})

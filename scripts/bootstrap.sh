@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent developer/CI set-up: system libraries, .venv, editable install of the
-# project with its test extras (re-run only when pyproject.toml or the set of
-# packages changed). A run with nothing to do takes about a second.
+# project with every extra the tests exercise, .[test,docs,mssql,pipeline,otel] (re-run
+# only when pyproject.toml or the set of packages changed). A run with nothing to do
+# takes about a second.
 #
 #   bash scripts/bootstrap.sh
 #
@@ -16,6 +17,9 @@ cd "$SLUICE_ROOT"
 
 VENV=.venv
 STAMP="$VENV/.sluice-install-stamp"
+# The dev/CI venv has every extra the tests exercise (the clean-install smoke test builds
+# its own venvs without them: tests/test_clean_install.py).
+EXTRAS=test,docs,mssql,pipeline,otel
 
 # --- system packages -------------------------------------------------------------
 # pyodbc (imported by mssql-django at import time) needs libodbc.so.2.
@@ -63,9 +67,9 @@ layout="$(find . -mindepth 1 \( -path ./.venv -o -path ./.git -o -path ./var -o 
 want="$(sha256sum pyproject.toml | cut -d' ' -f1) $layout $("$VENV/bin/python" -c 'import sys; print(sys.version.split()[0])')"
 have="$(cat "$STAMP" 2>/dev/null || true)"
 if [ "$want" != "$have" ] || [ "${SLUICE_FORCE_INSTALL:-0}" = 1 ]; then
-    log "installing the project into $VENV (pip install -e '.[test]'; a fresh install takes a minute or two)"
+    log "installing the project into $VENV (pip install -e '.[$EXTRAS]'; a fresh install takes a minute or two)"
     "$VENV/bin/python" -m pip --version >/dev/null 2>&1 || "$VENV/bin/python" -m ensurepip --upgrade
-    "$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off -q -e '.[test]'
+    "$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off -q -e ".[$EXTRAS]"
     printf '%s\n' "$want" > "$STAMP"
     log "done"
 else

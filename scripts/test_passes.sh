@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The pytest passes of `make test`, all at once: each database's pass split into SHARDS
-# pytest processes (tests/conftest.py: SLUICE_TEST_SHARD=K/N runs every Nth test), all
-# started together.  Most of a pass's time is spent waiting (child processes starting,
+# pytest processes (SLUICE_TEST_SHARD=K/N: whole test files, balanced on the times the last
+# run recorded in var/test-durations/; tests/sharding.py), all started together.
+# Most of a pass's time is spent waiting (child processes starting,
 # workers, Spark, a browser, polls): on two cores four processes at once take about
 # half as long as one pass after the other.
 #
@@ -18,8 +19,8 @@
 #                 databases, Chromium, Celery workers) is its busiest: spread them out
 #
 # Each process keeps to itself: its own test databases (test_<name>_partK), its own Redis
-# database, its own pytest temporary directory (var/pytest-NAME-K).  Its output goes to
-# var/test-NAME-K.log and, prefixed with [NAME-K], to this terminal as it comes.  At the
+# database, its own pytest temporary directory (var/pytest-NAME-K).  Its output (with its 15
+# slowest tests: where the minutes go) goes to var/test-NAME-K.log and, prefixed with [NAME-K], to this terminal as it comes.  At the
 # end: each process's result line, the short summary of any that failed, and exit status
 # 1 if any failed.
 set -uo pipefail
@@ -63,7 +64,7 @@ for spec in "${passes[@]}"; do
             sleep "$delay"
             # The part's own exit status, not tee's or sed's.
             SLUICE_TEST_SHARD=$k/$shards DATABASE_URL=$database_url REDIS_URL=$redis_url \
-                "$PYTEST" --basetemp="var/pytest-$name" "$@" 2>&1 \
+                "$PYTEST" --basetemp="var/pytest-$name" --durations=15 "$@" 2>&1 \
                 | tee "var/test-$name.log" | sed -u "s/^/[$name] /"
             exit "${PIPESTATUS[0]}"
         ) &

@@ -19,7 +19,11 @@ from core.conf import SluiceSettings, from_environ
 from core.startup import DEVELOPMENT_SECRET_KEY
 from sluice.dburl import parse_database_url
 
-BASE_DIR = Path(__file__).resolve().parent.parent
+PACKAGE_DIR = Path(__file__).resolve().parent
+# Relative paths (sqlite:///var/sluice.sqlite3, var/static) are relative to the checkout when
+# Sluice runs from one (manage.py beside this package), else to the directory it runs in:
+# an installed wheel's site-packages is no place for a database.
+BASE_DIR = PACKAGE_DIR.parent if (PACKAGE_DIR.parent / "manage.py").is_file() else Path.cwd()
 sluice_options = from_environ()
 
 
@@ -105,7 +109,7 @@ WSGI_APPLICATION = "sluice.wsgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [PACKAGE_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [

@@ -146,10 +146,10 @@ class TaskRun:
 class Proc:
     """A child process; its output is read into :attr:`lines` as it comes."""
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], cwd: Path = ROOT) -> None:
         self.name = name
         self.argv = argv
-        self.popen = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        self.popen = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       start_new_session=True, preexec_fn=_die_with_parent)
         self.pid = self.popen.pid
         self.lines: list[str] = []

@@ -21,6 +21,7 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from core.handlers import handlers
 from core.queues import create_queue, delete_queue, registry
 from core.transport import Transport
+from tests.sharding import DurationRecorder, split, test_file
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -76,6 +77,9 @@ ONE_PASS_MARKERS = {
 
 
 def pytest_configure(config):
+    if shard():
+        # Each file's time, for the next run's split (tests/sharding.py).
+        config.pluginmanager.register(DurationRecorder(database_vendor()), "sluice-test-durations")
     # Registered here, not in pyproject.toml: scripts/bootstrap.sh reinstalls the project
     # whenever pyproject.toml changes.
     config.addinivalue_line(
@@ -90,9 +94,10 @@ def uses_test_database(item) -> bool:
 
 
 def shard() -> tuple[int, int] | None:
-    """``SLUICE_TEST_SHARD=K/N``: this pytest runs part K of N of the suite (every Nth test in
-    collection order, from the Kth), with test databases of its own — how make test runs
-    each database's pass as N pytest processes at once (scripts/test_passes.sh)."""
+    """``SLUICE_TEST_SHARD=K/N``: this pytest runs part K of N of the suite (whole test files,
+    balanced on their recorded times: tests/sharding.py), with test databases of its own —
+    how make test runs each database's pass as N pytest processes at once
+    (scripts/test_passes.sh)."""
     value = os.environ.get("SLUICE_TEST_SHARD", "")
     if not value:
         return None
@@ -106,13 +111,13 @@ def shard() -> tuple[int, int] | None:
 
 
 def pytest_collection_modifyitems(config, items):
+    vendor = database_vendor()
     part = shard()
     if part:
         k, n = part
-        deselected = [item for i, item in enumerate(items) if i % n != k - 1]
-        items[:] = [item for i, item in enumerate(items) if i % n == k - 1]
-        config.hook.pytest_deselected(items=deselected)
-    vendor = database_vendor()
+        mine = split(items, n, vendor)[k - 1]
+        config.hook.pytest_deselected(items=[item for item in items if test_file(item) not in mine])
+        items[:] = [item for item in items if test_file(item) in mine]
     always = os.environ.get("SLUICE_TEST_ONE_PASS") == "always"
     for item in items:
         for marker, vendors in DATABASE_MARKERS.items():

@@ -17,7 +17,17 @@ from core.errors import SluiceError
 class Command(BaseCommand):
     help = "Sluice: SQL-table messaging (queues, sending, browsing, workers)."
 
+    def get_version(self) -> str:
+        # `manage.py sluice --version`: Sluice's version, not Django's.
+        from sluice import __version__
+
+        return __version__
+
     def add_arguments(self, parser) -> None:
+        # Run as the `sluice` command (sluice/__main__.py), this command is the program
+        # itself: usage lines say "sluice setup", not "sluice sluice setup".
+        if parser.prog == "sluice sluice":
+            parser.prog = "sluice"
         autodiscover_modules("sluice_cli")
         sub = parser.add_subparsers(dest="action", required=True, metavar="COMMAND")
         for group in groups():
