@@ -4,7 +4,7 @@ from __future__ import annotations
 from django.contrib import admin
 
 from core.admin import ReadOnlyAdmin
-from dashboard.models import AuditEntry
+from dashboard.models import ApiToken, AuditEntry
 
 
 @admin.register(AuditEntry)
@@ -13,3 +13,14 @@ class AuditEntryAdmin(ReadOnlyAdmin):
     list_filter = ("action", "outcome", "via")
     search_fields = ("username", "target")
     date_hierarchy = "at"
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(ReadOnlyAdmin):
+    """Which tokens exist and whose they are; never the digest (keys are shown only once,
+    by ``sluice user token``)."""
+
+    list_display = ("prefix", "user", "created", "expires", "revoked_at")
+    fields = list_display
+    list_filter = ("revoked_at",)
+    search_fields = ("user__username", "prefix")

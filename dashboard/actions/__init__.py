@@ -34,6 +34,8 @@ ACTIONS = (
     "delete_messages", "purge_queue", "move_message", "deliver_delayed_now", "delete_delayed",
     "retry_failed", "archive_failed", "restore_failed", "edit_and_retry", "delete_failed", "dispatch_outbox",
     "run_pipeline",
+    # Account changes, from `sluice user` (via "cli"): roles, tokens, disabling.
+    "set_role", "issue_token", "revoke_token", "disable_user",
 )
 
 __all__ = [

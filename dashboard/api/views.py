@@ -6,7 +6,7 @@ import datetime as dt
 from typing import Any, Callable
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -22,19 +22,16 @@ from core.transport import Transport
 from dashboard import actions, metric_windows, stats
 from dashboard.actions import ActionError
 from dashboard.actions import validate
+from dashboard.api import cursor
+from dashboard.api import schema as out
 from dashboard.api import serializers as s
+from dashboard.api.schema import ERRORS_ACT, ERRORS_ACT_MORE, ERRORS_READ, doc
 from dashboard.models import AuditEntry
 
 #: Rows a list returns at most (``limit`` is clamped to this).
 MAX_LIMIT = 500
 #: Failed-message searches count matches up to this many ("count_capped": true beyond).
 COUNT_CAP = 10_000
-
-
-def doc(**options: Any):
-    """extend_schema with a JSON object response unless told otherwise (shapes: README)."""
-    options.setdefault("responses", OpenApiTypes.OBJECT)
-    return extend_schema(**options)
 
 
 def int_param(request: Request, name: str, default: int, low: int = 1, high: int = MAX_LIMIT) -> int:
@@ -78,7 +75,7 @@ def _act(fn: Callable[[], actions.ActionResult], make: Callable[[actions.ActionR
 # -- queues -------------------------------------------------------------------------------------------
 
 class QueueList(APIView):
-    @doc(summary="Every queue with its counts (cached a few seconds)")
+    @doc(out.QueueList, summary="Every queue with its counts (cached a few seconds)")
     def get(self, request: Request) -> Response:
         snap = stats.snapshot()
         return Response({"queues": [s.queue_json(q) for q in snap.queues], "at": snap.at.isoformat(),
@@ -86,8 +83,8 @@ class QueueList(APIView):
 
 
 class QueueMessages(APIView):
-    @doc(summary="Messages of a queue in FIFO order (keyset on row_version)",
-                   parameters=[OpenApiParameter("limit", int), OpenApiParameter("after", int)])
+    @doc(out.MessageList, summary="Messages of a queue in FIFO order (keyset on row_version)",
+         parameters=[OpenApiParameter("limit", int), OpenApiParameter("after", int)])
     def get(self, request: Request, name: str) -> Response:
         info = validate.queue(name)
         limit = int_param(request, "limit", 50)
@@ -98,14 +95,18 @@ class QueueMessages(APIView):
 
 
 class QueueMessage(APIView):
-    @doc(summary="Delete one message", request=None)
+    audit_action = "delete_messages"
+
+    @doc(out.Deleted, errors=ERRORS_ACT, summary="Delete one message", request=None)
     def delete(self, request: Request, name: str, message_id: str) -> Response:
         return _act(lambda: actions.delete_messages(request.user, name, [message_id], via="api"),
                     lambda r: {"deleted": r.count})
 
 
 class QueueMessageMove(APIView):
-    @doc(summary="Move one message to another queue", request=s.MoveRequest)
+    audit_action = "move_message"
+
+    @doc(out.Moved, errors=ERRORS_ACT, summary="Move one message to another queue", request=s.MoveRequest)
     def post(self, request: Request, name: str, message_id: str) -> Response:
         to = _body(request).get("to")
         return _act(lambda: actions.move_message(request.user, name, message_id, to, via="api"),
@@ -113,7 +114,9 @@ class QueueMessageMove(APIView):
 
 
 class QueuePurge(APIView):
-    @doc(summary="Delete every message of a queue", request=s.PurgeRequest)
+    audit_action = "purge_queue"
+
+    @doc(out.Purged, errors=ERRORS_ACT, summary="Delete every message of a queue", request=s.PurgeRequest)
     def post(self, request: Request, name: str) -> Response:
         confirm = _body(request).get("confirm")
         return _act(lambda: actions.purge_queue(request.user, name, confirm, via="api"),
@@ -123,8 +126,8 @@ class QueuePurge(APIView):
 # -- delayed ----------------------------------------------------------------------------------------
 
 class DelayedList(APIView):
-    @doc(summary="Delayed messages by due time",
-                   parameters=[OpenApiParameter("destination", str), OpenApiParameter("limit", int)])
+    @doc(out.DelayedList, errors={**ERRORS_READ, 501: "The delayed store cannot list."},
+         summary="Delayed messages by due time", parameters=[OpenApiParameter("destination", str), OpenApiParameter("limit", int)])
     def get(self, request: Request) -> Response:
         limit = int_param(request, "limit", 100, high=1000)
         destination = request.query_params.get("destination") or None
@@ -139,14 +142,18 @@ class DelayedList(APIView):
 
 
 class DelayedDeliverNow(APIView):
-    @doc(summary="Make a delayed message due now", request=None)
+    audit_action = "deliver_delayed_now"
+
+    @doc(out.Delivered, errors=ERRORS_ACT_MORE, summary="Make a delayed message due now", request=None)
     def post(self, request: Request, message_id: str) -> Response:
         return _act(lambda: actions.deliver_delayed_now(request.user, [message_id], via="api"),
                     lambda r: {"delivered": r.count})
 
 
 class DelayedItem(APIView):
-    @doc(summary="Delete a delayed message", request=None)
+    audit_action = "delete_delayed"
+
+    @doc(out.Deleted, errors=ERRORS_ACT_MORE, summary="Delete a delayed message", request=None)
     def delete(self, request: Request, message_id: str) -> Response:
         return _act(lambda: actions.delete_delayed(request.user, [message_id], via="api"),
                     lambda r: {"deleted": r.count})
@@ -155,9 +162,10 @@ class DelayedItem(APIView):
 # -- failed messages ----------------------------------------------------------------------------------
 
 class FailedList(APIView):
-    @doc(summary="Search failed messages, newest failure first", operation_id="failed_search", parameters=[
-        OpenApiParameter(n, str) for n in ("q", "queue", "group", "status", "exception", "message_id",
-                                           "message_type", "since", "until")] + [OpenApiParameter("limit", int)])
+    @doc(out.FailedPage, summary="Search failed messages, newest failure first", operation_id="failed_search",
+         parameters=[OpenApiParameter(n, str) for n in ("q", "queue", "group", "status", "exception", "message_id",
+                                                        "message_type", "since", "until", "cursor")]
+         + [OpenApiParameter("limit", int)])
     def get(self, request: Request) -> Response:
         p = request.query_params
         status_ = p.get("status") or None
@@ -170,14 +178,15 @@ class FailedList(APIView):
                              group=p.get("group") or None, since=time_param(request, "since"),
                              until=time_param(request, "until"))
         count = qs.order_by()[:COUNT_CAP + 1].count()
-        rows = qs.defer("headers", "body", "stack_trace", "history")[:limit]
+        rows, next_cursor = cursor.page(qs.defer("headers", "body", "stack_trace", "history"),
+                                        p.get("cursor") or None, "time_of_failure", limit)
         return Response({"count": min(count, COUNT_CAP), "count_capped": count > COUNT_CAP,
-                         "results": [s.failed_json(r) for r in rows]})
+                         "results": [s.failed_json(r) for r in rows], "next_cursor": next_cursor})
 
 
 class FailedGroups(APIView):
-    @doc(summary="Failed messages grouped (exception type + first frame, or by type / queue)",
-                   parameters=[OpenApiParameter("by", str), OpenApiParameter("status", str)])
+    @doc(out.GroupList, summary="Failed messages grouped (exception type + first frame, or by type / queue)",
+         parameters=[OpenApiParameter("by", str), OpenApiParameter("status", str)])
     def get(self, request: Request) -> Response:
         by = request.query_params.get("by") or "exception"
         status_ = request.query_params.get("status") or FailureStatus.UNRESOLVED
@@ -193,7 +202,7 @@ class FailedGroups(APIView):
 
 
 class FailedItem(APIView):
-    @doc(summary="One failed message with stack trace, headers, body and history")
+    @doc(out.FailedDetail, summary="One failed message with stack trace, headers, body and history")
     def get(self, request: Request, pk: int) -> Response:
         record = FailedMessage.objects.filter(pk=pk).first()
         if record is None:
@@ -203,7 +212,10 @@ class FailedItem(APIView):
 
 def _bulk(action: Callable, code: int = status.HTTP_202_ACCEPTED) -> type[APIView]:
     class Bulk(APIView):
-        @doc(request=s.SelectionRequest, summary=action.__doc__.splitlines()[0] if action.__doc__ else "")
+        audit_action = action.__name__
+
+        @doc(out.Started, code=code, errors=ERRORS_ACT, request=s.SelectionRequest,
+             summary=action.__doc__.splitlines()[0] if action.__doc__ else "")
         def post(self, request: Request) -> Response:
             selection = _body(request)
             return _act(lambda: action(request.user, selection, via="api"),
@@ -219,7 +231,9 @@ FailedRestore = _bulk(actions.restore_failed)
 
 
 class FailedDelete(APIView):
-    @doc(summary="Delete failed-message records for good", request=s.SelectionRequest)
+    audit_action = "delete_failed"
+
+    @doc(out.Deleted, errors=ERRORS_ACT, summary="Delete failed-message records for good", request=s.SelectionRequest)
     def post(self, request: Request) -> Response:
         selection = _body(request)
         return _act(lambda: actions.delete_failed(request.user, selection, via="api"),
@@ -227,8 +241,10 @@ class FailedDelete(APIView):
 
 
 class FailedEditRetry(APIView):
-    @doc(summary="Send an edited copy (new message id) and resolve the original",
-                   request=s.EditRetryRequest)
+    audit_action = "edit_and_retry"
+
+    @doc(out.EditedCopy, errors=ERRORS_ACT, summary="Send an edited copy (new message id) and resolve the original",
+         request=s.EditRetryRequest)
     def post(self, request: Request, pk: int) -> Response:
         data = _body(request)
         if "body" not in data:
@@ -238,7 +254,7 @@ class FailedEditRetry(APIView):
 
 
 class OperationItem(APIView):
-    @doc(summary="A bulk operation's progress")
+    @doc(out.Operation, summary="A bulk operation's progress")
     def get(self, request: Request, pk: int) -> Response:
         op = BulkOperation.objects.filter(pk=pk).first()
         if op is None:
@@ -247,7 +263,8 @@ class OperationItem(APIView):
 
 
 class OperationList(APIView):
-    @doc(summary="Recent bulk operations, newest first", operation_id="operations_recent", parameters=[OpenApiParameter("limit", int)])
+    @doc(out.OperationList, summary="Recent bulk operations, newest first", operation_id="operations_recent",
+         parameters=[OpenApiParameter("limit", int)])
     def get(self, request: Request) -> Response:
         limit = int_param(request, "limit", 20, high=200)
         return Response({"operations": [s.operation_json(op) for op in BulkOperation.objects.all()[:limit]]})
@@ -256,7 +273,7 @@ class OperationList(APIView):
 # -- outbox, audit ------------------------------------------------------------------------------------
 
 class OutboxList(APIView):
-    @doc(summary="Undispatched outbox records, oldest first", parameters=[OpenApiParameter("limit", int)])
+    @doc(out.OutboxList, summary="Undispatched outbox records, oldest first", parameters=[OpenApiParameter("limit", int)])
     def get(self, request: Request) -> Response:
         limit = int_param(request, "limit", 50)
         store = OutboxStore()
@@ -269,16 +286,19 @@ class OutboxList(APIView):
 
 
 class OutboxDispatch(APIView):
-    @doc(summary="Dispatch an outbox record now", request=None)
+    audit_action = "dispatch_outbox"
+
+    @doc(out.Dispatched, errors=ERRORS_ACT, summary="Dispatch an outbox record now", request=None)
     def post(self, request: Request, message_id: str) -> Response:
         return _act(lambda: actions.dispatch_outbox(request.user, [message_id], via="api"),
                     lambda r: {"dispatched": r.count})
 
 
 class AuditList(APIView):
-    @doc(summary="Operator actions, newest first", parameters=[
+    @doc(out.AuditPage, summary="Operator actions, newest first", parameters=[
         OpenApiParameter("user", str), OpenApiParameter("action", str), OpenApiParameter("outcome", str),
-        OpenApiParameter("since", str), OpenApiParameter("until", str), OpenApiParameter("limit", int)])
+        OpenApiParameter("since", str), OpenApiParameter("until", str), OpenApiParameter("limit", int),
+        OpenApiParameter("cursor", str)])
     def get(self, request: Request) -> Response:
         p = request.query_params
         qs = AuditEntry.objects.all()
@@ -296,13 +316,14 @@ class AuditList(APIView):
         if until:
             qs = qs.filter(at__lt=until)
         limit = int_param(request, "limit", 100)
-        return Response({"entries": [s.audit_json(e) for e in qs[:limit]]})
+        rows, next_cursor = cursor.page(qs.order_by("-at", "-id"), p.get("cursor") or None, "at", limit)
+        return Response({"entries": [s.audit_json(e) for e in rows], "next_cursor": next_cursor})
 
 
 # -- metrics (the analytics pipeline) --------------------------------------------------------------
 
 class MetricList(APIView):
-    @doc(summary="The pipeline's metric windows (oldest first) and its last run",
+    @doc(out.MetricList, summary="The pipeline's metric windows (oldest first) and its last run",
          parameters=[OpenApiParameter(n, str) for n in ("queue", "message_type", "window", "since")])
     def get(self, request: Request) -> Response:
         filters, _, since = metric_windows.window_query(request.query_params)
@@ -311,7 +332,10 @@ class MetricList(APIView):
 
 
 class MetricRun(APIView):
-    @doc(summary="Run the analytics pipeline now (a Celery task); poll GET /api/metrics/ for last_run",
+    audit_action = "run_pipeline"
+
+    @doc(out.RunStarted, code=status.HTTP_202_ACCEPTED, errors=ERRORS_ACT,
+         summary="Run the analytics pipeline now (a Celery task); poll GET /api/metrics/ for last_run",
          request=OpenApiTypes.OBJECT)
     def post(self, request: Request) -> Response:
         data = request.data if request.data else {}

@@ -22,7 +22,7 @@ from core.models import BulkOperation, BulkOperationStatus, FailedMessage, Failu
 from dashboard import actions
 from dashboard.permissions import viewer_required
 from dashboard.views.common import (
-    act, back_to, body_view, date_param, download, error_response, ordered_headers, page,
+    act, back_to, body_view, date_param, download, error_response, operator_only, ordered_headers, page,
 )
 
 PAGE_SIZE = 50
@@ -191,7 +191,7 @@ def _selection(request: HttpRequest) -> dict[str, Any]:
 
 def _bulk_view(start: Callable[..., Any]) -> Callable[[HttpRequest], HttpResponse]:
     """A POST view running one of the bulk actions on the form's selection."""
-    @viewer_required
+    @operator_only(start.__name__)
     @require_POST
     def view(request: HttpRequest) -> HttpResponse:
         selection = _selection(request)
@@ -209,7 +209,7 @@ archive = _bulk_view(actions.archive_failed)
 restore = _bulk_view(actions.restore_failed)
 
 
-@viewer_required
+@operator_only("delete_failed")
 @require_POST
 def delete(request: HttpRequest) -> HttpResponse:
     selection = _selection(request)
@@ -224,7 +224,7 @@ PROTECTED_NOTE = ("Identity headers stay as they are: the copy gets a new messag
                   "correlation id.")
 
 
-@viewer_required
+@operator_only("edit_and_retry")
 def edit_retry(request: HttpRequest, pk: int) -> HttpResponse:
     """GET: the form (body, non-protected headers; protected ones locked).  POST: send the copy."""
     record = get_object_or_404(FailedMessage, pk=pk)

@@ -19,7 +19,7 @@ from core.transport import Transport
 from dashboard import actions
 from dashboard.permissions import viewer_required
 from dashboard.views.common import (
-    act, back_to, body_view, download, error_response, int_param, ordered_headers, page,
+    act, back_to, body_view, download, error_response, int_param, operator_only, ordered_headers, page,
 )
 
 PAGE_SIZE = 50
@@ -181,7 +181,7 @@ def message_body(request: HttpRequest, name: str, row_version: int) -> HttpRespo
     return download(m.body, f"{name}-{row_version}")
 
 
-@viewer_required
+@operator_only("delete_messages")
 @require_POST
 def delete(request: HttpRequest, name: str) -> HttpResponse:
     ids = [i for i in request.POST.getlist("ids") if i]
@@ -189,7 +189,7 @@ def delete(request: HttpRequest, name: str) -> HttpResponse:
                back_to(request, reverse("dashboard:queue", args=[name])))
 
 
-@viewer_required
+@operator_only("purge_queue")
 @require_POST
 def purge(request: HttpRequest, name: str) -> HttpResponse:
     confirm = request.POST.get("confirm", "")
@@ -197,7 +197,7 @@ def purge(request: HttpRequest, name: str) -> HttpResponse:
                reverse("dashboard:queue", args=[name]))
 
 
-@viewer_required
+@operator_only("move_message")
 @require_POST
 def move(request: HttpRequest, name: str) -> HttpResponse:
     message_id = request.POST.get("id", "")
