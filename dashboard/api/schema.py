@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers as f
 
 class Error(f.Serializer):
@@ -231,3 +231,28 @@ class EditedCopy(f.Serializer):
 
 class RunStarted(f.Serializer):
     run = f.IntegerField()
+
+
+# -- query parameters, with the bounds the views enforce ---------------------------------------------
+
+def limit(default: int, high: int) -> OpenApiParameter:
+    return OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": high},
+                            description=f"Rows per answer (default {default}).")
+
+
+def choice(name: str, values: Any, empty: bool = True) -> OpenApiParameter:
+    """A parameter that takes one of ``values`` (or, when ``empty``, the empty string: the default)."""
+    return OpenApiParameter(name, {"type": "string", "enum": [*([""] if empty else []), *values]})
+
+
+def when(name: str) -> OpenApiParameter:
+    """An ISO 8601 time; empty means absent."""
+    return OpenApiParameter(name, {"anyOf": [{"type": "string", "format": "date-time"},
+                                             {"type": "string", "enum": [""]}]})
+
+
+def text(name: str) -> OpenApiParameter:
+    return OpenApiParameter(name, str)
+
+
+CURSOR = OpenApiParameter("cursor", str, description="next_cursor of the previous page; absent for the first.")

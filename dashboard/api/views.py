@@ -26,7 +26,7 @@ from dashboard.api import cursor
 from dashboard.api import schema as out
 from dashboard.api import serializers as s
 from dashboard.api.schema import ERRORS_ACT, ERRORS_ACT_MORE, ERRORS_READ, doc
-from dashboard.models import AuditEntry
+from dashboard.models import AuditEntry, AuditOutcome
 
 #: Rows a list returns at most (``limit`` is clamped to this).
 MAX_LIMIT = 500
@@ -84,7 +84,8 @@ class QueueList(APIView):
 
 class QueueMessages(APIView):
     @doc(out.MessageList, summary="Messages of a queue in FIFO order (keyset on row_version)",
-         parameters=[OpenApiParameter("limit", int), OpenApiParameter("after", int)])
+         parameters=[out.limit(50, MAX_LIMIT),
+                     OpenApiParameter("after", {"type": "integer", "minimum": 0, "maximum": 2**63 - 1})])
     def get(self, request: Request, name: str) -> Response:
         info = validate.queue(name)
         limit = int_param(request, "limit", 50)
@@ -127,7 +128,7 @@ class QueuePurge(APIView):
 
 class DelayedList(APIView):
     @doc(out.DelayedList, errors={**ERRORS_READ, 501: "The delayed store cannot list."},
-         summary="Delayed messages by due time", parameters=[OpenApiParameter("destination", str), OpenApiParameter("limit", int)])
+         summary="Delayed messages by due time", parameters=[out.text("destination"), out.limit(100, 1000)])
     def get(self, request: Request) -> Response:
         limit = int_param(request, "limit", 100, high=1000)
         destination = request.query_params.get("destination") or None
@@ -163,9 +164,9 @@ class DelayedItem(APIView):
 
 class FailedList(APIView):
     @doc(out.FailedPage, summary="Search failed messages, newest failure first", operation_id="failed_search",
-         parameters=[OpenApiParameter(n, str) for n in ("q", "queue", "group", "status", "exception", "message_id",
-                                                        "message_type", "since", "until", "cursor")]
-         + [OpenApiParameter("limit", int)])
+         parameters=[out.text(n) for n in ("q", "queue", "group", "exception", "message_id", "message_type")]
+         + [out.choice("status", FailureStatus.values), out.when("since"), out.when("until"), out.CURSOR,
+            out.limit(50, MAX_LIMIT)])
     def get(self, request: Request) -> Response:
         p = request.query_params
         status_ = p.get("status") or None
@@ -186,7 +187,8 @@ class FailedList(APIView):
 
 class FailedGroups(APIView):
     @doc(out.GroupList, summary="Failed messages grouped (exception type + first frame, or by type / queue)",
-         parameters=[OpenApiParameter("by", str), OpenApiParameter("status", str)])
+         parameters=[out.choice("by", ("exception", "message_type", "queue")),
+                     out.choice("status", FailureStatus.values)])
     def get(self, request: Request) -> Response:
         by = request.query_params.get("by") or "exception"
         status_ = request.query_params.get("status") or FailureStatus.UNRESOLVED
@@ -264,7 +266,7 @@ class OperationItem(APIView):
 
 class OperationList(APIView):
     @doc(out.OperationList, summary="Recent bulk operations, newest first", operation_id="operations_recent",
-         parameters=[OpenApiParameter("limit", int)])
+         parameters=[out.limit(20, 200)])
     def get(self, request: Request) -> Response:
         limit = int_param(request, "limit", 20, high=200)
         return Response({"operations": [s.operation_json(op) for op in BulkOperation.objects.all()[:limit]]})
@@ -273,7 +275,7 @@ class OperationList(APIView):
 # -- outbox, audit ------------------------------------------------------------------------------------
 
 class OutboxList(APIView):
-    @doc(out.OutboxList, summary="Undispatched outbox records, oldest first", parameters=[OpenApiParameter("limit", int)])
+    @doc(out.OutboxList, summary="Undispatched outbox records, oldest first", parameters=[out.limit(50, MAX_LIMIT)])
     def get(self, request: Request) -> Response:
         limit = int_param(request, "limit", 50)
         store = OutboxStore()
@@ -296,17 +298,16 @@ class OutboxDispatch(APIView):
 
 class AuditList(APIView):
     @doc(out.AuditPage, summary="Operator actions, newest first", parameters=[
-        OpenApiParameter("user", str), OpenApiParameter("action", str), OpenApiParameter("outcome", str),
-        OpenApiParameter("since", str), OpenApiParameter("until", str), OpenApiParameter("limit", int),
-        OpenApiParameter("cursor", str)])
+        out.text("user"), out.choice("action", actions.AUDITED), out.choice("outcome", AuditOutcome.values),
+        out.when("since"), out.when("until"), out.limit(100, MAX_LIMIT), out.CURSOR])
     def get(self, request: Request) -> Response:
         p = request.query_params
         qs = AuditEntry.objects.all()
         if p.get("user"):
             qs = qs.filter(username=p["user"])
         if p.get("action"):
-            if p["action"] not in actions.ACTIONS:
-                raise ActionError(f"action must be one of {', '.join(actions.ACTIONS)}")
+            if p["action"] not in actions.AUDITED:
+                raise ActionError(f"action must be one of {', '.join(actions.AUDITED)}")
             qs = qs.filter(action=p["action"])
         if p.get("outcome"):
             qs = qs.filter(outcome=p["outcome"])
@@ -324,7 +325,8 @@ class AuditList(APIView):
 
 class MetricList(APIView):
     @doc(out.MetricList, summary="The pipeline's metric windows (oldest first) and its last run",
-         parameters=[OpenApiParameter(n, str) for n in ("queue", "message_type", "window", "since")])
+         parameters=[out.text("queue"), out.text("message_type"), out.choice("window", ("60", "3600"), empty=False),
+                     out.when("since")])
     def get(self, request: Request) -> Response:
         filters, _, since = metric_windows.window_query(request.query_params)
         return Response({"windows": [metric_windows.window_json(w) for w in metric_windows.windows_for(filters, since)],
@@ -338,7 +340,7 @@ class MetricRun(APIView):
          summary="Run the analytics pipeline now (a Celery task); poll GET /api/metrics/ for last_run",
          request=OpenApiTypes.OBJECT)
     def post(self, request: Request) -> Response:
-        data = request.data if request.data else {}
+        data = request.data if request.body else {}
         if not isinstance(data, dict):
             raise ActionError("the request body must be a JSON object (or empty)")
         since = metric_windows.since_param(data.get("since"))

@@ -18,7 +18,7 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from dashboard.actions import ActionError, ActionResult
-from dashboard.actions.audit import record_denial
+from dashboard.actions.audit import OPERATORS_ONLY, record_denial
 from dashboard.permissions import can_act, can_view
 
 #: Bodies longer than this are cut on the page (the whole body is a download away).
@@ -62,7 +62,7 @@ def operator_only(action: str) -> Callable[[Callable[..., HttpResponse]], Callab
             if not (can_view(request.user) if safe else can_act(request.user)):
                 if not safe:
                     record_denial(request.user, action, "web", target=request.path)
-                return error_response(request, VIEWER_REASON if can_view(request.user) else
+                return error_response(request, OPERATORS_ONLY if can_view(request.user) else
                                       "Your account has no Sluice role; ask an operator for sluice-viewer.", 403)
             return view(request, *args, **kwargs)
 
