@@ -19,7 +19,7 @@ from dashboard import tokens
 from tests.dashboard_pages_support import make_user
 
 #: Generated requests per operation and role (SLUICE_SCHEMATHESIS_EXAMPLES to go further).
-EXAMPLES = int(os.environ.get("SLUICE_SCHEMATHESIS_EXAMPLES", "12"))
+EXAMPLES = int(os.environ.get("SLUICE_SCHEMATHESIS_EXAMPLES", "10"))
 
 # The same document /api/schema/ answers, built in-process: the test module is collected
 # before any server runs.

@@ -310,6 +310,8 @@ class AuditList(APIView):
                 raise ActionError(f"action must be one of {', '.join(actions.AUDITED)}")
             qs = qs.filter(action=p["action"])
         if p.get("outcome"):
+            if p["outcome"] not in AuditOutcome.values:
+                raise ActionError(f"outcome must be one of {', '.join(AuditOutcome.values)}")
             qs = qs.filter(outcome=p["outcome"])
         since, until = time_param(request, "since"), time_param(request, "until")
         if since:
