@@ -150,6 +150,26 @@ def test_the_admin_shows_no_token_secret(transactional_db):
     assert client.get("/admin/authtoken/").status_code == 404  # DRF's plain-text token table is gone
 
 
+def test_role_changes_in_the_admin_are_audited(transactional_db):
+    from django.contrib.auth.models import Group
+
+    root = User.objects.create_superuser("root", password=PASSWORD)
+    vera = make_user("viewer")
+    client = Client()
+    client.force_login(root)
+    operator_group = Group.objects.get_or_create(name="sluice-operator")[0]
+    form = {"username": vera.username, "first_name": "", "last_name": "", "email": "", "is_active": "on",
+            "groups": [operator_group.pk], "date_joined_0": "2026-01-01", "date_joined_1": "00:00:00",
+            "initial-date_joined_0": "2026-01-01", "initial-date_joined_1": "00:00:00"}
+    response = client.post(f"/admin/auth/user/{vera.pk}/change/", form)
+    assert response.status_code == 302, response.content[:2000]
+    form.pop("is_active")
+    assert client.post(f"/admin/auth/user/{vera.pk}/change/", form).status_code == 302
+    entries = list(AuditEntry.objects.order_by("id").values_list("username", "action", "via", "detail"))
+    assert entries == [("root", "set_role", "admin", "role viewer → operator, active"),
+                       ("root", "disable_user", "admin", "role operator → none, inactive")]
+
+
 # -- 10: /healthz and /api/schema/ ----------------------------------------------------------------------
 
 def test_healthz_tells_strangers_the_status_only(transactional_db, viewer_client):
