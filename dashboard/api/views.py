@@ -53,9 +53,10 @@ def time_param(request: Request, name: str) -> dt.datetime | None:
         return None
     try:
         value = dt.datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError:
+        # In UTC: an offset such as -23:45 is valid ISO 8601 but out of PostgreSQL's range.
+        return value.astimezone(dt.timezone.utc) if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+    except (ValueError, OverflowError):
         raise ActionError(f"{name} must be an ISO 8601 time, not {raw[:40]!r}") from None
-    return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
 
 
 def _body(request: Request) -> dict[str, Any]:
