@@ -15,8 +15,10 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 from core.delayed import delayed_store
 from core.queues import create_queue
 from core.transport import Transport
+from core.models import BulkOperation
 from dashboard import tokens
-from tests.dashboard_pages_support import make_user
+from dashboard.models import AuditEntry
+from tests.dashboard_pages_support import fail_message, make_user
 
 #: Generated requests per operation and role (SLUICE_SCHEMATHESIS_EXAMPLES to go further).
 EXAMPLES = int(os.environ.get("SLUICE_SCHEMATHESIS_EXAMPLES", "10"))
@@ -33,6 +35,10 @@ def seeded(live_server, error_queue):
     delayed_store().setup_infrastructure()
     create_queue("orders")
     Transport().send("orders", '{"order": 1}', message_id="m-1")
+    Transport().send("orders", '{"order": 2}', message_id="d-1", delay=3600)
+    record = fail_message("orders", message_id="f-1")
+    AuditEntry.objects.create(action="retry_failed", outcome="ok", username="someone", target_ids=[str(record.pk)])
+    BulkOperation.objects.create(kind="retry", description="seeded", requested_by="someone")
     return live_server.url
 
 

@@ -20,6 +20,7 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework import throttling
 
+from core.models import BulkOperation
 from core.transport import Transport
 from dashboard import tokens
 from dashboard.models import ApiToken, AuditEntry
@@ -295,6 +296,13 @@ def test_times_with_any_offset_are_answered(viewer_client, since):
         assert status in (200, 400), body
 
 
+@pytest.mark.parametrize("path", ["/api/metrics/?message_type=a%00b", "/api/failed/?q=%00", "/api/audit/?us%00er=x"])
+def test_nul_in_a_query_parameter_is_a_400(viewer_client, path):
+    """Found by schemathesis on PostgreSQL (which refuses NUL in text): a 503 there."""
+    status, body = api(viewer_client, "get", path)
+    assert status == 400 and "NUL" in body["error"]
+
+
 def test_failed_and_audit_lists_page_by_cursor(operator_client, make_queue, error_queue):
     queue = make_queue()
     made = {fail_message(queue, message_id=f"m-{i}").pk for i in range(7)}
@@ -316,3 +324,9 @@ def test_failed_and_audit_lists_page_by_cursor(operator_client, make_queue, erro
     status, second = api(operator_client, "get", f"/api/audit/?limit=2&cursor={first['next_cursor']}")
     users = [e["user"] for e in first["entries"] + second["entries"]]
     assert users == ["u4", "u3", "u2", "u1"] and second["next_cursor"]
+    for i in range(3):
+        BulkOperation.objects.create(kind="retry", description=f"op {i}")
+    status, first = api(operator_client, "get", "/api/operations/?limit=2")
+    status, second = api(operator_client, "get", f"/api/operations/?limit=2&cursor={first['next_cursor']}")
+    assert [o["description"] for o in first["operations"] + second["operations"]] == ["op 2", "op 1", "op 0"]
+    assert second["next_cursor"] is None

@@ -160,6 +160,7 @@ class Operation(f.Serializer):
 
 class OperationList(f.Serializer):
     operations = Operation(many=True)
+    next_cursor = _opt_str(help_text="Pass as ?cursor= for the next page; null at the end.")
 
 
 class OutboxRecord(f.Serializer):

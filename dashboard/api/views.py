@@ -267,10 +267,12 @@ class OperationItem(APIView):
 
 class OperationList(APIView):
     @doc(out.OperationList, summary="Recent bulk operations, newest first", operation_id="operations_recent",
-         parameters=[out.limit(20, 200)])
+         parameters=[out.limit(20, 200), out.CURSOR])
     def get(self, request: Request) -> Response:
         limit = int_param(request, "limit", 20, high=200)
-        return Response({"operations": [s.operation_json(op) for op in BulkOperation.objects.all()[:limit]]})
+        rows, next_cursor = cursor.page(BulkOperation.objects.order_by("-created_at", "-id"),
+                                        request.query_params.get("cursor") or None, "created_at", limit)
+        return Response({"operations": [s.operation_json(op) for op in rows], "next_cursor": next_cursor})
 
 
 # -- outbox, audit ------------------------------------------------------------------------------------
