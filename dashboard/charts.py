@@ -20,7 +20,7 @@ from dashboard.actions import ActionError
 from dashboard.metric_windows import window_query, windows_for
 from dashboard.permissions import viewer_required
 from dashboard.svgchart import Series, line_chart
-from dashboard.views.common import act, error_response, page
+from dashboard.views.common import act, error_response, operator_only, page
 
 COLORS = {"throughput": "#2563eb", "p50": "#16a34a", "p95": "#d97706", "p99": "#dc2626", "failure": "#b91c1c"}
 #: Most windows drawn on one page (every queue together).
@@ -104,7 +104,7 @@ def run_status(request: HttpRequest) -> HttpResponse:
     return response
 
 
-@viewer_required
+@operator_only("run_pipeline")
 @require_POST
 def run_now(request: HttpRequest) -> HttpResponse:
     return act(request, lambda: actions.run_pipeline(request.user, via="web"), reverse("dashboard:metrics-charts"))

@@ -52,3 +52,26 @@ class AuditEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.username or '?'} {self.action} {self.outcome}"
+
+
+class ApiToken(models.Model):
+    """An API token (``Authorization: Token <key>``), stored as the SHA-256 of its key: the
+    key itself is shown once, when ``sluice user token`` issues it, and never again.  Keys
+    are 160 random bits, so a plain hash is enough (no password-style slow hash needed).
+    dashboard/tokens.py issues, checks and revokes them."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="sluice_api_tokens")
+    digest = models.CharField(max_length=64, unique=True)
+    #: The key's first characters, to tell tokens apart in listings and the audit log.
+    prefix = models.CharField(max_length=8)
+    created = models.DateTimeField(default=timezone.now)
+    expires = models.DateTimeField()
+    #: Set by ``sluice user token --revoke`` (kept, not deleted: the audit log points at it).
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "sluice_api_token"
+        ordering = ["-created"]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… of user {self.user_id}"

@@ -1,4 +1,6 @@
-"""`sluice user add|token|list`: dashboard accounts and API tokens (roles: dashboard/permissions.py)."""
+"""`sluice user add|token|disable|list`: dashboard accounts and API tokens (roles:
+dashboard/permissions.py, tokens: dashboard/tokens.py).  Every change of a role, a token
+or an account's state is written to the audit log (via "cli")."""
 from __future__ import annotations
 
 import getpass
@@ -11,10 +13,15 @@ from django.contrib.auth.models import Group as AuthGroup
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from rest_framework.authtoken.models import Token
 
 from core.cli.base import CommandError, Group, command_group
+from dashboard import tokens
+from dashboard.actions.audit import Audit
+from dashboard.models import AuditOutcome
 from dashboard.permissions import ROLES, forget_role, role_of
+
+PASSWORD_ON_COMMAND_LINE = ("warning: --password puts the password in the process list and the shell history; "
+                            "use --password-stdin or the prompt")
 
 
 def set_role(user: Any, role: str) -> None:
@@ -25,37 +32,70 @@ def set_role(user: Any, role: str) -> None:
     forget_role(user)
 
 
+def audit(action: str, user: Any, detail: str) -> None:
+    """One audit entry for an account change made from the command line; the actor is the
+    operating-system user who ran it (there is no dashboard login here)."""
+    try:
+        actor = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (some containers)
+        actor = "?"
+    Audit(user=None, action=action, via="cli", target=f"user {user.username}", ids=[str(user.pk)],
+          actor=f"{actor} (cli)").write(AuditOutcome.OK, detail)
+
+
 @command_group
 class UserCommands(Group):
     def add_to(self, sub) -> None:
         user = sub.add_parser("user", help="dashboard accounts (roles viewer / operator) and API tokens")
         usub = user.add_subparsers(dest="user_action", required=True, metavar="ACTION")
         add = self.handles(usub.add_parser(
-            "add", help="create a user with a role (the password is prompted for when not given)"), self.add)
+            "add", help="create a user with a role (the password is prompted for, or read from stdin)"), self.add)
         add.add_argument("name")
         add.add_argument("--role", choices=sorted(ROLES), required=True,
                          help="viewer: sees everything; operator: also acts (retry, delete, purge…)")
-        add.add_argument("--password", help="the password (else prompted for on a terminal)")
+        add.add_argument("--password-stdin", action="store_true",
+                         help="read the password from the first line of standard input")
+        add.add_argument("--password", help="the password (deprecated: visible to other users of the machine; "
+                                            "use --password-stdin or the prompt)")
         add.add_argument("--update", action="store_true",
                          help="when the user exists, set its password and role instead of failing")
         add.add_argument("--json", action="store_true")
         token = self.handles(usub.add_parser(
-            "token", help="print the user's API token (Authorization: Token <key>), creating it"), self.token)
+            "token", help="issue an API token for the user and print it (Authorization: Token <key>); "
+                          "tokens are stored hashed, so a key is shown only once"), self.token)
         token.add_argument("name")
-        token.add_argument("--reset", action="store_true", help="replace the token with a new one")
+        token.add_argument("--reset", action="store_true", help="revoke the user's other tokens first")
+        token.add_argument("--revoke", action="store_true", help="revoke every token of the user; issue none")
+        token.add_argument("--days", type=int, default=None,
+                           help="how long the token lives (default: SLUICE_API_TOKEN_DAYS, 90)")
         token.add_argument("--json", action="store_true")
+        disable = self.handles(usub.add_parser(
+            "disable", help="disable an account: no login, its sessions and tokens stop working "
+                            "(`user add NAME --update` enables it again)"), self.disable)
+        disable.add_argument("name")
+        disable.add_argument("--json", action="store_true")
         listing = self.handles(usub.add_parser("list", help="users with their Sluice role"), self.list)
         listing.add_argument("--json", action="store_true")
 
     def _password(self, options: dict[str, Any]) -> str:
+        if options["password_stdin"]:
+            return sys.stdin.readline().rstrip("\r\n")
         if options["password"] is not None:
+            self.stderr.write(PASSWORD_ON_COMMAND_LINE)
             return options["password"]
         if not sys.stdin.isatty():
-            raise CommandError("give --password: there is no terminal to ask for it on")
+            raise CommandError("give --password-stdin (and the password on standard input): "
+                               "there is no terminal to ask for it on")
         first = getpass.getpass(f"Password for {options['name']}: ")
         if first != getpass.getpass("Password (again): "):
             raise CommandError("the passwords differ; nothing changed")
         return first
+
+    def _user(self, name: str) -> Any:
+        user = get_user_model().objects.filter(username=name).first()
+        if user is None:
+            raise CommandError(f"no user {name!r}; create it with `sluice user add`")
+        return user
 
     def add(self, options: dict[str, Any]) -> None:
         User = get_user_model()
@@ -72,12 +112,15 @@ class UserCommands(Group):
         try:
             validate_password(password, user)
         except ValidationError as exc:
-            raise CommandError("; ".join(exc.messages)) from None
+            raise CommandError("password refused: " + "; ".join(exc.messages)) from None
         with transaction.atomic():
+            before = role_of(user) if exists else None
             user.set_password(password)
             user.is_active = True
             user.save()
             set_role(user, options["role"])
+            audit("set_role", user, f"{'created' if not exists else 'updated'}: role {before or 'none'} → "
+                                    f"{options['role']}, password set, active")
         result = {"user": name, "role": options["role"], "created": not exists}
         if options["json"]:
             self.stdout.write(json.dumps(result))
@@ -85,21 +128,43 @@ class UserCommands(Group):
             self.stdout.write(f"{'updated' if exists else 'created'} user {name} ({options['role']})")
 
     def token(self, options: dict[str, Any]) -> None:
-        user = get_user_model().objects.filter(username=options["name"]).first()
-        if user is None:
-            raise CommandError(f"no user {options['name']!r}; create it with `sluice user add`")
-        if options["reset"]:
-            Token.objects.filter(user=user).delete()
-        token, created = Token.objects.get_or_create(user=user)
+        user = self._user(options["name"])
+        if options["days"] is not None and not 1 <= options["days"] <= 3650:
+            raise CommandError("--days must be between 1 and 3650")
+        with transaction.atomic():
+            revoked = tokens.revoke(user) if options["reset"] or options["revoke"] else 0
+            if revoked:
+                audit("revoke_token", user, f"{revoked} token(s) revoked")
+            if options["revoke"]:
+                result: dict[str, Any] = {"user": user.username, "revoked": revoked}
+            else:
+                token, key = tokens.issue(user, options["days"])
+                audit("issue_token", user, f"token {token.prefix}… issued, expires {token.expires:%Y-%m-%d %H:%M} UTC")
+                result = {"user": user.username, "token": key, "created": True, "role": role_of(user),
+                          "expires": token.expires.isoformat(), "revoked": revoked}
         if options["json"]:
-            self.stdout.write(json.dumps({"user": user.username, "token": token.key, "created": created,
-                                          "role": role_of(user)}))
+            self.stdout.write(json.dumps(result))
+        elif options["revoke"]:
+            self.stdout.write(f"revoked {revoked} token(s) of {user.username}")
         else:
-            self.stdout.write(token.key)
+            self.stdout.write(result["token"])
+
+    def disable(self, options: dict[str, Any]) -> None:
+        user = self._user(options["name"])
+        with transaction.atomic():
+            user.is_active = False
+            user.save(update_fields=["is_active"])
+            revoked = tokens.revoke(user)
+            audit("disable_user", user, f"disabled; {revoked} token(s) revoked")
+        if options["json"]:
+            self.stdout.write(json.dumps({"user": user.username, "active": False, "revoked": revoked}))
+        else:
+            self.stdout.write(f"disabled user {user.username} ({revoked} token(s) revoked)")
 
     def list(self, options: dict[str, Any]) -> None:
         rows = [{"user": u.username, "role": role_of(u), "active": u.is_active, "superuser": u.is_superuser,
-                 "last_login": u.last_login.isoformat() if u.last_login else None}
+                 "last_login": u.last_login.isoformat() if u.last_login else None,
+                 "tokens": tokens.live(u).count()}
                 for u in get_user_model().objects.order_by("username")]
         if options["json"]:
             self.stdout.write(json.dumps(rows))

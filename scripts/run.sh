@@ -54,7 +54,8 @@ bash scripts/services.sh redis
 "$PY" manage.py collectstatic --noinput -v0
 # A login for the dashboard: operator role (may act), password generated once.
 new_secret "$RUN_DIR/admin_password" 12
-"$PY" manage.py sluice user add "$ADMIN_USER" --role operator --password "$(cat "$RUN_DIR/admin_password")" --update
+# On stdin, not the command line (where other users of the machine could read it).
+"$PY" manage.py sluice user add "$ADMIN_USER" --role operator --password-stdin --update < "$RUN_DIR/admin_password"
 
 # One Celery worker: the bootstep runs the pumps, the mover and the health heartbeat.
 # Beat (purge, idle queues, error ingestion) runs as a process of its own, as in the

@@ -11,7 +11,13 @@
   ``DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS``, ``DJANGO_SECURE_HSTS_PRELOAD``,
   ``DJANGO_CSRF_TRUSTED_ORIGINS``; their defaults follow ``SLUICE_ENV``.
 - ``DJANGO_STATIC_ROOT``: where ``collectstatic`` puts static files (``var/static``).
+- ``SLUICE_SESSION_IDLE_MINUTES``: a dashboard session ends after this long without a
+  request (60); ``SLUICE_LOGIN_FAILURE_LIMIT`` failed logins per user name and address
+  lock that pair out for ``SLUICE_LOGIN_COOLOFF_MINUTES`` (5, 15).
+- ``SLUICE_API_TOKEN_DAYS``: how long an API token from ``sluice user token`` lives (90).
+- ``SLUICE_API_RATE_ANON``, ``SLUICE_API_RATE_USER``: DRF throttle rates (``30/min``, ``1200/min``).
 """
+import datetime as dt
 import os
 from pathlib import Path
 
@@ -43,7 +49,8 @@ def env_int(name: str, default: int) -> int:
 # Unset: the development key, which core/startup.py refuses to serve with outside DEBUG.
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or DEVELOPMENT_SECRET_KEY
 DEBUG = env_flag("DJANGO_DEBUG", False)
-ALLOWED_HOSTS = [h for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",") if h]
+# Not "testserver": Django's test set-up adds it for the test client itself.
+ALLOWED_HOSTS = [h for h in os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h]
 
 # --- HTTPS -------------------------------------------------------------------------------
 # SLUICE_ENV=production makes the secure choices the defaults; each has its own variable.
@@ -82,7 +89,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_htmx",
     "rest_framework",
-    "rest_framework.authtoken",
+    "axes",
     "drf_spectacular",
     "core",
     "core.demo",
@@ -101,7 +108,53 @@ MIDDLEWARE = [
     "django_htmx.middleware.HtmxMiddleware",
     # Every GET's queries are bounded by SLUICE_DASHBOARD_STATEMENT_TIMEOUT (a 503 past it).
     "dashboard.timeouts.StatementTimeoutMiddleware",
+    "csp.middleware.CSPMiddleware",
+    "dashboard.middleware.security_headers",
+    "dashboard.middleware.api_query_without_nul",
+    # Last, as django-axes asks: it turns a locked-out login into its 429 answer.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# --- logins --------------------------------------------------------------------------------
+# django-axes counts failed logins (the dashboard's and the admin's: both go through
+# authenticate()) per user name *and* address: one address guessing one account is stopped,
+# while a stranger cannot lock a real operator out from elsewhere.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = env_int("SLUICE_LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = dt.timedelta(minutes=env_int("SLUICE_LOGIN_COOLOFF_MINUTES", 15))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_HTTP_RESPONSE_CODE = 429
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+# Django's validators, for `sluice user add` and the admin's password forms alike.
+AUTH_PASSWORD_VALIDATORS = [{"NAME": f"django.contrib.auth.password_validation.{name}"} for name in (
+    "UserAttributeSimilarityValidator", "MinimumLengthValidator", "CommonPasswordValidator",
+    "NumericPasswordValidator")]
+# An idle timeout: every request renews the cookie, so only a session left alone expires.
+SESSION_COOKIE_AGE = env_int("SLUICE_SESSION_IDLE_MINUTES", 60) * 60
+SESSION_SAVE_EVERY_REQUEST = True
+#: Lifetime of the API tokens `sluice user token` issues (dashboard/tokens.py).
+SLUICE_API_TOKEN_DAYS = env_int("SLUICE_API_TOKEN_DAYS", 90)
+
+# --- Content-Security-Policy (django-csp) --------------------------------------------------
+# Scripts only from our own static files: no inline script, no eval (htmx's trigger filters
+# and hx-on need eval; base.html turns it off).  Style *attributes* stay allowed: progress
+# bars set their width in one, and an attribute cannot run script.
+CONTENT_SECURITY_POLICY = {"DIRECTIVES": {
+    "default-src": ["'self'"],
+    "script-src": ["'self'"],
+    "style-src": ["'self'"],
+    "style-src-attr": ["'unsafe-inline'"],
+    "img-src": ["'self'", "data:"],
+    "connect-src": ["'self'"],
+    "object-src": ["'none'"],
+    "base-uri": ["'none'"],
+    "frame-ancestors": ["'none'"],
+    "form-action": ["'self'"],
+}}
+#: The browser features no page uses (dashboard/middleware.py sends the header).
+PERMISSIONS_POLICY = ("accelerometer=(), camera=(), geolocation=(), gyroscope=(), magnetometer=(), "
+                      "microphone=(), payment=(), usb=(), interest-cohort=()")
 
 ROOT_URLCONF = "sluice.urls"
 WSGI_APPLICATION = "sluice.wsgi.application"
@@ -130,18 +183,25 @@ REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 # The JSON API (dashboard/api): session auth (with CSRF) for the browser, token auth for
 # scripts; roles from dashboard/permissions.py; errors as {"error": "..."}.
 REST_FRAMEWORK = {
+    # The token scheme first: DRF's 401 names it (WWW-Authenticate: Token); with the session
+    # scheme first a missing login would be a 403, like a missing role.
     "DEFAULT_AUTHENTICATION_CLASSES": [
+        "dashboard.tokens.HashedTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
-        "rest_framework.authentication.TokenAuthentication",
     ],
-    # Reads need a role; every write goes through dashboard.actions, which needs the operator
-    # role and audits a refusal too.
-    "DEFAULT_PERMISSION_CLASSES": ["dashboard.permissions.CanView"],
+    # Reads need a role, anything else the operator role: checked, and a refusal audited,
+    # before the request is parsed (dashboard/api/access.py); dashboard.actions checks again.
+    "DEFAULT_PERMISSION_CLASSES": ["dashboard.api.access.ViewOrAct"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "dashboard.api.errors.exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+    # Per address for anonymous callers (401s cost a token guess each), per user otherwise.
+    "DEFAULT_THROTTLE_CLASSES": ["rest_framework.throttling.AnonRateThrottle",
+                                 "rest_framework.throttling.UserRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {"anon": os.environ.get("SLUICE_API_RATE_ANON", "30/min"),
+                               "user": os.environ.get("SLUICE_API_RATE_USER", "1200/min")},
 }
 SPECTACULAR_SETTINGS = {"TITLE": "Sluice API", "VERSION": "1", "SERVE_INCLUDE_SCHEMA": False}
 

@@ -5,3 +5,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("", include("dashboard.urls")),
 ]
+
+# Under /api/ a crash answers {"error": ...} JSON too (dashboard/api/errors.py).
+handler500 = "dashboard.api.errors.server_error"

@@ -488,3 +488,13 @@ def open_transaction(work, timeout: float = 10):
     finally:
         release.set()
         thread.join(timeout)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_api_throttles():
+    """DRF's throttles count requests in the default (per-process) cache: every test starts
+    with none counted, so a suite's many anonymous API calls never add up to a 429."""
+    from django.core.cache import caches
+
+    caches["default"].clear()
+    yield

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 from django.test import Client
-from rest_framework.authtoken.models import Token
+from dashboard import tokens
 
 from core.delayed import delayed_store
 from core.messages import Headers
@@ -371,13 +371,13 @@ def test_token_auth_for_scripts(operator, viewer, queue):
     client = Client(enforce_csrf_checks=True)  # a script has no session and no CSRF cookie
     status, _ = api(client, "get", "/api/queues/", HTTP_AUTHORIZATION="Token not-a-token")
     assert status in (401, 403)
-    viewer_token = Token.objects.create(user=viewer).key
+    viewer_token = tokens.issue(viewer)[1]
     status, _ = api(client, "get", "/api/queues/", HTTP_AUTHORIZATION=f"Token {viewer_token}")
     assert status == 200
     status, _ = api(client, "delete", f"/api/queues/{queue}/messages/{mid}/",
                     HTTP_AUTHORIZATION=f"Token {viewer_token}")
     assert status == 403 and ids_in(queue) == [mid]
-    token = Token.objects.create(user=operator).key
+    token = tokens.issue(operator)[1]
     status, body = api(client, "delete", f"/api/queues/{queue}/messages/{mid}/", HTTP_AUTHORIZATION=f"Token {token}")
     assert (status, body) == (200, {"deleted": 1})
     assert AuditEntry.objects.filter(action="delete_messages", outcome="ok").get().via == "api"

@@ -12,7 +12,7 @@ from urllib.parse import quote
 import pytest
 from django.contrib.auth.models import Group, User
 from django.test import Client
-from rest_framework.authtoken.models import Token
+from dashboard import tokens
 
 from core.records.models import MetricWindow, PipelineRun
 from dashboard.models import AuditEntry
@@ -84,13 +84,13 @@ def test_roles_and_token_auth(windows):
     assert client_for(user("nobody")).get("/api/metrics/").status_code == 403
     for u in (user("op", "sluice-operator"), user("root", superuser=True), user("v", "sluice-viewer")):
         assert client_for(u).get("/api/metrics/").status_code == 200
-    token = Token.objects.create(user=User.objects.get(username="v"))
-    r = Client().get("/api/metrics/", HTTP_AUTHORIZATION=f"Token {token.key}")
+    token = tokens.issue(User.objects.get(username="v"))[1]
+    r = Client().get("/api/metrics/", HTTP_AUTHORIZATION=f"Token {token}")
     assert r.status_code == 200 and len(r.json()["windows"]) == 10
     wrong = Client().get("/api/metrics/", HTTP_AUTHORIZATION="Token wrong")
     assert wrong.status_code in (401, 403) and "token" in wrong.json()["error"].lower()
-    nobody_token = Token.objects.create(user=User.objects.get(username="nobody"))
-    assert Client().get("/api/metrics/", HTTP_AUTHORIZATION=f"Token {nobody_token.key}").status_code == 403
+    nobody_token = tokens.issue(User.objects.get(username="nobody"))[1]
+    assert Client().get("/api/metrics/", HTTP_AUTHORIZATION=f"Token {nobody_token}").status_code == 403
 
 
 def test_charts_page(windows):
@@ -194,18 +194,18 @@ def test_run_now_queues_a_celery_task_and_shows_progress(windows, clean_broker):
 
 
 def test_run_through_the_api(windows, clean_broker):
-    token = Token.objects.create(user=user("op", "sluice-operator"))
+    token = tokens.issue(user("op", "sluice-operator"))[1]
     r = Client().post("/api/metrics/run/", {"since": "2026-11-23T10:00:00Z"}, content_type="application/json",
-                      HTTP_AUTHORIZATION=f"Token {token.key}")
+                      HTTP_AUTHORIZATION=f"Token {token}")
     assert r.status_code == 202
     run = PipelineRun.objects.get(pk=r.json()["run"])
     assert (run.status, run.trigger) == ("queued", "api:op")
     body = base64.b64decode(queued_tasks()[0]["body"]).decode()
     assert '"since": "2026-11-23T10:00:00+00:00"' in body
     assert AuditEntry.objects.get(action="run_pipeline").via == "api"
-    assert Client().get("/api/metrics/", HTTP_AUTHORIZATION=f"Token {token.key}").json()["last_run"]["id"] == run.pk
+    assert Client().get("/api/metrics/", HTTP_AUTHORIZATION=f"Token {token}").json()["last_run"]["id"] == run.pk
     bad = Client().post("/api/metrics/run/", {"since": "soon"}, content_type="application/json",
-                        HTTP_AUTHORIZATION=f"Token {token.key}")
+                        HTTP_AUTHORIZATION=f"Token {token}")
     assert bad.status_code == 400 and "ISO 8601" in bad.json()["error"]
     assert len(queued_tasks()) == 1
 

@@ -35,9 +35,13 @@ ACTIONS = (
     "retry_failed", "archive_failed", "restore_failed", "edit_and_retry", "delete_failed", "dispatch_outbox",
     "run_pipeline",
 )
+#: Account changes (`sluice user`, via "cli"), audited beside the actions.
+ACCOUNT_ACTIONS = ("set_role", "issue_token", "revoke_token", "disable_user")
+#: Every name an AuditEntry.action can hold.
+AUDITED = ACTIONS + ACCOUNT_ACTIONS
 
 __all__ = [
-    "ACTIONS", "ActionError", "ActionResult", "FailedSelection", "PROTECTED_HEADERS", "archive_failed",
+    "ACCOUNT_ACTIONS", "ACTIONS", "AUDITED", "ActionError", "ActionResult", "FailedSelection", "PROTECTED_HEADERS", "archive_failed",
     "delete_delayed", "delete_failed", "delete_messages", "deliver_delayed_now", "dispatch_outbox",
     "edit_and_retry", "move_message", "parse_selection", "purge_queue", "restore_failed", "retry_failed",
     "run_pipeline",

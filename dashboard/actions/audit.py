@@ -41,12 +41,14 @@ class Audit:
     detail: str = ""
     operation_id: int | None = None
     entry_id: int | None = None
+    #: Who acted when that is no dashboard user (the operating-system user of a CLI run).
+    actor: str = ""
 
     def write(self, outcome: str, detail: str | None = None) -> None:
         user = self.user if getattr(self.user, "is_authenticated", False) else None
         try:
             entry = AuditEntry.objects.create(
-                user=user, username=getattr(user, "username", "") if user else "", action=self.action,
+                user=user, username=getattr(user, "username", "") if user else self.actor[:150], action=self.action,
                 target=self.target[:4000], target_ids=[str(i) for i in self.ids[:MAX_TARGET_IDS]],
                 outcome=outcome, detail=(self.detail if detail is None else detail)[:4000], via=self.via[:8],
                 operation_id=self.operation_id)
@@ -54,6 +56,22 @@ class Audit:
         except DatabaseError as exc:  # the database is down: the action's own error says so
             log.error("could not write the audit entry for %s by %s (%s): %s", self.action,
                       getattr(user, "username", "?"), outcome, exc)
+
+
+#: What a user without the operator role is told.
+OPERATORS_ONLY = "Only operators (group sluice-operator) may do this."
+
+
+def record_denial(user: Any, action: str, via: str, target: str = "") -> None:
+    """Audit that ``user`` (when logged in) was refused ``action`` for want of the operator role."""
+    if getattr(user, "is_authenticated", False):
+        Audit(user=user, action=action, via=via, target=target).write(AuditOutcome.DENIED, "not an operator")
+
+
+def deny(user: Any, action: str, via: str, target: str = "") -> None:
+    """Refuse a user without the operator role: audited, then PermissionDenied."""
+    record_denial(user, action, via, target)
+    raise PermissionDenied(OPERATORS_ONLY)
 
 
 @contextmanager
@@ -65,9 +83,7 @@ def acting(user: Any, action: str, via: str = "", target: str = "") -> Iterator[
     else → re-raised (``error``); otherwise ``ok``."""
     audit = Audit(user=user, action=action, via=via, target=target)
     if not can_act(user):
-        if getattr(user, "is_authenticated", False):
-            audit.write(AuditOutcome.DENIED, "not an operator")
-        raise PermissionDenied("Only operators (group sluice-operator) may do this.")
+        deny(user, action, via, target)
     try:
         yield audit
     except ActionError as exc:  # 5xx: valid, but a service failed (Redis down…)

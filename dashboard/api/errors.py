@@ -4,9 +4,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, RequestDataTooBig, SuspiciousOperation
 from django.db import DatabaseError
-from django.http import Http404
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views import defaults
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -25,6 +27,19 @@ def _text(detail: Any) -> str:
     return str(detail)
 
 
+@csrf_exempt  # it changes nothing: a POST gets the same 404, not an HTML CSRF page
+def not_found(request: HttpRequest, rest: str = "") -> JsonResponse:
+    """Any path under /api/ that names no endpoint, for every method: JSON, like the rest."""
+    return JsonResponse({"error": f"no API endpoint at {request.path[:200]}"}, status=404)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """Django's 500 handler (sluice/urls.py): JSON under /api/, the error page elsewhere."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"error": "internal error"}, status=500)
+    return defaults.server_error(request)
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, ActionError):
         return Response({"error": exc.message}, status=exc.status)
@@ -40,6 +55,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
                                if isinstance(response.data, dict) else response.data)}
         response.data = body
         return response
+    if isinstance(exc, RequestDataTooBig):
+        return Response({"error": "the request body is too large"}, status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+    if isinstance(exc, SuspiciousOperation):
+        return Response({"error": f"bad request: {exc}"[:300]}, status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, DatabaseError):
         log.warning("API request failed on the database: %s", exc)
         return Response({"error": f"database error: {str(exc).splitlines()[0][:300]}"}, status=503)

@@ -5,7 +5,9 @@ from django.urls import path as django_path
 from drf_spectacular.views import SpectacularAPIView
 
 from dashboard import metrics
+from dashboard.api import errors
 from dashboard.api import views as v
+from dashboard.permissions import CanView
 
 
 def path(route, view, name):
@@ -15,7 +17,8 @@ def path(route, view, name):
 
 
 urlpatterns = [
-    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    # Like every read: a login (session or token) with a Sluice role.
+    path("api/schema/", SpectacularAPIView.as_view(permission_classes=[CanView]), name="api-schema"),
     path("api/queues/", v.QueueList.as_view(), name="api-queues"),
     path("api/queues/<str:name>/messages/", v.QueueMessages.as_view(), name="api-queue-messages"),
     # Message ids may hold "/" (order/42): <path:…>, the longer routes first.
@@ -42,4 +45,7 @@ urlpatterns = [
     path("api/metrics/", v.MetricList.as_view(), name="api-metrics"),
     path("api/metrics/run/", v.MetricRun.as_view(), name="api-metrics-run"),
     path("metrics", metrics.metrics, name="metrics"),
+    # Last: every other /api/ path answers 404 in JSON (not the HTML page).
+    path("api/<path:rest>", errors.not_found, name="api-not-found"),
+    path("api/", errors.not_found, name="api-root"),
 ]

@@ -6,7 +6,7 @@ import datetime as dt
 from typing import Any, Callable
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -24,19 +24,16 @@ from core.transport import Transport
 from dashboard import actions, metric_windows, searching, stats
 from dashboard.actions import ActionError
 from dashboard.actions import validate
+from dashboard.api import cursor
+from dashboard.api import schema as out
 from dashboard.api import serializers as s
-from dashboard.models import AuditEntry
+from dashboard.api.schema import ERRORS_ACT, ERRORS_ACT_MORE, ERRORS_READ, doc
+from dashboard.models import AuditEntry, AuditOutcome
 
 #: Rows a list returns at most (``limit`` is clamped to this).
 MAX_LIMIT = 500
 #: Failed-message searches count matches up to this many ("count_capped": true beyond).
 COUNT_CAP = 10_000
-
-
-def doc(**options: Any):
-    """extend_schema with a JSON object response unless told otherwise (shapes: README)."""
-    options.setdefault("responses", OpenApiTypes.OBJECT)
-    return extend_schema(**options)
 
 
 def int_param(request: Request, name: str, default: int, low: int = 1, high: int = MAX_LIMIT) -> int:
@@ -58,9 +55,10 @@ def time_param(request: Request, name: str) -> dt.datetime | None:
         return None
     try:
         value = dt.datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    except ValueError:
+        # In UTC: an offset such as -23:45 is valid ISO 8601 but out of PostgreSQL's range.
+        return value.astimezone(dt.timezone.utc) if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+    except (ValueError, OverflowError):
         raise ActionError(f"{name} must be an ISO 8601 time, not {raw[:40]!r}") from None
-    return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
 
 
 def _body(request: Request) -> dict[str, Any]:
@@ -80,7 +78,7 @@ def _act(fn: Callable[[], actions.ActionResult], make: Callable[[actions.ActionR
 # -- queues -------------------------------------------------------------------------------------------
 
 class QueueList(APIView):
-    @doc(summary="Every queue with its counts (cached a few seconds)")
+    @doc(out.QueueList, summary="Every queue with its counts (cached a few seconds)")
     def get(self, request: Request) -> Response:
         snap = stats.snapshot()
         return Response({"queues": [s.queue_json(q) for q in snap.queues], "at": snap.at.isoformat(),
@@ -107,9 +105,11 @@ def _with_bodies(transport: Transport, queue: str, listed: list[tuple[Message, i
 
 
 class QueueMessages(APIView):
-    @doc(summary="Messages of a queue in FIFO order (keyset on row_version); bodies only with bodies=1, "
-                 "and then only as many as fit SLUICE_DASHBOARD_API_BODY_BYTES (next_after continues)",
-         parameters=[OpenApiParameter("limit", int), OpenApiParameter("after", int),
+    @doc(out.MessageList, summary="Messages of a queue in FIFO order (keyset on row_version); bodies only with "
+                                  "bodies=1, and then only as many as fit SLUICE_DASHBOARD_API_BODY_BYTES "
+                                  "(next_after continues)",
+         parameters=[out.limit(50, MAX_LIMIT),
+                     OpenApiParameter("after", {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}),
                      OpenApiParameter("bodies", bool)])
     def get(self, request: Request, name: str) -> Response:
         info = validate.queue(name)
@@ -128,14 +128,18 @@ class QueueMessages(APIView):
 
 
 class QueueMessage(APIView):
-    @doc(summary="Delete one message", request=None)
+    audit_action = "delete_messages"
+
+    @doc(out.Deleted, errors=ERRORS_ACT, summary="Delete one message", request=None)
     def delete(self, request: Request, name: str, message_id: str) -> Response:
         return _act(lambda: actions.delete_messages(request.user, name, [message_id], via="api"),
                     lambda r: {"deleted": r.count})
 
 
 class QueueMessageMove(APIView):
-    @doc(summary="Move one message to another queue", request=s.MoveRequest)
+    audit_action = "move_message"
+
+    @doc(out.Moved, errors=ERRORS_ACT, summary="Move one message to another queue", request=s.MoveRequest)
     def post(self, request: Request, name: str, message_id: str) -> Response:
         to = _body(request).get("to")
         return _act(lambda: actions.move_message(request.user, name, message_id, to, via="api"),
@@ -143,8 +147,11 @@ class QueueMessageMove(APIView):
 
 
 class QueuePurge(APIView):
-    @doc(summary="Delete every message of a queue: a bulk operation the workers run (poll "
-                 "GET /api/operations/<operation>/); count is the queue's estimated size", request=s.PurgeRequest)
+    audit_action = "purge_queue"
+
+    @doc(out.Started, code=status.HTTP_202_ACCEPTED, errors=ERRORS_ACT,
+         summary="Delete every message of a queue: a bulk operation the workers "
+         "run (poll GET /api/operations/<operation>/); count is the queue's estimated size", request=s.PurgeRequest)
     def post(self, request: Request, name: str) -> Response:
         confirm = _body(request).get("confirm")
         return _act(lambda: actions.purge_queue(request.user, name, confirm, via="api"),
@@ -154,8 +161,8 @@ class QueuePurge(APIView):
 # -- delayed ----------------------------------------------------------------------------------------
 
 class DelayedList(APIView):
-    @doc(summary="Delayed messages by due time",
-                   parameters=[OpenApiParameter("destination", str), OpenApiParameter("limit", int)])
+    @doc(out.DelayedList, errors={**ERRORS_READ, 501: "The delayed store cannot list."},
+         summary="Delayed messages by due time", parameters=[out.text("destination"), out.limit(100, 1000)])
     def get(self, request: Request) -> Response:
         limit = int_param(request, "limit", 100, high=1000)
         destination = request.query_params.get("destination") or None
@@ -170,14 +177,18 @@ class DelayedList(APIView):
 
 
 class DelayedDeliverNow(APIView):
-    @doc(summary="Make a delayed message due now", request=None)
+    audit_action = "deliver_delayed_now"
+
+    @doc(out.Delivered, errors=ERRORS_ACT_MORE, summary="Make a delayed message due now", request=None)
     def post(self, request: Request, message_id: str) -> Response:
         return _act(lambda: actions.deliver_delayed_now(request.user, [message_id], via="api"),
                     lambda r: {"delivered": r.count})
 
 
 class DelayedItem(APIView):
-    @doc(summary="Delete a delayed message", request=None)
+    audit_action = "delete_delayed"
+
+    @doc(out.Deleted, errors=ERRORS_ACT_MORE, summary="Delete a delayed message", request=None)
     def delete(self, request: Request, message_id: str) -> Response:
         return _act(lambda: actions.delete_delayed(request.user, [message_id], via="api"),
                     lambda r: {"deleted": r.count})
@@ -186,9 +197,10 @@ class DelayedItem(APIView):
 # -- failed messages ----------------------------------------------------------------------------------
 
 class FailedList(APIView):
-    @doc(summary="Search failed messages, newest failure first", operation_id="failed_search", parameters=[
-        OpenApiParameter(n, str) for n in ("q", "queue", "group", "status", "exception", "message_id",
-                                           "message_type", "since", "until")] + [OpenApiParameter("limit", int)])
+    @doc(out.FailedPage, summary="Search failed messages, newest failure first", operation_id="failed_search",
+         parameters=[out.text(n) for n in ("q", "queue", "group", "exception", "message_id", "message_type")]
+         + [out.choice("status", FailureStatus.values), out.when("since"), out.when("until"), out.CURSOR,
+            out.limit(50, MAX_LIMIT)])
     def get(self, request: Request) -> Response:
         p = request.query_params
         status_ = p.get("status") or None
@@ -206,15 +218,17 @@ class FailedList(APIView):
                              until=time_param(request, "until"))
         qs, limited = searching.bound(qs, p.get("q") or "")
         count = qs.order_by()[:COUNT_CAP + 1].count()
-        rows = qs.defer("headers", "body", "stack_trace", "history")[:limit]
+        rows, next_cursor = cursor.page(qs.defer("headers", "body", "stack_trace", "history"),
+                                        p.get("cursor") or None, "time_of_failure", limit)
         return Response({"count": min(count, COUNT_CAP), "count_capped": count > COUNT_CAP,
                          "search_note": limited.note or None,
-                         "results": [s.failed_json(r) for r in rows]})
+                         "results": [s.failed_json(r) for r in rows], "next_cursor": next_cursor})
 
 
 class FailedGroups(APIView):
-    @doc(summary="Failed messages grouped (exception type + first frame, or by type / queue)",
-                   parameters=[OpenApiParameter("by", str), OpenApiParameter("status", str)])
+    @doc(out.GroupList, summary="Failed messages grouped (exception type + first frame, or by type / queue)",
+         parameters=[out.choice("by", ("exception", "message_type", "queue")),
+                     out.choice("status", FailureStatus.values)])
     def get(self, request: Request) -> Response:
         by = request.query_params.get("by") or "exception"
         status_ = request.query_params.get("status") or FailureStatus.UNRESOLVED
@@ -230,7 +244,7 @@ class FailedGroups(APIView):
 
 
 class FailedItem(APIView):
-    @doc(summary="One failed message with stack trace, headers, body and history")
+    @doc(out.FailedDetail, summary="One failed message with stack trace, headers, body and history")
     def get(self, request: Request, pk: int) -> Response:
         record = FailedMessage.objects.filter(pk=pk).first()
         if record is None:
@@ -240,7 +254,10 @@ class FailedItem(APIView):
 
 def _bulk(action: Callable, code: int = status.HTTP_202_ACCEPTED) -> type[APIView]:
     class Bulk(APIView):
-        @doc(request=s.SelectionRequest, summary=action.__doc__.splitlines()[0] if action.__doc__ else "")
+        audit_action = action.__name__
+
+        @doc(out.Started, code=code, errors=ERRORS_ACT, request=s.SelectionRequest,
+             summary=action.__doc__.splitlines()[0] if action.__doc__ else "")
         def post(self, request: Request) -> Response:
             selection = _body(request)
             return _act(lambda: action(request.user, selection, via="api"),
@@ -256,7 +273,9 @@ FailedRestore = _bulk(actions.restore_failed)
 
 
 class FailedDelete(APIView):
-    @doc(summary="Delete failed-message records for good", request=s.SelectionRequest)
+    audit_action = "delete_failed"
+
+    @doc(out.Deleted, errors=ERRORS_ACT, summary="Delete failed-message records for good", request=s.SelectionRequest)
     def post(self, request: Request) -> Response:
         selection = _body(request)
         return _act(lambda: actions.delete_failed(request.user, selection, via="api"),
@@ -264,8 +283,10 @@ class FailedDelete(APIView):
 
 
 class FailedEditRetry(APIView):
-    @doc(summary="Send an edited copy (new message id) and resolve the original",
-                   request=s.EditRetryRequest)
+    audit_action = "edit_and_retry"
+
+    @doc(out.EditedCopy, errors=ERRORS_ACT, summary="Send an edited copy (new message id) and resolve the original",
+         request=s.EditRetryRequest)
     def post(self, request: Request, pk: int) -> Response:
         data = _body(request)
         if "body" not in data:
@@ -275,7 +296,7 @@ class FailedEditRetry(APIView):
 
 
 class OperationItem(APIView):
-    @doc(summary="A bulk operation's progress")
+    @doc(out.Operation, summary="A bulk operation's progress")
     def get(self, request: Request, pk: int) -> Response:
         op = BulkOperation.objects.filter(pk=pk).first()
         if op is None:
@@ -284,16 +305,19 @@ class OperationItem(APIView):
 
 
 class OperationList(APIView):
-    @doc(summary="Recent bulk operations, newest first", operation_id="operations_recent", parameters=[OpenApiParameter("limit", int)])
+    @doc(out.OperationList, summary="Recent bulk operations, newest first", operation_id="operations_recent",
+         parameters=[out.limit(20, 200), out.CURSOR])
     def get(self, request: Request) -> Response:
         limit = int_param(request, "limit", 20, high=200)
-        return Response({"operations": [s.operation_json(op) for op in BulkOperation.objects.all()[:limit]]})
+        rows, next_cursor = cursor.page(BulkOperation.objects.order_by("-created_at", "-id"),
+                                        request.query_params.get("cursor") or None, "created_at", limit)
+        return Response({"operations": [s.operation_json(op) for op in rows], "next_cursor": next_cursor})
 
 
 # -- outbox, audit ------------------------------------------------------------------------------------
 
 class OutboxList(APIView):
-    @doc(summary="Undispatched outbox records, oldest first", parameters=[OpenApiParameter("limit", int)])
+    @doc(out.OutboxList, summary="Undispatched outbox records, oldest first", parameters=[out.limit(50, MAX_LIMIT)])
     def get(self, request: Request) -> Response:
         limit = int_param(request, "limit", 50)
         store = OutboxStore()
@@ -306,26 +330,30 @@ class OutboxList(APIView):
 
 
 class OutboxDispatch(APIView):
-    @doc(summary="Dispatch an outbox record now", request=None)
+    audit_action = "dispatch_outbox"
+
+    @doc(out.Dispatched, errors=ERRORS_ACT, summary="Dispatch an outbox record now", request=None)
     def post(self, request: Request, message_id: str) -> Response:
         return _act(lambda: actions.dispatch_outbox(request.user, [message_id], via="api"),
                     lambda r: {"dispatched": r.count})
 
 
 class AuditList(APIView):
-    @doc(summary="Operator actions, newest first", parameters=[
-        OpenApiParameter("user", str), OpenApiParameter("action", str), OpenApiParameter("outcome", str),
-        OpenApiParameter("since", str), OpenApiParameter("until", str), OpenApiParameter("limit", int)])
+    @doc(out.AuditPage, summary="Operator actions, newest first", parameters=[
+        out.text("user"), out.choice("action", actions.AUDITED), out.choice("outcome", AuditOutcome.values),
+        out.when("since"), out.when("until"), out.limit(100, MAX_LIMIT), out.CURSOR])
     def get(self, request: Request) -> Response:
         p = request.query_params
         qs = AuditEntry.objects.all()
         if p.get("user"):
             qs = qs.filter(username=p["user"])
         if p.get("action"):
-            if p["action"] not in actions.ACTIONS:
-                raise ActionError(f"action must be one of {', '.join(actions.ACTIONS)}")
+            if p["action"] not in actions.AUDITED:
+                raise ActionError(f"action must be one of {', '.join(actions.AUDITED)}")
             qs = qs.filter(action=p["action"])
         if p.get("outcome"):
+            if p["outcome"] not in AuditOutcome.values:
+                raise ActionError(f"outcome must be one of {', '.join(AuditOutcome.values)}")
             qs = qs.filter(outcome=p["outcome"])
         since, until = time_param(request, "since"), time_param(request, "until")
         if since:
@@ -333,16 +361,17 @@ class AuditList(APIView):
         if until:
             qs = qs.filter(at__lt=until)
         limit = int_param(request, "limit", 100)
-        return Response({"entries": [s.audit_json(e) for e in qs[:limit]]})
+        rows, next_cursor = cursor.page(qs.order_by("-at", "-id"), p.get("cursor") or None, "at", limit)
+        return Response({"entries": [s.audit_json(e) for e in rows], "next_cursor": next_cursor})
 
 
 # -- metrics (the analytics pipeline) --------------------------------------------------------------
 
 class MetricList(APIView):
-    @doc(summary="The pipeline's newest metric windows (listed oldest first) and its last run; "
-                 "next_before pages back to older ones",
-         parameters=[OpenApiParameter(n, str) for n in ("queue", "message_type", "window", "since", "before")]
-         + [OpenApiParameter("limit", int)])
+    @doc(out.MetricList, summary="The pipeline's newest metric windows (listed oldest first) and its last run; "
+                                 "next_before pages back to older ones",
+         parameters=[out.text("queue"), out.text("message_type"), out.choice("window", ("60", "3600"), empty=False),
+                     out.when("since"), out.when("before"), out.limit(metric_windows.MAX_WINDOWS, metric_windows.MAX_WINDOWS)])
     def get(self, request: Request) -> Response:
         filters, _, since = metric_windows.window_query(request.query_params)
         limit = int_param(request, "limit", metric_windows.MAX_WINDOWS, high=metric_windows.MAX_WINDOWS)
@@ -354,10 +383,13 @@ class MetricList(APIView):
 
 
 class MetricRun(APIView):
-    @doc(summary="Run the analytics pipeline now (a Celery task); poll GET /api/metrics/ for last_run",
+    audit_action = "run_pipeline"
+
+    @doc(out.RunStarted, code=status.HTTP_202_ACCEPTED, errors=ERRORS_ACT,
+         summary="Run the analytics pipeline now (a Celery task); poll GET /api/metrics/ for last_run",
          request=OpenApiTypes.OBJECT)
     def post(self, request: Request) -> Response:
-        data = request.data if request.data else {}
+        data = request.data if request.body else {}
         if not isinstance(data, dict):
             raise ActionError("the request body must be a JSON object (or empty)")
         since = metric_windows.since_param(data.get("since"))

@@ -7,15 +7,20 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from functools import wraps
+
 from django.contrib import messages
+from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
 
 from dashboard import stats
 from dashboard.actions import ActionError, ActionResult
-from dashboard.permissions import can_act
+from dashboard.actions.audit import OPERATORS_ONLY, record_denial
+from dashboard.permissions import can_act, can_view
 
 #: Bodies longer than this are cut on the page (the whole body is a download away).
 BODY_DISPLAY_LIMIT = 64 * 1024
@@ -45,6 +50,28 @@ def error_response(request: HttpRequest, message: str, status: int = 400) -> Htt
     return response
 
 
+def operator_only(action: str) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
+    """For a view that acts: GET and HEAD need the viewer role; any other method the operator
+    role, checked before the form is read, so a viewer's forged post is a 403 (and audited
+    as ``action``) whatever it holds.  Anonymous users go to the login page."""
+    def decorator(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+        @wraps(view)
+        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if not request.user.is_authenticated:
+                return redirect_to_login(request.get_full_path())
+            safe = request.method in ("GET", "HEAD")
+            if not (can_view(request.user) if safe else can_act(request.user)):
+                if not safe:
+                    record_denial(request.user, action, "web", target=request.path)
+                return error_response(request, OPERATORS_ONLY if can_view(request.user) else
+                                      "Your account has no Sluice role; ask an operator for sluice-viewer.", 403)
+            return view(request, *args, **kwargs)
+
+        return wrapped
+
+    return decorator
+
+
 def act(request: HttpRequest, call: Callable[[], ActionResult], redirect_to: str) -> HttpResponse:
     """Run one dashboard.actions call for a form post: its message is flashed and the browser
     goes back to ``redirect_to`` (303; htmx: HX-Redirect); bad input gives a 4xx page with the
@@ -65,9 +92,11 @@ def act(request: HttpRequest, call: Callable[[], ActionResult], redirect_to: str
 
 
 def back_to(request: HttpRequest, default: str) -> str:
-    """Where a form's ``next`` field says to go after the action (a path on this site only)."""
+    """Where a form's ``next`` field says to go after the action: a path on this site only
+    (Django's own check, which also knows "/\\evil.example" and control characters)."""
     nxt = request.POST.get("next", "")
-    return nxt if nxt.startswith("/") and not nxt.startswith("//") else default
+    safe = nxt.startswith("/") and url_has_allowed_host_and_scheme(nxt, allowed_hosts=None)
+    return nxt if safe else default
 
 
 def int_param(request: HttpRequest, name: str, default: int | None, low: int, high: int) -> int | None:

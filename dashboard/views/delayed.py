@@ -10,7 +10,7 @@ from core.delayed import delayed_store
 from core.messages import Headers
 from dashboard import actions
 from dashboard.permissions import viewer_required
-from dashboard.views.common import act, back_to, int_param, page
+from dashboard.views.common import act, back_to, int_param, operator_only, page
 
 #: Rows read from the store for one page (the store lists by due time).
 LIST_LIMIT = 1000
@@ -51,14 +51,14 @@ def delayed(request: HttpRequest) -> HttpResponse:
     })
 
 
-@viewer_required
+@operator_only("deliver_delayed_now")
 @require_POST
 def deliver_now(request: HttpRequest, message_id: str) -> HttpResponse:
     return act(request, lambda: actions.deliver_delayed_now(request.user, [message_id], via="web"),
                back_to(request, reverse("dashboard:delayed")))
 
 
-@viewer_required
+@operator_only("delete_delayed")
 @require_POST
 def delete(request: HttpRequest, message_id: str) -> HttpResponse:
     return act(request, lambda: actions.delete_delayed(request.user, [message_id], via="web"),

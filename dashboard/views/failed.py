@@ -28,7 +28,8 @@ from dashboard.masking import mask_body, mask_headers
 from dashboard.permissions import viewer_required
 from dashboard.views import edits
 from dashboard.views.common import (
-    act, back_to, body_view, download, error_response, ordered_headers, page, parse_date,
+    act, back_to, body_view, download, error_response, operator_only, ordered_headers, page,
+    parse_date,
 )
 
 PAGE_SIZE = 50
@@ -243,7 +244,7 @@ def _searched_ids(p: QueryDict) -> list[int]:
 
 def _bulk_view(start: Callable[..., Any]) -> Callable[[HttpRequest], HttpResponse]:
     """A POST view running one of the bulk actions on the form's selection."""
-    @viewer_required
+    @operator_only(start.__name__)
     @require_POST
     def view(request: HttpRequest) -> HttpResponse:
         try:
@@ -264,7 +265,7 @@ archive = _bulk_view(actions.archive_failed)
 restore = _bulk_view(actions.restore_failed)
 
 
-@viewer_required
+@operator_only("delete_failed")
 @require_POST
 def delete(request: HttpRequest) -> HttpResponse:
     selection = _selection(request)
@@ -279,7 +280,7 @@ PROTECTED_NOTE = ("Identity headers stay as they are: the copy gets a new messag
                   "correlation id.")
 
 
-@viewer_required
+@operator_only("edit_and_retry")
 def edit_retry(request: HttpRequest, pk: int) -> HttpResponse:
     """GET: the form (body, non-protected headers; protected ones locked).  POST: send the copy."""
     record = get_object_or_404(FailedMessage, pk=pk)

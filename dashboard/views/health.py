@@ -1,4 +1,5 @@
-"""``GET /healthz``: open to anyone (load balancers, probes), no login."""
+"""``GET /healthz``: open to anyone (load balancers, probes), no login; the details only
+to a logged-in user with a Sluice role."""
 from __future__ import annotations
 
 import logging
@@ -8,6 +9,7 @@ from django.db import DatabaseError, connection
 from django.http import HttpRequest, JsonResponse
 
 from core.health import read_health
+from dashboard.permissions import can_view
 
 log = logging.getLogger("sluice.dashboard")
 
@@ -16,7 +18,9 @@ def healthz(request: HttpRequest) -> JsonResponse:
     """Database, Redis and workers (heartbeats with loop and breaker states).
 
     200 while the database answers — Redis down only degrades (messages flow without
-    it) — and 503 when the database does not."""
+    it) — and 503 when the database does not.  Anonymous callers get ``{"status": …}``
+    only: the details name worker hosts and breakers, and a breaker's last error can quote
+    row values from a database error."""
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
@@ -29,4 +33,6 @@ def healthz(request: HttpRequest) -> JsonResponse:
     ok = database == "up" and health["redis"] == "up" and not triggered
     body = {"status": "ok" if ok else ("down" if database == "down" else "degraded"),
             "database": database, "triggered_breakers": triggered, **health}
+    if not can_view(request.user):
+        body = {"status": body["status"]}
     return JsonResponse(body, status=200 if database == "up" else 503)

@@ -10,7 +10,7 @@ from core.cli.outbox import outbox_record_json
 from core.outbox import OutboxStore
 from dashboard import actions
 from dashboard.permissions import viewer_required
-from dashboard.views.common import act, page
+from dashboard.views.common import act, operator_only, page
 
 LIMIT = 200
 #: Counts on the page stop past this ("100000+"): three exact COUNT(*)s of a million-row table
@@ -36,7 +36,7 @@ def outbox(request: HttpRequest) -> HttpResponse:
     })
 
 
-@viewer_required
+@operator_only("dispatch_outbox")
 @require_POST
 def dispatch(request: HttpRequest, message_id: str) -> HttpResponse:
     return act(request, lambda: actions.dispatch_outbox(request.user, [message_id], via="web"),

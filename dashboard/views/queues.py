@@ -21,7 +21,7 @@ from dashboard.masking import mask_body, mask_headers
 from dashboard.permissions import viewer_required
 from dashboard.views.failed import recent_operations
 from dashboard.views.common import (
-    act, back_to, body_view, download, error_response, int_param, ordered_headers, page,
+    act, back_to, body_view, download, error_response, int_param, operator_only, ordered_headers, page,
 )
 
 PAGE_SIZE = 50
@@ -184,7 +184,7 @@ def message_body(request: HttpRequest, name: str, row_version: int) -> HttpRespo
     return download(mask_body(m.body), f"{name}-{row_version}")
 
 
-@viewer_required
+@operator_only("delete_messages")
 @require_POST
 def delete(request: HttpRequest, name: str) -> HttpResponse:
     ids = [i for i in request.POST.getlist("ids") if i]
@@ -192,7 +192,7 @@ def delete(request: HttpRequest, name: str) -> HttpResponse:
                back_to(request, reverse("dashboard:queue", args=[name])))
 
 
-@viewer_required
+@operator_only("purge_queue")
 @require_POST
 def purge(request: HttpRequest, name: str) -> HttpResponse:
     confirm = request.POST.get("confirm", "")
@@ -200,7 +200,7 @@ def purge(request: HttpRequest, name: str) -> HttpResponse:
                reverse("dashboard:queue", args=[name]))
 
 
-@viewer_required
+@operator_only("move_message")
 @require_POST
 def move(request: HttpRequest, name: str) -> HttpResponse:
     message_id = request.POST.get("id", "")

@@ -1,0 +1,26 @@
+"""Who may call what in the JSON API, decided before the request is parsed or validated.
+
+Reads need the viewer role; anything else the operator role, and a refusal is written to
+the audit log under the view's ``audit_action`` (dashboard.actions.ACTIONS).  So a viewer's
+forged request, well-formed or not, is always a 403 and always audited; the action code
+checks the role again (one rule, enforced twice)."""
+from __future__ import annotations
+
+from rest_framework.permissions import SAFE_METHODS, BasePermission
+
+from dashboard.actions.audit import OPERATORS_ONLY, record_denial
+from dashboard.permissions import CanView, can_act, can_view
+
+
+class ViewOrAct(BasePermission):
+    message = CanView.message
+
+    def has_permission(self, request, view) -> bool:
+        if request.method in SAFE_METHODS:
+            self.message = CanView.message
+            return can_view(request.user)
+        if can_act(request.user):
+            return True
+        self.message = OPERATORS_ONLY
+        record_denial(request.user, getattr(view, "audit_action", "api_request"), "api", target=request.path)
+        return False

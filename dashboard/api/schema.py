@@ -1,0 +1,261 @@
+"""The OpenAPI description of what the API answers: response shapes (mirroring the
+``*_json`` functions of dashboard/api/serializers.py), every status code an operation can
+answer, and the ``{"error": ...}`` body of each 4xx/5xx.  tests/test_api_schemathesis.py
+holds the live API to it."""
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import serializers as f
+
+class Error(f.Serializer):
+    """What every 4xx/5xx answer holds."""
+
+    error = f.CharField(help_text="What went wrong, for a person to read.")
+
+
+ERRORS_READ = {
+    400: "A query parameter is malformed.",
+    401: "No (valid, unexpired, unrevoked) session or token.",
+    403: "The account has no Sluice role.",
+    404: "Nothing there.",
+    429: "Too many requests (DRF throttles); retry later.",
+    503: "The database (or Redis) is unavailable.",
+}
+ERRORS_ACT = {
+    **ERRORS_READ,
+    400: "Bad input (malformed JSON, unknown queue, empty selection, wrong confirmation…); nothing changed.",
+    403: "Only operators may act (the refusal is audited).",
+    409: "The message is in the wrong state (held by a receiver, already resolved…).",
+    413: "The request body is too large.",
+}
+ERRORS_ACT_MORE = {**ERRORS_ACT, 501: "The configured store cannot do this."}
+
+
+def doc(ok: Any, *, code: int = 200, errors: dict[int, str] | None = None, **options: Any):
+    """extend_schema with the success answer (``code``: ``ok``) and the error answers."""
+    responses: dict[int, Any] = {code: ok}
+    for status, text in (errors or ERRORS_READ).items():
+        responses[status] = OpenApiResponse(Error, description=text)
+    return extend_schema(responses=responses, **options)
+
+
+def _opt_str(**kw: Any) -> f.CharField:
+    return f.CharField(allow_null=True, allow_blank=True, **kw)
+
+
+class Queue(f.Serializer):
+    name = f.CharField()
+    kind = f.CharField()
+    pending = f.IntegerField(allow_null=True)
+    expired = f.IntegerField(allow_null=True)
+    delayed_due = f.IntegerField()
+    scheduled = f.IntegerField()
+    errors = f.IntegerField()
+    total = f.IntegerField(allow_null=True)
+    estimated = f.BooleanField()
+    expired_capped = f.BooleanField()
+    oldest_age_seconds = f.FloatField(allow_null=True)
+    sent_per_minute = f.FloatField(allow_null=True)
+    ttl_seconds = f.FloatField(allow_null=True)
+    error = _opt_str()
+
+
+class QueueList(f.Serializer):
+    queues = Queue(many=True)
+    at = f.DateTimeField()
+    problem = _opt_str()
+
+
+class Message(f.Serializer):
+    id = f.CharField()
+    row_version = f.IntegerField()
+    headers = f.DictField(child=f.CharField(allow_blank=True))
+    body = _opt_str(help_text="The body as text (null unless bodies=1, or when it is not UTF-8).")
+    body_base64 = _opt_str(help_text="The body, base64 (null unless bodies=1).")
+    size = f.IntegerField(help_text="The body's length in bytes.")
+    body_included = f.BooleanField()
+    expires = f.DateTimeField(allow_null=True)
+    expired = f.BooleanField()
+    message_type = _opt_str()
+    poison = f.BooleanField()
+    raw_headers = _opt_str()
+
+
+class MessageList(f.Serializer):
+    messages = Message(many=True)
+    next_after = f.IntegerField(allow_null=True, help_text="Pass as ?after= for the next page; null at the end.")
+
+
+class Delayed(f.Serializer):
+    id = f.CharField()
+    destination = f.CharField(allow_blank=True)
+    due = f.DateTimeField(allow_null=True)
+    message_type = _opt_str()
+    retry_count = f.IntegerField(allow_null=True)
+
+
+class DelayedList(f.Serializer):
+    delayed = Delayed(many=True)
+    now = f.DateTimeField(allow_null=True)
+
+
+class Failed(f.Serializer):
+    id = f.IntegerField()
+    message_id = f.CharField(allow_blank=True)
+    queue = f.CharField(allow_blank=True)
+    message_type = f.CharField(allow_blank=True, allow_null=True)
+    exception_type = f.CharField(allow_blank=True)
+    exception_message = f.CharField(allow_blank=True)
+    group_key = f.CharField(allow_blank=True)
+    status = f.CharField()
+    time_of_failure = f.DateTimeField(allow_null=True)
+    attempts = f.IntegerField(allow_null=True)
+    group_title = f.CharField(allow_blank=True, allow_null=True)
+    failure_count = f.IntegerField(allow_null=True)
+
+
+class FailedPage(f.Serializer):
+    count = f.IntegerField()
+    count_capped = f.BooleanField()
+    search_note = _opt_str(help_text="How a short search term was narrowed, when it was.")
+    results = Failed(many=True)
+    next_cursor = _opt_str(help_text="Pass as ?cursor= for the next page (same filters); null at the end.")
+
+
+class FailedDetail(Failed):
+    stack_trace = f.CharField(allow_blank=True, allow_null=True)
+    headers = f.DictField(child=f.CharField(allow_blank=True))
+    first_failed_at = f.DateTimeField(allow_null=True)
+    last_failed_at = f.DateTimeField(allow_null=True)
+    retried_at = f.DateTimeField(allow_null=True)
+    resolved_at = f.DateTimeField(allow_null=True)
+    archived_at = f.DateTimeField(allow_null=True)
+    history = f.ListField(child=f.JSONField())
+
+
+class Group(f.Serializer):
+    key = f.CharField(allow_blank=True)
+    title = f.CharField(allow_blank=True)
+    count = f.IntegerField()
+    first_failed_at = f.DateTimeField(allow_null=True)
+    last_failed_at = f.DateTimeField(allow_null=True)
+    exception_type = f.CharField(allow_blank=True, allow_null=True)
+
+
+class GroupList(f.Serializer):
+    groups = Group(many=True)
+
+
+class Operation(f.Serializer):
+    id = f.IntegerField()
+    kind = f.CharField()
+    status = f.CharField()
+    total = f.IntegerField(allow_null=True)
+    done = f.IntegerField()
+    failed = f.IntegerField()
+    description = f.CharField(allow_blank=True)
+    error = f.CharField(allow_blank=True, allow_null=True)
+    requested_by = f.CharField(allow_blank=True)
+    progress = f.FloatField()
+    created_at = f.DateTimeField(allow_null=True)
+    finished_at = f.DateTimeField(allow_null=True)
+
+
+class OperationList(f.Serializer):
+    operations = Operation(many=True)
+    next_cursor = _opt_str(help_text="Pass as ?cursor= for the next page; null at the end.")
+
+
+class OutboxRecord(f.Serializer):
+    message_id = f.CharField()
+    created_at = f.DateTimeField(allow_null=True)
+    quarantined = f.BooleanField()
+    last_error = _opt_str()
+    size = f.IntegerField()
+
+
+class OutboxList(f.Serializer):
+    records = OutboxRecord(many=True)
+    table = f.CharField()
+    exists = f.BooleanField()
+
+
+class Audit(f.Serializer):
+    id = f.IntegerField()
+    at = f.DateTimeField()
+    user = f.CharField(allow_blank=True)
+    action = f.CharField()
+    target = f.CharField(allow_blank=True)
+    outcome = f.CharField()
+    detail = f.CharField(allow_blank=True)
+    via = f.CharField(allow_blank=True)
+    ids = f.ListField(child=f.CharField(allow_blank=True))
+    operation = f.IntegerField(allow_null=True)
+
+
+class AuditPage(f.Serializer):
+    entries = Audit(many=True)
+    next_cursor = _opt_str(help_text="Pass as ?cursor= for the next page (same filters); null at the end.")
+
+
+class MetricList(f.Serializer):
+    windows = f.ListField(child=f.DictField())
+    last_run = f.DictField(allow_null=True)
+    next_before = f.DateTimeField(allow_null=True, help_text="Pass as ?before= for older windows; null at the end.")
+
+
+class Deleted(f.Serializer):
+    deleted = f.IntegerField()
+
+
+class Moved(f.Serializer):
+    moved = f.IntegerField()
+    to = f.CharField()
+
+
+class Delivered(f.Serializer):
+    delivered = f.IntegerField()
+
+
+class Dispatched(f.Serializer):
+    dispatched = f.IntegerField()
+
+
+class Started(f.Serializer):
+    operation = f.IntegerField(allow_null=True, help_text="The bulk operation: poll /api/operations/{id}/.")
+    count = f.IntegerField()
+
+
+class EditedCopy(f.Serializer):
+    message_id = f.CharField()
+
+
+class RunStarted(f.Serializer):
+    run = f.IntegerField()
+
+
+# -- query parameters, with the bounds the views enforce ---------------------------------------------
+
+def limit(default: int, high: int) -> OpenApiParameter:
+    return OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": high},
+                            description=f"Rows per answer (default {default}).")
+
+
+def choice(name: str, values: Any, empty: bool = True) -> OpenApiParameter:
+    """A parameter that takes one of ``values`` (or, when ``empty``, the empty string: the default)."""
+    return OpenApiParameter(name, {"type": "string", "enum": [*([""] if empty else []), *values]})
+
+
+def when(name: str) -> OpenApiParameter:
+    """An ISO 8601 time; empty means absent."""
+    return OpenApiParameter(name, {"anyOf": [{"type": "string", "format": "date-time"},
+                                             {"type": "string", "enum": [""]}]})
+
+
+def text(name: str) -> OpenApiParameter:
+    return OpenApiParameter(name, str)
+
+
+CURSOR = OpenApiParameter("cursor", str, description="next_cursor of the previous page; absent for the first.")

@@ -1,0 +1,85 @@
+"""API tokens: issued by ``sluice user token``, hashed at rest, expiring, revocable.
+
+A request authenticates with ``Authorization: Token <key>`` (the header DRF's own token
+scheme used, so existing scripts keep working); the key's SHA-256 is looked up, and a
+token that expired, was revoked or belongs to an inactive user is refused with 401.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import secrets
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+from rest_framework import exceptions
+from rest_framework.authentication import TokenAuthentication
+from rest_framework.throttling import SimpleRateThrottle
+
+from dashboard.models import ApiToken
+
+
+def digest_of(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def issue(user: Any, days: int | None = None) -> tuple[ApiToken, str]:
+    """A new token for ``user`` valid ``days`` (``SLUICE_API_TOKEN_DAYS``): the row and the
+    key, which exists nowhere else once the caller has shown it."""
+    key = secrets.token_hex(20)
+    lifetime = dt.timedelta(days=days if days is not None else settings.SLUICE_API_TOKEN_DAYS)
+    token = ApiToken.objects.create(user=user, digest=digest_of(key), prefix=key[:8],
+                                    expires=timezone.now() + lifetime)
+    return token, key
+
+
+def revoke(user: Any) -> int:
+    """Revoke every live token of ``user``; how many there were."""
+    return live(user).update(revoked_at=timezone.now())
+
+
+def live(user: Any):
+    """``user``'s tokens that still authenticate."""
+    return ApiToken.objects.filter(user=user, revoked_at__isnull=True, expires__gt=timezone.now())
+
+
+class FailedTokenThrottle(SimpleRateThrottle):
+    """Wrong tokens per client address, at the anonymous rate (``SLUICE_API_RATE_ANON``).
+    DRF's own throttles run only after authentication succeeded, so they never see a guess."""
+
+    scope = "anon"
+
+    def get_cache_key(self, request, view) -> str:
+        return self.cache_format % {"scope": "token-failures", "ident": self.get_ident(request)}
+
+    def exhausted(self, request) -> bool:
+        history = [t for t in self.cache.get(self.get_cache_key(request, None), [])
+                   if t > self.timer() - self.duration]
+        return len(history) >= self.num_requests
+
+
+class HashedTokenAuthentication(TokenAuthentication):
+    """DRF's ``Token <key>`` header, checked against :class:`ApiToken` digests.  An address
+    that sent too many wrong tokens gets 429 before its next token is even looked at."""
+
+    def authenticate(self, request):
+        if not request.META.get("HTTP_AUTHORIZATION"):
+            return None
+        throttle = FailedTokenThrottle()
+        if throttle.exhausted(request):
+            raise exceptions.Throttled(throttle.duration)
+        try:
+            return super().authenticate(request)
+        except exceptions.AuthenticationFailed:
+            throttle.allow_request(request, None)  # counts this failure
+            raise
+
+    def authenticate_credentials(self, key: str):
+        token = (ApiToken.objects.select_related("user")
+                 .filter(digest=digest_of(key), revoked_at__isnull=True).first())
+        if token is None or token.expires <= timezone.now():
+            raise exceptions.AuthenticationFailed("Invalid, expired or revoked token.")
+        if not token.user.is_active:
+            raise exceptions.AuthenticationFailed("User inactive or deleted.")
+        return token.user, token
