@@ -2,7 +2,8 @@
 (``sends_atomic_with_receive``; core.pump.MessagePump.receive_and_process).
 
 A chunk's handler calls run in ONE savepoint, not one per message: on PostgreSQL a
-SAVEPOINT and its RELEASE were a third of a no-op drain's time at one per message.  The
+SAVEPOINT and its RELEASE were a third of a no-op drain's time at one per message.  Nor
+is it released (core.savepoints.savepoint_to_commit): the commit frees it.  The
 price is paid on failure: the calls before the failing one run again.  So a chunk is as
 large as the whole batch while nothing fails, and small for a while after something
 does (:class:`ChunkSize`).
@@ -23,10 +24,11 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from django.db import connections, transaction
+from django.db import connections
 
 from core.messages import Message
 from core.outcomes import MessageOutcome
+from core.savepoints import savepoint_to_commit
 
 log = logging.getLogger("sluice.pump")
 
@@ -129,7 +131,7 @@ def run_in_savepoints(pending: list[Unit], alias: str, scope: Any, records: Any,
     while pending:
         mark = records.mark()
         try:
-            with transaction.atomic(using=alias):
+            with savepoint_to_commit(alias):
                 done = []
                 for index, unit in enumerate(pending):
                     try:
@@ -137,7 +139,7 @@ def run_in_savepoints(pending: list[Unit], alias: str, scope: Any, records: Any,
                     except HandlerFailed as failed:
                         failed.index = index
                         raise
-                _flush(scope)  # the sends, before the savepoint is released
+                _flush(scope)  # the sends, before the chunk ends
         except HandlerFailed as failed:
             failures += 1
             scope.discard()

@@ -13,12 +13,17 @@ are taken, a run whose mark is gone was rolled back and is dropped.  Items made 
 savepoint open past the holder's ``base`` need no mark: only the holder's own scope can
 roll them back, and that scope discards the holder as a whole — so the pump's usual
 path (handlers that open no atomic block of their own) registers nothing.
+
+:func:`savepoint_to_commit` is the pump's savepoint for a chunk: ``atomic()`` without
+the RELEASE.
 """
 from __future__ import annotations
 
-from typing import Generic, Iterable, TypeVar
+from contextlib import contextmanager
+from typing import Generic, Iterable, Iterator, TypeVar
 
-from django.db import connections
+from django.db import Error, connections
+from django.db.transaction import TransactionManagementError
 
 T = TypeVar("T")
 
@@ -93,3 +98,32 @@ class SavepointHeld(Generic[T]):
     def clear(self) -> None:
         self.items = []
         self._runs = []
+
+
+@contextmanager
+def savepoint_to_commit(using: str) -> Iterator[None]:
+    """``transaction.atomic(using)`` inside an open transaction, less the RELEASE when the
+    block succeeds: a round trip per receive batch on PostgreSQL, and the transaction's
+    end frees the savepoint anyway.  Django sees the savepoint as atomic's (on_commit
+    callbacks registered inside are tagged with it, atomic blocks inside nest in it).
+    On an exception it rolls back to the savepoint, dropping those callbacks, and lets
+    the exception through; a block that leaves the transaction marked for rollback (a
+    failed ``atomic(savepoint=False)`` inside) is rolled back as a failure."""
+    db = connections[using]
+    if not db.in_atomic_block:
+        raise TransactionManagementError("savepoint_to_commit() needs an open transaction")
+    sid = db.savepoint()
+    db.savepoint_ids.append(sid)
+    try:
+        yield
+        if db.needs_rollback:
+            raise TransactionManagementError("the block left its transaction marked for rollback")
+    except BaseException:
+        db.savepoint_ids.pop()
+        db.needs_rollback = False  # (Django refuses every statement while it is set)
+        try:
+            db.savepoint_rollback(sid)
+        except Error:
+            db.needs_rollback = True  # the transaction as a whole must roll back
+        raise
+    db.savepoint_ids.pop()

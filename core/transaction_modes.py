@@ -90,7 +90,7 @@ class SendsAtomicWithReceive(TransactionMode):
 class ChunkBufferedTransport(Transport):
     """A handler's transport inside a chunk: rows it sends are held and inserted by
     :meth:`flush` in one :meth:`Transport.enqueue` (one statement per queue) before the
-    chunk's savepoint is released; :meth:`discard` drops them when the chunk rolls back.
+    chunk ends; :meth:`discard` drops them when the chunk rolls back.
     Rows sent inside a handler's own atomic block that rolled back are dropped at the
     flush, as its writes were (core.savepoints).  Delayed sends go to the store at once
     (inside the savepoint, so they roll back too)."""
@@ -151,7 +151,7 @@ class ChunkedScope:
                 "atomic(savepoint=False) block inside it failed): its work cannot commit")
 
     def flush(self) -> None:
-        """Before the chunk's savepoint is released: its handlers' sends, in one go."""
+        """Before the chunk ends: its handlers' sends, in one go."""
         self.sender.flush()
 
     def discard(self) -> None:

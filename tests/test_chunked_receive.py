@@ -85,7 +85,7 @@ def test_a_clean_batch_runs_in_one_savepoint(transport, queue, pump_for, temp_ha
     assert set(PingRecord.objects.values_list("message_id", flat=True)) == set(ids)
     sql = [q["sql"].upper() for q in queries.captured_queries]
     assert len([q for q in sql if q.startswith("SAVEPOINT")]) == 1
-    assert len([q for q in sql if q.startswith("RELEASE")]) == 1
+    assert not [q for q in sql if q.startswith("RELEASE")]  # the commit frees it
     assert pump.chunk_size.current == 50 and pump.stats.succeeded == 50
 
 
