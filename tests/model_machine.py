@@ -189,6 +189,7 @@ class SluiceMachine(RuleBasedStateMachine):
     def pump_step(self, proc: str) -> None:
         self._step(self.world.procs[proc], "pump")
 
+    @precondition(lambda self: "concurrent" not in EXCLUDED)
     @rule(times=st.integers(1, 4))
     def pumps_at_once(self, times: int) -> None:
         """Both processes' pumps step at the same time (the only rule whose interleaving
