@@ -152,18 +152,19 @@ class SluiceMachine(RuleBasedStateMachine):
                                  message_id=message_id)
 
     @rule(plans=st.lists(st.sampled_from(BATCH_PLANS), min_size=1, max_size=3), batch=st.booleans(),
-          delay=st.sampled_from([0.2, 0.6]))
-    def send_delayed(self, plans: list[str], batch: bool, delay: float) -> None:
-        """Delayed sends (no explicit id: the store keeps one message per id by design)."""
+          delay=st.sampled_from([0.2, 0.6]), ttl=TTLS)
+    def send_delayed(self, plans: list[str], batch: bool, delay: float, ttl: float | None) -> None:
+        """Delayed sends (no explicit id: the store keeps one message per id by design;
+        the TTL starts when the mover puts a message in its queue)."""
         earliest = db_now() + dt.timedelta(seconds=delay)
-        bodies = [self._sent(plan, batch, None) for plan in plans]
+        bodies = [self._sent(plan, batch, ttl) for plan in plans]
         for body in bodies:
             self.model.sent[body["k"]].earliest = earliest
         kind = "Batch" if batch else "Work"
         if len(bodies) == 1:
-            self.transport.send(self.world.queue, bodies[0], message_type=kind, delay=delay)
+            self.transport.send(self.world.queue, bodies[0], message_type=kind, delay=delay, ttl=ttl)
         else:
-            self.transport.send_many(self.world.queue, bodies, message_type=kind, delay=delay)
+            self.transport.send_many(self.world.queue, bodies, message_type=kind, delay=delay, ttl=ttl)
 
     @precondition(lambda self: POISON_PLANS)
     @rule(plan=st.sampled_from(POISON_PLANS or ["-"]))
