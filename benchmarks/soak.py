@@ -47,9 +47,10 @@ def _soak(db: str, seconds: float) -> dict[str, Any]:
     from hypothesis.stateful import run_state_machine_as_test
 
     from core.queues import create_queue
-    from tests.model_machine import SOAK, SluiceMachine, World
+    from tests.model_machine import SOAK, SluiceMachine, World, limit_shrinking
     from tests.model_support import DELAYED_RETRY_INCREASE, Proc, create_ledger
 
+    limit_shrinking(120)
     create_ledger()
     create_queue("soak_model")
     create_queue("soak_model_out")

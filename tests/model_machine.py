@@ -62,6 +62,17 @@ def profile() -> settings:
     return settings.get_profile(os.environ.get(PROFILE_ENV, BOUNDED))
 
 
+def limit_shrinking(seconds: float) -> None:
+    """Hypothesis shrinks a failure for up to 5 minutes; an example here takes seconds
+    (its drain), so a failure would meet pytest's 300 s timeout before it printed its
+    reproduction.  No setting offers this: the engine's module constant (left alone if
+    a Hypothesis release moves it)."""
+    from hypothesis.internal.conjecture import engine
+
+    if hasattr(engine, "MAX_SHRINKING_SECONDS"):
+        engine.MAX_SHRINKING_SECONDS = seconds
+
+
 @dataclass
 class World:
     """What the examples share: the queue the pumps serve, the queue their handlers send

@@ -15,7 +15,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from core.scheduling import delayed_store
 from tests.conftest import database_vendor
-from tests.model_machine import SluiceMachine, World, profile
+from tests.model_machine import SluiceMachine, World, limit_shrinking, profile
 from tests.model_support import DELAYED_RETRY_INCREASE, Proc, create_ledger, drop_ledger
 
 
@@ -36,4 +36,5 @@ def world(make_queue, error_queue):
 
 
 def test_random_sends_steps_and_faults_keep_every_guarantee(world):
+    limit_shrinking(90)
     run_state_machine_as_test(SluiceMachine, settings=profile())
