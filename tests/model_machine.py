@@ -17,11 +17,12 @@ The machine needs a :class:`World` (queues, processes) set on the class by its r
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, Callable, ClassVar
 
 from django.db import connections, transaction
 from hypothesis import HealthCheck, settings, strategies as st
@@ -73,6 +74,17 @@ def limit_shrinking(seconds: float) -> None:
         engine.MAX_SHRINKING_SECONDS = seconds
 
 
+def traced(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Keep the rule calls of the running example in ``self.trace``: a violation prints
+    them, which matters when Hypothesis cannot (a concurrent step's failure that does not
+    replay exactly is reported as "flaky", without its rule calls)."""
+    @functools.wraps(fn)
+    def call(self: "SluiceMachine", **kwargs: Any) -> Any:
+        self.trace.append(f"{fn.__name__}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})")
+        return fn(self, **kwargs)
+    return call
+
+
 @dataclass
 class World:
     """What the examples share: the queue the pumps serve, the queue their handlers send
@@ -94,10 +106,12 @@ class SluiceMachine(RuleBasedStateMachine):
         self.model = Model()
         self.transport = Transport()
         self.violated = False
+        self.trace: list[str] = []
         SluiceMachine.totals["examples"] += 1
 
     # -- set-up and tear-down -----------------------------------------------------------
     @initialize(batch_a=st.sampled_from([1, 3, 8, 100]), batch_b=st.sampled_from([2, 100]))
+    @traced
     def start(self, batch_a: int, batch_b: int) -> None:
         self._clear()
         handlers = Handlers(self.world.queue, self.world.out, self.model)
@@ -125,6 +139,7 @@ class SluiceMachine(RuleBasedStateMachine):
     def _drain_and_check(self) -> None:
         """Nothing stuck: with no more faults, the queue and the delayed store empty within
         DRAIN_ROUNDS rounds; then every message is where its plan says."""
+        self.trace.append("teardown()  # the drain: no more faults")
         a = self.world.procs["A"]
         last, unchanged = None, 0
         for _ in range(DRAIN_ROUNDS):
@@ -151,12 +166,14 @@ class SluiceMachine(RuleBasedStateMachine):
         return {"k": key, "b": plan}
 
     @rule(plan=st.sampled_from(WORK_PLANS), ttl=TTLS, message_id=IDS)
+    @traced
     def send(self, plan: str, ttl: float | None, message_id: str | None) -> None:
         self.transport.send(self.world.queue, self._sent(plan, False, ttl), message_type="Work", ttl=ttl,
                             message_id=message_id)
 
     @rule(plans=st.lists(st.sampled_from(BATCH_PLANS), min_size=1, max_size=5), batch=st.booleans(), ttl=TTLS,
           message_id=IDS)
+    @traced
     def send_many(self, plans: list[str], batch: bool, ttl: float | None, message_id: str | None) -> None:
         bodies = [self._sent(plan, batch, ttl) for plan in plans]
         self.transport.send_many(self.world.queue, bodies, message_type="Batch" if batch else "Work", ttl=ttl,
@@ -164,6 +181,7 @@ class SluiceMachine(RuleBasedStateMachine):
 
     @rule(plans=st.lists(st.sampled_from(BATCH_PLANS), min_size=1, max_size=3), batch=st.booleans(),
           delay=st.sampled_from([0.2, 0.6]), ttl=TTLS)
+    @traced
     def send_delayed(self, plans: list[str], batch: bool, delay: float, ttl: float | None) -> None:
         """Delayed sends (no explicit id: the store keeps one message per id by design;
         the TTL starts when the mover puts a message in its queue)."""
@@ -179,11 +197,13 @@ class SluiceMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: POISON_PLANS)
     @rule(plan=st.sampled_from(POISON_PLANS or ["-"]))
+    @traced
     def send_foreign_row(self, plan: str) -> None:
         """A row another system wrote, with headers Sluice cannot read."""
         insert_foreign_row(self.world.queue, self._sent(plan, False, None)["k"], plan)
 
     @rule(plans=st.lists(st.sampled_from(BATCH_PLANS), min_size=1, max_size=3))
+    @traced
     def send_rolled_back(self, plans: list[str]) -> None:
         """Sends inside a transaction the producer rolls back: they must never exist."""
         bodies = [self._sent(plan, False, None) for plan in plans]
@@ -198,21 +218,25 @@ class SluiceMachine(RuleBasedStateMachine):
 
     # -- consumers and faults -------------------------------------------------------------------
     @rule(proc=st.sampled_from(["A", "B"]))
+    @traced
     def pump_step(self, proc: str) -> None:
         self._step(self.world.procs[proc], "pump")
 
     @precondition(lambda self: "concurrent" not in EXCLUDED)
     @rule(times=st.integers(1, 4))
+    @traced
     def pumps_at_once(self, times: int) -> None:
         """Both processes' pumps step at the same time (the only rule whose interleaving
         Hypothesis cannot replay exactly: a failure found here may shrink as "flaky")."""
         self._steps([(self.world.procs["A"], "pump", times), (self.world.procs["B"], "pump", times)])
 
     @rule(proc=st.sampled_from(["A", "B"]))
+    @traced
     def mover_step(self, proc: str) -> None:
         self._step(self.world.procs[proc], "mover")
 
     @rule(proc=st.sampled_from(["A", "B"]))
+    @traced
     def chunked_next(self, proc: str) -> None:
         """The pump's next batch takes the chunked path (as after a failure)."""
         sizes = getattr(self.world.procs[proc].pump, "chunk_size", None)  # core.chunks.ChunkSize
@@ -220,11 +244,13 @@ class SluiceMachine(RuleBasedStateMachine):
             self.world.procs[proc].call(lambda: sizes.after(1, 1))
 
     @rule(seconds=st.sampled_from([0.1, 0.4]))
+    @traced
     def wait(self, seconds: float) -> None:
         time.sleep(seconds)
 
     @precondition(lambda self: self.world.can_kill)
     @rule(proc=st.sampled_from(["A", "B"]))
+    @traced
     def kill_connection(self, proc: str) -> None:
         pid = self.world.procs[proc].backend_pid()
         if pid is not None and kill_backend(pid):
@@ -262,7 +288,8 @@ class SluiceMachine(RuleBasedStateMachine):
             self.violated = True
             SluiceMachine.totals["violations"] += 1
             raise AssertionError(f"{len(found)} violation(s){' ' + when if when else ''}:\n  "
-                                 + "\n  ".join(found[:20]))
+                                 + "\n  ".join(found[:20]) + "\nafter the rule calls:\n  state."
+                                 + "\n  state.".join(self.trace[-60:]))
 
 
 class _Abandon(Exception):
