@@ -46,15 +46,17 @@ def _soak(db: str, seconds: float) -> dict[str, Any]:
     from hypothesis import settings
     from hypothesis.stateful import run_state_machine_as_test
 
+    from core.outbox import create_outbox_table
     from core.queues import create_queue
     from tests.model_machine import SOAK, SluiceMachine, World, limit_shrinking
     from tests.model_support import DELAYED_RETRY_INCREASE, Proc, create_ledger
 
     limit_shrinking(120)
+    create_outbox_table()
     create_ledger()
     create_queue("soak_model")
     create_queue("soak_model_out")
-    procs = {name: Proc(name) for name in ("A", "B")}
+    procs = {name: Proc(name) for name in ("A", "B", "C")}
     SluiceMachine.world = World("soak_model", "soak_model_out", procs, can_kill=db == "postgresql")
     SluiceMachine.totals.clear()
     violations, runs = 0, 0

@@ -20,6 +20,7 @@ import datetime as dt
 import functools
 import os
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
@@ -33,7 +34,7 @@ from core.scheduling import delayed_store
 from core.transport import Transport
 from tests.model_checks import final_violations, snapshot, violations
 from tests.model_support import (BATCH_PLANS, EXCLUDED, LEDGER, POISON_HEADERS, WORK_PLANS, Handlers, Model, Proc,
-                                 Sent, db_now, insert_foreign_row, kill_backend)
+                                 Sent, clear_outbox, db_now, insert_foreign_row, kill_backend)
 
 #: Hypothesis profile for the machine: SLUICE_HYPOTHESIS_PROFILE (default: bounded).
 PROFILE_ENV = "SLUICE_HYPOTHESIS_PROFILE"
@@ -107,16 +108,28 @@ class SluiceMachine(RuleBasedStateMachine):
         self.transport = Transport()
         self.violated = False
         self.trace: list[str] = []
+        self.outbox = False
         SluiceMachine.totals["examples"] += 1
 
     # -- set-up and tear-down -----------------------------------------------------------
-    @initialize(batch_a=st.sampled_from([1, 3, 8, 100]), batch_b=st.sampled_from([2, 100]))
+    @initialize(batch_a=st.sampled_from([1, 3, 8, 100]), batch_b=st.sampled_from([2, 100]),
+                outbox=st.booleans())
     @traced
-    def start(self, batch_a: int, batch_b: int) -> None:
+    def start(self, batch_a: int, batch_b: int, outbox: bool) -> None:
+        """Processes A and B in the default transaction mode; with ``outbox``, a third,
+        C, in outbox mode (its handlers' sends stored with the receive, dispatched after)."""
         self._clear()
         handlers = Handlers(self.world.queue, self.world.out, self.model)
         self.world.procs["A"].start(self.world.queue, handlers, batch_a)
         self.world.procs["B"].start(self.world.queue, handlers, batch_b)
+        self.outbox = outbox
+        if outbox:
+            self.world.procs["C"].start(self.world.queue, handlers, batch_a, mode="outbox")
+
+    def _message_id(self, given: str | None) -> str | None:
+        """An explicit id as given — unless process C runs: the outbox skips a message whose
+        id it processed already (by design), so there every explicit id is unique."""
+        return f"{given}-{uuid.uuid4().hex[:12]}" if given is not None and self.outbox else given
 
     def _clear(self) -> None:
         w = self.world
@@ -127,6 +140,7 @@ class SluiceMachine(RuleBasedStateMachine):
             store.delete(message.id)
         with connections["default"].cursor() as cursor:
             cursor.execute(f"DELETE FROM {LEDGER}")
+        clear_outbox()
 
     def teardown(self) -> None:
         try:
@@ -169,7 +183,7 @@ class SluiceMachine(RuleBasedStateMachine):
     @traced
     def send(self, plan: str, ttl: float | None, message_id: str | None) -> None:
         self.transport.send(self.world.queue, self._sent(plan, False, ttl), message_type="Work", ttl=ttl,
-                            message_id=message_id)
+                            message_id=self._message_id(message_id))
 
     @rule(plans=st.lists(st.sampled_from(BATCH_PLANS), min_size=1, max_size=5), batch=st.booleans(), ttl=TTLS,
           message_id=IDS)
@@ -177,7 +191,7 @@ class SluiceMachine(RuleBasedStateMachine):
     def send_many(self, plans: list[str], batch: bool, ttl: float | None, message_id: str | None) -> None:
         bodies = [self._sent(plan, batch, ttl) for plan in plans]
         self.transport.send_many(self.world.queue, bodies, message_type="Batch" if batch else "Work", ttl=ttl,
-                                 message_id=message_id)
+                                 message_id=self._message_id(message_id))
 
     @rule(plans=st.lists(st.sampled_from(BATCH_PLANS), min_size=1, max_size=3), batch=st.booleans(),
           delay=st.sampled_from([0.2, 0.6]), ttl=TTLS)
@@ -217,9 +231,11 @@ class SluiceMachine(RuleBasedStateMachine):
             pass
 
     # -- consumers and faults -------------------------------------------------------------------
-    @rule(proc=st.sampled_from(["A", "B"]))
+    @rule(proc=st.sampled_from(["A", "B", "C"]))
     @traced
     def pump_step(self, proc: str) -> None:
+        if proc == "C" and not self.outbox:
+            proc = "A"  # (no process C in this example)
         self._step(self.world.procs[proc], "pump")
 
     @precondition(lambda self: "concurrent" not in EXCLUDED)
