@@ -13,11 +13,12 @@ Exit status 1 when there was a violation.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import time
 from typing import Any
 
-from benchmarks.common import (BenchmarkError, add_database_argument, bench_database, emit_result, log, run_main,
+from benchmarks.common import (BENCH_DATABASE, BenchmarkError, add_database_argument, bench_database, emit_result, log, run_main,
                                setup_django)
 
 HELP = "model-based soak: random sends, pump/mover steps and connection kills against a Python model"
@@ -32,8 +33,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    with bench_database(args.db, name="sluice_bench_soak") as url:
+    with bench_database(args.db, name=f"{BENCH_DATABASE}_soak") as url:
         setup_django(url)
+        # The engine logs every planned failure, poison row and killed connection: on
+        # stderr only the soak's own progress and the violations, with their reproductions.
+        logging.getLogger("sluice").setLevel(logging.CRITICAL + 1)
         return _soak(args.db, args.seconds)
 
 
@@ -42,14 +46,17 @@ def _soak(db: str, seconds: float) -> dict[str, Any]:
     from hypothesis import settings
     from hypothesis.stateful import run_state_machine_as_test
 
+    from core.outbox import create_outbox_table
     from core.queues import create_queue
-    from tests.model_machine import SOAK, SluiceMachine, World
+    from tests.model_machine import SOAK, SluiceMachine, World, limit_shrinking
     from tests.model_support import DELAYED_RETRY_INCREASE, Proc, create_ledger
 
+    limit_shrinking(120)
+    create_outbox_table()
     create_ledger()
     create_queue("soak_model")
     create_queue("soak_model_out")
-    procs = {name: Proc(name) for name in ("A", "B")}
+    procs = {name: Proc(name) for name in ("A", "B", "C")}
     SluiceMachine.world = World("soak_model", "soak_model_out", procs, can_kill=db == "postgresql")
     SluiceMachine.totals.clear()
     violations, runs = 0, 0
@@ -64,7 +71,7 @@ def _soak(db: str, seconds: float) -> dict[str, Any]:
                         settings.get_profile(SOAK), max_examples=EXAMPLES_PER_RUN))
                 except Exception as exc:  # a violation, shrunk: log it and go on
                     violations += 1
-                    log(f"VIOLATION {violations} (run {runs}):\n{exc}")
+                    log(f"VIOLATION {violations} (run {runs}):\n{describe(exc)}")
                 if runs % 10 == 0:
                     log(f"{time.perf_counter() - started:.0f} s: {dict(SluiceMachine.totals)}, "
                         f"violations {violations}")
@@ -75,6 +82,15 @@ def _soak(db: str, seconds: float) -> dict[str, Any]:
     return {"benchmark": "soak", "db": db, "examples": totals["examples"], "steps": totals["steps"],
             "messages": totals["messages"], "kills": totals["kills"], "violations": violations,
             "seconds": time.perf_counter() - started}
+
+
+def describe(exc: BaseException) -> str:
+    """A failure's text with Hypothesis's notes (the rule calls that reproduce it),
+    and those of the failures inside it (a flaky failure wraps the first one)."""
+    parts = [f"{type(exc).__name__}: {exc}", *getattr(exc, "__notes__", [])]
+    for inner in getattr(exc, "exceptions", ()):
+        parts.append(describe(inner))
+    return "\n".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:

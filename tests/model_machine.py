@@ -17,11 +17,13 @@ The machine needs a :class:`World` (queues, processes) set on the class by its r
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, Callable, ClassVar
 
 from django.db import connections, transaction
 from hypothesis import HealthCheck, settings, strategies as st
@@ -32,7 +34,7 @@ from core.scheduling import delayed_store
 from core.transport import Transport
 from tests.model_checks import final_violations, snapshot, violations
 from tests.model_support import (BATCH_PLANS, EXCLUDED, LEDGER, POISON_HEADERS, WORK_PLANS, Handlers, Model, Proc,
-                                 Sent, db_now, insert_foreign_row, kill_backend)
+                                 Sent, clear_outbox, db_now, insert_foreign_row, kill_backend)
 
 #: Hypothesis profile for the machine: SLUICE_HYPOTHESIS_PROFILE (default: bounded).
 PROFILE_ENV = "SLUICE_HYPOTHESIS_PROFILE"
@@ -62,6 +64,28 @@ def profile() -> settings:
     return settings.get_profile(os.environ.get(PROFILE_ENV, BOUNDED))
 
 
+def limit_shrinking(seconds: float) -> None:
+    """Hypothesis shrinks a failure for up to 5 minutes; an example here takes seconds
+    (its drain), so a failure would meet pytest's 300 s timeout before it printed its
+    reproduction.  No setting offers this: the engine's module constant (left alone if
+    a Hypothesis release moves it)."""
+    from hypothesis.internal.conjecture import engine
+
+    if hasattr(engine, "MAX_SHRINKING_SECONDS"):
+        engine.MAX_SHRINKING_SECONDS = seconds
+
+
+def traced(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Keep the rule calls of the running example in ``self.trace``: a violation prints
+    them, which matters when Hypothesis cannot (a concurrent step's failure that does not
+    replay exactly is reported as "flaky", without its rule calls)."""
+    @functools.wraps(fn)
+    def call(self: "SluiceMachine", **kwargs: Any) -> Any:
+        self.trace.append(f"{fn.__name__}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})")
+        return fn(self, **kwargs)
+    return call
+
+
 @dataclass
 class World:
     """What the examples share: the queue the pumps serve, the queue their handlers send
@@ -83,15 +107,29 @@ class SluiceMachine(RuleBasedStateMachine):
         self.model = Model()
         self.transport = Transport()
         self.violated = False
+        self.trace: list[str] = []
+        self.outbox = False
         SluiceMachine.totals["examples"] += 1
 
     # -- set-up and tear-down -----------------------------------------------------------
-    @initialize(batch_a=st.sampled_from([1, 3, 8, 100]), batch_b=st.sampled_from([2, 100]))
-    def start(self, batch_a: int, batch_b: int) -> None:
+    @initialize(batch_a=st.sampled_from([1, 3, 8, 100]), batch_b=st.sampled_from([2, 100]),
+                outbox=st.booleans())
+    @traced
+    def start(self, batch_a: int, batch_b: int, outbox: bool) -> None:
+        """Processes A and B in the default transaction mode; with ``outbox``, a third,
+        C, in outbox mode (its handlers' sends stored with the receive, dispatched after)."""
         self._clear()
         handlers = Handlers(self.world.queue, self.world.out, self.model)
         self.world.procs["A"].start(self.world.queue, handlers, batch_a)
         self.world.procs["B"].start(self.world.queue, handlers, batch_b)
+        self.outbox = outbox
+        if outbox:
+            self.world.procs["C"].start(self.world.queue, handlers, batch_a, mode="outbox")
+
+    def _message_id(self, given: str | None) -> str | None:
+        """An explicit id as given — unless process C runs: the outbox skips a message whose
+        id it processed already (by design), so there every explicit id is unique."""
+        return f"{given}-{uuid.uuid4().hex[:12]}" if given is not None and self.outbox else given
 
     def _clear(self) -> None:
         w = self.world
@@ -102,6 +140,7 @@ class SluiceMachine(RuleBasedStateMachine):
             store.delete(message.id)
         with connections["default"].cursor() as cursor:
             cursor.execute(f"DELETE FROM {LEDGER}")
+        clear_outbox()
 
     def teardown(self) -> None:
         try:
@@ -114,6 +153,7 @@ class SluiceMachine(RuleBasedStateMachine):
     def _drain_and_check(self) -> None:
         """Nothing stuck: with no more faults, the queue and the delayed store empty within
         DRAIN_ROUNDS rounds; then every message is where its plan says."""
+        self.trace.append("teardown()  # the drain: no more faults")
         a = self.world.procs["A"]
         last, unchanged = None, 0
         for _ in range(DRAIN_ROUNDS):
@@ -140,38 +180,44 @@ class SluiceMachine(RuleBasedStateMachine):
         return {"k": key, "b": plan}
 
     @rule(plan=st.sampled_from(WORK_PLANS), ttl=TTLS, message_id=IDS)
+    @traced
     def send(self, plan: str, ttl: float | None, message_id: str | None) -> None:
         self.transport.send(self.world.queue, self._sent(plan, False, ttl), message_type="Work", ttl=ttl,
-                            message_id=message_id)
+                            message_id=self._message_id(message_id))
 
     @rule(plans=st.lists(st.sampled_from(BATCH_PLANS), min_size=1, max_size=5), batch=st.booleans(), ttl=TTLS,
           message_id=IDS)
+    @traced
     def send_many(self, plans: list[str], batch: bool, ttl: float | None, message_id: str | None) -> None:
         bodies = [self._sent(plan, batch, ttl) for plan in plans]
         self.transport.send_many(self.world.queue, bodies, message_type="Batch" if batch else "Work", ttl=ttl,
-                                 message_id=message_id)
+                                 message_id=self._message_id(message_id))
 
     @rule(plans=st.lists(st.sampled_from(BATCH_PLANS), min_size=1, max_size=3), batch=st.booleans(),
-          delay=st.sampled_from([0.2, 0.6]))
-    def send_delayed(self, plans: list[str], batch: bool, delay: float) -> None:
-        """Delayed sends (no explicit id: the store keeps one message per id by design)."""
+          delay=st.sampled_from([0.2, 0.6]), ttl=TTLS)
+    @traced
+    def send_delayed(self, plans: list[str], batch: bool, delay: float, ttl: float | None) -> None:
+        """Delayed sends (no explicit id: the store keeps one message per id by design;
+        the TTL starts when the mover puts a message in its queue)."""
         earliest = db_now() + dt.timedelta(seconds=delay)
-        bodies = [self._sent(plan, batch, None) for plan in plans]
+        bodies = [self._sent(plan, batch, ttl) for plan in plans]
         for body in bodies:
             self.model.sent[body["k"]].earliest = earliest
         kind = "Batch" if batch else "Work"
         if len(bodies) == 1:
-            self.transport.send(self.world.queue, bodies[0], message_type=kind, delay=delay)
+            self.transport.send(self.world.queue, bodies[0], message_type=kind, delay=delay, ttl=ttl)
         else:
-            self.transport.send_many(self.world.queue, bodies, message_type=kind, delay=delay)
+            self.transport.send_many(self.world.queue, bodies, message_type=kind, delay=delay, ttl=ttl)
 
     @precondition(lambda self: POISON_PLANS)
     @rule(plan=st.sampled_from(POISON_PLANS or ["-"]))
+    @traced
     def send_foreign_row(self, plan: str) -> None:
         """A row another system wrote, with headers Sluice cannot read."""
         insert_foreign_row(self.world.queue, self._sent(plan, False, None)["k"], plan)
 
     @rule(plans=st.lists(st.sampled_from(BATCH_PLANS), min_size=1, max_size=3))
+    @traced
     def send_rolled_back(self, plans: list[str]) -> None:
         """Sends inside a transaction the producer rolls back: they must never exist."""
         bodies = [self._sent(plan, False, None) for plan in plans]
@@ -185,21 +231,28 @@ class SluiceMachine(RuleBasedStateMachine):
             pass
 
     # -- consumers and faults -------------------------------------------------------------------
-    @rule(proc=st.sampled_from(["A", "B"]))
+    @rule(proc=st.sampled_from(["A", "B", "C"]))
+    @traced
     def pump_step(self, proc: str) -> None:
+        if proc == "C" and not self.outbox:
+            proc = "A"  # (no process C in this example)
         self._step(self.world.procs[proc], "pump")
 
+    @precondition(lambda self: "concurrent" not in EXCLUDED)
     @rule(times=st.integers(1, 4))
+    @traced
     def pumps_at_once(self, times: int) -> None:
         """Both processes' pumps step at the same time (the only rule whose interleaving
         Hypothesis cannot replay exactly: a failure found here may shrink as "flaky")."""
         self._steps([(self.world.procs["A"], "pump", times), (self.world.procs["B"], "pump", times)])
 
     @rule(proc=st.sampled_from(["A", "B"]))
+    @traced
     def mover_step(self, proc: str) -> None:
         self._step(self.world.procs[proc], "mover")
 
     @rule(proc=st.sampled_from(["A", "B"]))
+    @traced
     def chunked_next(self, proc: str) -> None:
         """The pump's next batch takes the chunked path (as after a failure)."""
         sizes = getattr(self.world.procs[proc].pump, "chunk_size", None)  # core.chunks.ChunkSize
@@ -207,11 +260,13 @@ class SluiceMachine(RuleBasedStateMachine):
             self.world.procs[proc].call(lambda: sizes.after(1, 1))
 
     @rule(seconds=st.sampled_from([0.1, 0.4]))
+    @traced
     def wait(self, seconds: float) -> None:
         time.sleep(seconds)
 
     @precondition(lambda self: self.world.can_kill)
     @rule(proc=st.sampled_from(["A", "B"]))
+    @traced
     def kill_connection(self, proc: str) -> None:
         pid = self.world.procs[proc].backend_pid()
         if pid is not None and kill_backend(pid):
@@ -249,7 +304,8 @@ class SluiceMachine(RuleBasedStateMachine):
             self.violated = True
             SluiceMachine.totals["violations"] += 1
             raise AssertionError(f"{len(found)} violation(s){' ' + when if when else ''}:\n  "
-                                 + "\n  ".join(found[:20]))
+                                 + "\n  ".join(found[:20]) + "\nafter the rule calls:\n  state."
+                                 + "\n  state.".join(self.trace[-60:]))
 
 
 class _Abandon(Exception):

@@ -108,6 +108,16 @@ def queued_bodies(queue: str) -> list[dict]:
         return [json.loads(bytes(row[0])) for row in cursor.fetchall()]
 
 
+def clear_outbox(alias: str = "default") -> None:
+    """Forget every outbox record: ids the outbox saw in an earlier example must not make
+    this one's messages duplicates."""
+    from core.outbox import Outbox
+
+    store = Outbox(alias).store
+    with connections[alias].cursor() as cursor:
+        cursor.execute(f"DELETE FROM {store.dialect.table(store.table)}")
+
+
 def create_ledger(alias: str = "default") -> None:
     with connections[alias].cursor() as cursor:
         cursor.execute(f"DROP TABLE IF EXISTS {LEDGER}")
@@ -255,11 +265,11 @@ class Proc:
     def submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
         return self._pool.submit(fn)
 
-    def start(self, queue: str, handlers: Handlers, batch_size: int) -> None:
+    def start(self, queue: str, handlers: Handlers, batch_size: int, mode: str = "sends_atomic_with_receive") -> None:
         def make() -> None:
             self.pump = MessagePump(queue, receive_batch_size=batch_size, concurrency=1, peek_delay=0.1,
                                     immediate_retries=IMMEDIATE_RETRIES, delayed_retries=DELAYED_RETRIES,
-                                    handlers=handlers.registry)
+                                    handlers=handlers.registry, transaction_mode=mode)
             self.mover = DelayedMover(elect=False, max_sleep=1.0)
         self.call(make)
 

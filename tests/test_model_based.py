@@ -13,17 +13,19 @@ import pytest
 from django.test import override_settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from core.outbox import create_outbox_table
 from core.scheduling import delayed_store
 from tests.conftest import database_vendor
-from tests.model_machine import SluiceMachine, World, profile
+from tests.model_machine import SluiceMachine, World, limit_shrinking, profile
 from tests.model_support import DELAYED_RETRY_INCREASE, Proc, create_ledger, drop_ledger
 
 
 @pytest.fixture
 def world(make_queue, error_queue):
     delayed_store().setup_infrastructure()
+    create_outbox_table()
     create_ledger()
-    procs = {name: Proc(name) for name in ("A", "B")}
+    procs = {name: Proc(name) for name in ("A", "B", "C")}
     SluiceMachine.world = World(make_queue("model"), make_queue("model_out"), procs,
                                 can_kill=database_vendor() == "postgresql")
     try:
@@ -36,4 +38,5 @@ def world(make_queue, error_queue):
 
 
 def test_random_sends_steps_and_faults_keep_every_guarantee(world):
+    limit_shrinking(90)
     run_state_machine_as_test(SluiceMachine, settings=profile())
