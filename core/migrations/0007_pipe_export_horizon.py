@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('sluice', '0005_processing_records'),
+        ('sluice', '0006_failq_failure_key'),
     ]
 
     operations = [
