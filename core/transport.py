@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Sequence
 
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, connections, transaction
 
 from core.conf import get_settings
 from core.db import StatementCursor
