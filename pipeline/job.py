@@ -134,7 +134,9 @@ def session(master: str | None = None, *, app_name: str = "sluice-pipeline", ui:
     conf.update(extra or {})
     for key, value in conf.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    spark = builder.getOrCreate()
+    _shuffle_partitions(spark)  # here, not in run(): a shared session's settings are not ours to change
+    return spark
 
 
 def _shuffle_partitions(spark) -> None:
@@ -244,7 +246,6 @@ def run(spark, input_path: str, output_path: str, since: dt.datetime | None = No
     """Compute the metrics and write them to ``output_path`` (replacing it); returns
     ``{"windows": N, "seconds": S, "shuffle_partitions": P}``.  An input path with no data set yet gives none."""
     started = time.monotonic()
-    _shuffle_partitions(spark)
     if not _has_records(spark, input_path):
         frame = spark.createDataFrame([], metrics_schema())
     else:

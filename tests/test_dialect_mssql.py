@@ -188,6 +188,8 @@ def _statements(d: MSSQLDialect, name: str) -> list[Stmt]:
     out.append(Stmt("receive_expired", d.receive_expired(name), 1, None))                  # [limit]
     out.append(Stmt("max_row_version", d.max_row_version(name), 0, None))
     out.append(Stmt("lock_table", d.lock_table(name), 0, None))
+    # core/records/horizon.py: the records export's horizon (on the records table; one statement).
+    out.append(Stmt("record_horizon", d.record_horizon(d.table(name)), 0, None))
     # SqlDelayedStore.setup_infrastructure: the old default store name to the new one.
     for i, (sql, params) in enumerate(d.rename_delayed_table(name, name + "_new")):
         out.append(Stmt(f"rename_delayed_table[{i}]", sql, len(params), params))
@@ -200,7 +202,7 @@ NAMED = ["create_queue_table", "ddl_lock", "drop_queue_table", "existing_indexes
          "create_delayed_table", "delayed_insert_at", "delayed_insert_after", "delayed_fetch_due",
          "delayed_remove", "delayed_increment_failure", "delayed_list", "delayed_deliver_now", "delayed_next",
          "delayed_has_destination", "receive_expired", "max_row_version", "lock_table", "delayed_remove_many",
-         "rename_delayed_table", "insert_rows", "delayed_insert_many", "delayed_claim_due"]
+         "rename_delayed_table", "insert_rows", "delayed_insert_many", "delayed_claim_due", "record_horizon"]
 
 
 def not_parseable(stmt: Stmt) -> bool:
@@ -226,7 +228,7 @@ def test_every_named_statement_is_covered():
                "ttl_params", "browse_params", "now_sql", "expires_after_ttl_sql", "expired_sql",
                "delayed_insert_params", "delayed_insert_many_params", "insert_rows_per_statement", "delayed_fetch_params", "delayed_claim_params", "notify", "error_codes", "is_transient", "is_missing_table",
                    # PostgreSQL only (capability flags): no SQL Server statement to check.
-                   "server_cursor", "table_upkeep", "table_upkeep_active", "insert_arrays"}
+                   "server_cursor", "table_upkeep", "table_upkeep_active", "insert_arrays", "horizon_settled"}
     public = {n for cls in (Dialect, DelayedSQL) for n, v in vars(cls).items()
               if callable(v) and not n.startswith("_")} - helpers
     # The outbox's statements are checked by tests/test_outbox_mssql_sql.py, the dashboard's

@@ -24,9 +24,6 @@ class Missing(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, Missing())
 '''
-pytestmark = pytest.mark.no_database
-
-
 @pytest.fixture(scope="module")
 def without_extra(tmp_path_factory):
     site = tmp_path_factory.mktemp("hide-pipeline-extra")
@@ -40,6 +37,7 @@ def without_extra(tmp_path_factory):
     return run
 
 
+@pytest.mark.no_database
 @pytest.mark.parametrize("command", [["pipeline", "run"], ["records", "export"], ["pipeline", "load", "x"]])
 def test_the_pipeline_commands_say_what_to_install(without_extra, command):
     done = without_extra("manage.py", "sluice", *command)
@@ -47,6 +45,7 @@ def test_the_pipeline_commands_say_what_to_install(without_extra, command):
     assert 'pip install "sluice[pipeline]"' in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
+@pytest.mark.no_database
 def test_everything_else_imports_and_the_package_command_works(without_extra, tmp_path):
     check = without_extra("-c", "import django; django.setup()\n"
                           "import core.pump, core.records.run, core.cli.records, dashboard.urls, dashboard.charts, "
@@ -60,3 +59,18 @@ def test_everything_else_imports_and_the_package_command_works(without_extra, tm
     built = without_extra("manage.py", "sluice", "pipeline", "package", str(tmp_path))
     assert built.returncode == 0, built.stderr
     assert (tmp_path / "sluice-pipeline.zip").exists() and "--py-files" in built.stdout
+
+
+def test_a_queued_run_without_the_extra_fails_with_the_reason(transactional_db, monkeypatch):
+    """The dashboard's "run now" queues a run row first: it must end failed, with what to
+    install, not stay queued (the charts page polls while a run is queued)."""
+    from core.records.extra import PipelineExtraMissing
+    from core.records.models import PipelineRun
+    from core.records.run import run_pipeline
+
+    queued = PipelineRun.objects.create(trigger="web")
+    monkeypatch.setitem(sys.modules, "pyspark", None)  # as if not installed
+    with pytest.raises(PipelineExtraMissing):
+        run_pipeline(run_id=queued.pk)
+    queued.refresh_from_db()
+    assert queued.status == "failed" and 'pip install "sluice[pipeline]"' in queued.error

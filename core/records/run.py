@@ -25,7 +25,7 @@ from core.conf import get_settings, spark_conf
 from core.lease import Lease
 from core.records.export import (LEASE, LEASE_SECONDS, WATERMARK, ExportResult, LeaseLost, export_records,
                                  still_held)
-from core.records.extra import require
+from core.records.extra import PipelineExtraMissing, require
 from core.records.location import location
 from core.records.models import ExportWatermark, PipelineRun, RunStatus
 from core.records.results import load_path
@@ -76,13 +76,21 @@ def run_pipeline(since: dt.datetime | None = None, *, master: str | None = None,
     of the earliest newly exported record), load them, apply the retention.
 
     Raises :class:`PipelineBusy` when another run holds the lease (the run row, if any, is
-    marked skipped)."""
-    require("pyspark", "pyarrow")
+    marked skipped), :class:`PipelineExtraMissing` without pyspark or pyarrow (the run row,
+    if one was queued, is marked failed with that message: the charts page stops waiting)."""
     settings = get_settings()
     using = settings.DATABASE
     master = master or settings.SPARK_MASTER
+    if run_id is None:
+        require("pyspark", "pyarrow")  # before a run row: the CLI says it and leaves nothing behind
     run = (PipelineRun.objects.using(using).get(pk=run_id) if run_id is not None
            else PipelineRun.objects.using(using).create(trigger=trigger))
+    try:
+        require("pyspark", "pyarrow")
+    except PipelineExtraMissing as exc:
+        run.status, run.error, run.finished_at = RunStatus.FAILED, str(exc), timezone.now()
+        run.save(update_fields=["status", "error", "finished_at"])
+        raise
     lease = Lease(LEASE, LEASE_SECONDS, using)
     if not lease.acquire():
         run.status, run.finished_at = RunStatus.SKIPPED, timezone.now()
