@@ -217,10 +217,6 @@ def test_base_install_serves_the_dashboard_and_handles_messages_with_celery(base
     assert "Traceback" not in worker.text, worker.tail()
 
 
-# The pipeline commands' "install sluice[pipeline]" message comes with the change that makes
-# the pipeline code work without PySpark (a branch of its own).  Strict: once that change is
-# merged this passes, XPASS fails the run, and the lead removes this marker.
-@pytest.mark.xfail(strict=True, reason="until the pipeline branch's missing-PySpark message is merged")
 def test_base_install_says_what_to_install_for_the_pipeline(base_site):
     site = base_site
     site.sluice("setup")
