@@ -1,0 +1,254 @@
+"""What alert rules evaluate (and the live monitoring tab shows): Sluice's health in numbers,
+each read with a bounded query, never a full count of a big table.
+
+- :func:`queue_levels`: every queue's pending messages (an exact count up to a cap, above it
+  max − min RowVersion) and the age of its oldest message, 50 queues per ``UNION ALL``
+  statement (the dialect's ``queue_stats``, the statement the dashboard reads);
+- :func:`queues_with_completions`: which of some queues finished a message in a window
+  (processing records, an index range on ``ended_us``, one ``EXISTS`` per queue asked);
+- :func:`failed_groups`: unresolved failed-message groups that failed in a window, with
+  content filters (queue, message type, exception type, a header value);
+- :func:`worker_health`: live workers and their circuit breakers (Redis heartbeats);
+- :func:`outbox_backlog`: undispatched outbox records (counted up to a cap) and the oldest's age;
+- :func:`delayed_overdue`: delayed messages due but not yet moved, and how overdue the oldest is;
+- :func:`records_export_lag`: how long the oldest not-yet-exported processing record has waited.
+
+Each raises :class:`django.db.DatabaseError` when the database fails; the caller decides
+what a missing measurement means.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import fnmatch
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import DatabaseError, connections
+from django.db.models import Count, Max, Min
+from django.utils import timezone
+
+from core.conf import get_settings
+from core.dialects import dialect_for
+from core.health import read_health
+from core.messages import Headers, parse_wire_time
+from core.models import DelayedMessageRow, FailedMessage, FailureStatus, OutboxRecord, QueueRecord
+from core.records.export import watermark
+from core.records.models import ProcessingRecord
+
+#: Queues per UNION ALL statement.
+QUEUES_PER_STATEMENT = 50
+#: Counts stop here (a bigger backlog is "at least").
+COUNT_CAP = 10_000
+#: Failed groups returned at most per evaluation.
+GROUP_LIMIT = 500
+
+
+def matches(pattern: Any, value: str | None) -> bool:
+    """A rule filter: ``None``/"" matches everything, ``*`` any text (case-sensitive)."""
+    if pattern in (None, "", "*"):
+        return True
+    return fnmatch.fnmatchcase(value or "", str(pattern))
+
+
+@dataclass(frozen=True)
+class QueueLevel:
+    name: str
+    kind: str
+    #: Messages in the table (an estimate above the cap); None when the table is unreadable.
+    pending: int | None
+    oldest_age_seconds: float | None
+    estimated: bool = False
+    error: str = ""
+
+
+def queue_levels(names: list[str] | None = None, cap: int | None = None) -> list[QueueLevel]:
+    """Every registered queue (or those named): pending messages and the oldest message's age."""
+    cap = cap or get_settings().DASHBOARD_EXACT_COUNT_LIMIT
+    records = QueueRecord.objects.order_by("name")
+    if names is not None:
+        records = records.filter(name__in=names)
+    kinds = dict(records.values_list("name", "kind"))
+    queues = list(kinds)
+    levels: list[QueueLevel] = []
+    for start in range(0, len(queues), QUEUES_PER_STATEMENT):
+        chunk = queues[start:start + QUEUES_PER_STATEMENT]
+        try:
+            rows = _queue_rows(chunk, cap)
+        except DatabaseError:
+            rows = []  # one unreadable table fails the statement: ask queue by queue
+            for i, name in enumerate(chunk):
+                try:
+                    rows.extend((i, *row[1:]) for row in _queue_rows([name], cap))
+                except DatabaseError as exc:
+                    levels.append(QueueLevel(name, kinds[name], None, None, error=str(exc).splitlines()[0][:200]))
+        levels.extend(_level(chunk[int(row[0])], kinds[chunk[int(row[0])]], row, cap) for row in rows)
+    return levels
+
+
+def _queue_rows(names: list[str], cap: int) -> list[tuple]:
+    alias = get_settings().DATABASE
+    d = dialect_for(connections[alias], get_settings().SCHEMA)
+    with connections[alias].cursor() as cursor:
+        cursor.execute(d.queue_stats(names), d.queue_stats_params(len(names), cap + 1))
+        return cursor.fetchall()
+
+
+def _level(name: str, kind: str, row: tuple, cap: int) -> QueueLevel:
+    d = dialect_for(connections[get_settings().DATABASE], get_settings().SCHEMA)
+    _, low, high, counted, _expired, headers, db_now = row
+    counted = int(counted or 0)
+    estimated = counted > cap and low is not None and high is not None
+    pending = int(high) - int(low) + 1 if estimated else counted
+    return QueueLevel(name, kind, pending, _age(headers, d.to_datetime(db_now)), estimated)
+
+
+def _age(headers: Any, now: dt.datetime | None) -> float | None:
+    if headers is None or now is None:
+        return None
+    try:
+        text = headers if isinstance(headers, str) else bytes(headers).decode("utf-8", "replace")
+        sent = json.loads(text).get(Headers.TIME_SENT)
+        return max((now - parse_wire_time(sent)).total_seconds(), 0.0) if sent else None
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def queues_with_completions(queues: list[str], window_seconds: float) -> set[str]:
+    """Which of ``queues`` have a processing record that ended in the last ``window_seconds``
+    (any outcome: the pump took the message).  Needs SLUICE_PROCESSING_RECORDS."""
+    cutoff = int((time.time() - window_seconds) * 1_000_000)
+    recent = ProcessingRecord.objects.using(get_settings().DATABASE).filter(ended_us__gte=cutoff)
+    return {name for name in queues if recent.filter(queue=name).exists()}
+
+
+@dataclass(frozen=True)
+class FailedGroup:
+    group_key: str
+    title: str
+    #: Unresolved messages of the group that failed within the window.
+    count: int
+    first_failed_at: dt.datetime | None
+    #: The group's queue / message type / exception type, when every message shares it.
+    queue: str = ""
+    message_type: str = ""
+    exception_type: str = ""
+
+
+def failed_groups(window_seconds: float, filters: dict[str, Any] | None = None) -> list[FailedGroup]:
+    """Unresolved failed messages whose latest failure is in the window, grouped (at most
+    :data:`GROUP_LIMIT` groups, the biggest first).  ``filters``: queue, message_type,
+    exception_type (``*`` wildcards) and header ({name: value}, exact)."""
+    filters = filters or {}
+    rows = FailedMessage.objects.using(get_settings().DATABASE).filter(
+        status=FailureStatus.UNRESOLVED, time_of_failure__gte=timezone.now() - dt.timedelta(seconds=window_seconds))
+    for column, key in (("original_queue", "queue"), ("message_type", "message_type"),
+                        ("exception_type", "exception_type")):
+        pattern = filters.get(key)
+        if pattern and "*" not in str(pattern):
+            rows = rows.filter(**{column: pattern})
+        elif pattern and str(pattern).strip("*"):
+            rows = rows.filter(**{f"{column}__contains": str(pattern).strip("*").split("*")[0]})
+    for name, value in (filters.get("header") or {}).items():
+        # Headers are stored as JSON text (json.dumps defaults): match the pair's own text.
+        rows = rows.filter(headers__contains=f"{json.dumps(str(name))}: {json.dumps(str(value))}")
+    grouped = (rows.order_by().values("group_key").annotate(
+        n=Count("pk"), title=Max("group_title"), first=Min("first_failed_at"), queue=Max("original_queue"),
+        queue_low=Min("original_queue"), type=Max("message_type"), type_low=Min("message_type"),
+        exc=Max("exception_type")).order_by("-n")[:GROUP_LIMIT])
+    groups = []
+    for g in grouped:
+        queue = g["queue"] if g["queue"] == g["queue_low"] else ""
+        message_type = g["type"] if g["type"] == g["type_low"] else ""
+        # Wildcard filters beyond the prefix the database matched are checked here.
+        if not (matches(filters.get("queue"), g["queue"]) and matches(filters.get("message_type"), g["type"])
+                and matches(filters.get("exception_type"), g["exc"])):
+            continue
+        groups.append(FailedGroup(g["group_key"], g["title"] or g["group_key"], int(g["n"]), g["first"],
+                                  queue, message_type, g["exc"] or ""))
+    return groups
+
+
+@dataclass(frozen=True)
+class BreakerReading:
+    worker: str
+    breaker: str
+    state: str
+    last_error: str = ""
+
+
+@dataclass(frozen=True)
+class WorkerHealth:
+    #: "up" or "down": whether Redis (where heartbeats live) answered.
+    redis: str
+    workers: list[str] = field(default_factory=list)
+    breakers: list[BreakerReading] = field(default_factory=list)
+    error: str = ""
+
+
+def worker_health(redis_url: str) -> WorkerHealth:
+    raw = read_health(redis_url)
+    if raw.get("redis") != "up":
+        return WorkerHealth("down", error=str(raw.get("error", "")))
+    workers = raw.get("workers", [])
+    return WorkerHealth("up", [str(w.get("name", "?")) for w in workers], [
+        BreakerReading(str(w.get("name", "?")), str(b.get("name", "?")), str(b.get("state", "")),
+                       str(b.get("last_error", ""))[:300])
+        for w in workers for b in w.get("breakers", [])])
+
+
+@dataclass(frozen=True)
+class Backlog:
+    #: Items waiting (at most :data:`COUNT_CAP`: "at least" when ``capped``).
+    count: int
+    oldest_age_seconds: float | None
+    capped: bool = False
+
+
+def outbox_backlog() -> Backlog | None:
+    """Undispatched outbox records; None when the endpoint has no outbox table."""
+    records = OutboxRecord.objects.using(get_settings().DATABASE).filter(dispatched=False)
+    try:
+        count = records[:COUNT_CAP + 1].count()
+        oldest = records.order_by("created_at").values_list("created_at", flat=True).first()
+    except DatabaseError as exc:
+        if dialect_for(connections[get_settings().DATABASE]).is_missing_table(exc):
+            return None
+        raise
+    return Backlog(min(count, COUNT_CAP), _since(oldest), count > COUNT_CAP)
+
+
+def delayed_overdue(grace_seconds: float = 0.0) -> Backlog:
+    """Delayed messages due more than ``grace_seconds`` ago (the mover should have moved them)."""
+    due = DelayedMessageRow.objects.using(get_settings().DATABASE).filter(
+        time__lte=timezone.now() - dt.timedelta(seconds=grace_seconds))
+    count = due[:COUNT_CAP + 1].count()
+    oldest = due.order_by("time").values_list("time", flat=True).first()
+    return Backlog(min(count, COUNT_CAP), _since(oldest), count > COUNT_CAP)
+
+
+def records_export_lag() -> float | None:
+    """Seconds since the oldest processing record not yet exported ended (None: all exported)."""
+    using = get_settings().DATABASE
+    ended = (ProcessingRecord.objects.using(using).filter(id__gt=watermark(using)).order_by("id")
+             .values_list("ended_us", flat=True).first())
+    return None if ended is None else max(time.time() - ended / 1_000_000, 0.0)
+
+
+def database_reachable() -> bool:
+    """One trivial statement on Sluice's database."""
+    try:
+        with connections[get_settings().DATABASE].cursor() as cursor:
+            cursor.execute("SELECT 1")
+        return True
+    except DatabaseError:
+        return False
+
+
+def _since(when: dt.datetime | None) -> float | None:
+    if when is None:
+        return None
+    if timezone.is_naive(when):
+        when = timezone.make_aware(when, dt.timezone.utc)
+    return max((timezone.now() - when).total_seconds(), 0.0)
