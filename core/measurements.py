@@ -151,8 +151,9 @@ def failed_groups(window_seconds: float, filters: dict[str, Any] | None = None) 
         elif pattern and str(pattern).strip("*"):
             rows = rows.filter(**{f"{column}__contains": str(pattern).strip("*").split("*")[0]})
     for name, value in (filters.get("header") or {}).items():
-        # Headers are stored as JSON text (json.dumps defaults): match the pair's own text.
-        rows = rows.filter(headers__contains=f"{json.dumps(str(name))}: {json.dumps(str(value))}")
+        # Headers are stored as compact JSON text (core.messages.encode_headers): match the pair's own text.
+        pair = json.dumps({str(name): str(value)}, ensure_ascii=False, separators=(",", ":"))[1:-1]
+        rows = rows.filter(headers__contains=pair)
     grouped = (rows.order_by().values("group_key").annotate(
         n=Count("pk"), title=Max("group_title"), first=Min("first_failed_at"), queue=Max("original_queue"),
         queue_low=Min("original_queue"), type=Max("message_type"), type_low=Min("message_type"),
