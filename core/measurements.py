@@ -6,8 +6,8 @@ each read with a bounded query, never a full count of a big table.
   statement (the dialect's ``queue_stats``, the statement the dashboard reads);
 - :func:`queues_with_completions`: which of some queues finished a message in a window
   (processing records, an index range on ``ended_us``, one ``EXISTS`` per queue asked);
-- :func:`failed_groups`: unresolved failed-message groups that failed in a window, with
-  content filters (queue, message type, exception type, a header value);
+- :func:`failure_slices` / :func:`failed_groups`: unresolved failed messages of a window per
+  group, with content filters (queue, message type, exception type, a header value);
 - :func:`worker_health`: live workers and their circuit breakers (Redis heartbeats);
 - :func:`outbox_backlog`: undispatched outbox records (counted up to a cap) and the oldest's age;
 - :func:`delayed_overdue`: delayed messages due but not yet moved, and how overdue the oldest is;
@@ -41,8 +41,8 @@ from core.records.models import ProcessingRecord
 QUEUES_PER_STATEMENT = 50
 #: Counts stop here (a bigger backlog is "at least").
 COUNT_CAP = 10_000
-#: Failed groups returned at most per evaluation.
-GROUP_LIMIT = 500
+#: Failure slices (group × queue × type × exception) read at most per window.
+GROUP_LIMIT = 2000
 
 
 def matches(pattern: Any, value: str | None) -> bool:
@@ -130,45 +130,59 @@ class FailedGroup:
     #: Unresolved messages of the group that failed within the window.
     count: int
     first_failed_at: dt.datetime | None
-    #: The group's queue / message type / exception type, when every message shares it.
+    #: The group's queue / message type / exception type, when every message counted shares it.
     queue: str = ""
     message_type: str = ""
     exception_type: str = ""
 
 
-def failed_groups(window_seconds: float, filters: dict[str, Any] | None = None) -> list[FailedGroup]:
-    """Unresolved failed messages whose latest failure is in the window, grouped (at most
-    :data:`GROUP_LIMIT` groups, the biggest first).  ``filters``: queue, message_type,
-    exception_type (``*`` wildcards) and header ({name: value}, exact)."""
-    filters = filters or {}
+@dataclass(frozen=True)
+class FailureSlice:
+    """Unresolved failures of one group, queue, message type and exception type in a window."""
+
+    group_key: str
+    title: str
+    queue: str
+    message_type: str
+    exception_type: str
+    count: int
+    first_failed_at: dt.datetime | None
+
+
+def failure_slices(window_seconds: float, header: dict[str, str] | None = None) -> list[FailureSlice]:
+    """Unresolved failed messages whose latest failure is in the window, counted per group,
+    queue, message type and exception type (at most :data:`GROUP_LIMIT` slices, the biggest
+    first), optionally only those carrying ``header`` values: one grouped statement on the
+    (status, time_of_failure) index, which :func:`failed_groups` filters and sums per rule."""
     rows = FailedMessage.objects.using(get_settings().DATABASE).filter(
         status=FailureStatus.UNRESOLVED, time_of_failure__gte=timezone.now() - dt.timedelta(seconds=window_seconds))
-    for column, key in (("original_queue", "queue"), ("message_type", "message_type"),
-                        ("exception_type", "exception_type")):
-        pattern = filters.get(key)
-        if pattern and "*" not in str(pattern):
-            rows = rows.filter(**{column: pattern})
-        elif pattern and str(pattern).strip("*"):
-            rows = rows.filter(**{f"{column}__contains": str(pattern).strip("*").split("*")[0]})
-    for name, value in (filters.get("header") or {}).items():
+    for name, value in (header or {}).items():
         # Headers are stored as compact JSON text (core.messages.encode_headers): match the pair's own text.
         pair = json.dumps({str(name): str(value)}, ensure_ascii=False, separators=(",", ":"))[1:-1]
         rows = rows.filter(headers__contains=pair)
-    grouped = (rows.order_by().values("group_key").annotate(
-        n=Count("pk"), title=Max("group_title"), first=Min("first_failed_at"), queue=Max("original_queue"),
-        queue_low=Min("original_queue"), type=Max("message_type"), type_low=Min("message_type"),
-        exc=Max("exception_type")).order_by("-n")[:GROUP_LIMIT])
+    grouped = (rows.order_by().values("group_key", "original_queue", "message_type", "exception_type")
+               .annotate(n=Count("pk"), title=Max("group_title"), first=Min("first_failed_at")).order_by("-n"))
+    return [FailureSlice(g["group_key"], g["title"] or g["group_key"], g["original_queue"] or "", g["message_type"] or "",
+                         g["exception_type"] or "", int(g["n"]), g["first"]) for g in grouped[:GROUP_LIMIT]]
+
+
+def failed_groups(slices: list[FailureSlice], filters: dict[str, Any] | None = None) -> list[FailedGroup]:
+    """The groups among ``slices`` (:func:`failure_slices`) that match ``filters`` (queue,
+    message_type, exception_type, ``*`` wildcards), biggest first."""
+    filters = filters or {}
+    sums: dict[str, list[FailureSlice]] = {}
+    for piece in slices:
+        if matches(filters.get("queue"), piece.queue) and matches(filters.get("message_type"), piece.message_type) \
+                and matches(filters.get("exception_type"), piece.exception_type):
+            sums.setdefault(piece.group_key, []).append(piece)
     groups = []
-    for g in grouped:
-        queue = g["queue"] if g["queue"] == g["queue_low"] else ""
-        message_type = g["type"] if g["type"] == g["type_low"] else ""
-        # Wildcard filters beyond the prefix the database matched are checked here.
-        if not (matches(filters.get("queue"), g["queue"]) and matches(filters.get("message_type"), g["type"])
-                and matches(filters.get("exception_type"), g["exc"])):
-            continue
-        groups.append(FailedGroup(g["group_key"], g["title"] or g["group_key"], int(g["n"]), g["first"],
-                                  queue, message_type, g["exc"] or ""))
-    return groups
+    for key, pieces in sums.items():
+        firsts = [p.first_failed_at for p in pieces if p.first_failed_at is not None]
+        common = [{getattr(p, f) for p in pieces} for f in ("queue", "message_type", "exception_type")]
+        queue, message_type, exception_type = (next(iter(c)) if len(c) == 1 else "" for c in common)
+        groups.append(FailedGroup(key, pieces[0].title, sum(p.count for p in pieces), min(firsts, default=None),
+                                  queue, message_type, exception_type))
+    return sorted(groups, key=lambda g: -g.count)
 
 
 @dataclass(frozen=True)

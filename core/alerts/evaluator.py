@@ -18,7 +18,7 @@ from django.db import DatabaseError, transaction
 from core.alerts.models import AlertRule
 from core.alerts.notify import active_silences, announce_rule_events
 from core.alerts.rules import Readings, breaches
-from core.alerts.state import advance, unannounced
+from core.alerts.state import active_alerts, advance
 from core.conf import get_settings
 from core.lease import Lease
 
@@ -42,15 +42,15 @@ def evaluate(rules: list[AlertRule] | None = None) -> Evaluation:
     rules = list(AlertRule.objects.filter(enabled=True).prefetch_related("targets")) if rules is None else rules
     readings = Readings()
     silences = active_silences(readings.now)
+    active = active_alerts()
     result = Evaluation(rules=len(rules))
     using = get_settings().DATABASE
     for rule in rules:
         try:
             found = breaches(rule, readings)
             with transaction.atomic(using=using):
-                resolved = advance(rule, found, readings.now)
-                result.notifications += announce_rule_events(rule, unannounced(rule), resolved, readings.now,
-                                                             silences)
+                firing, resolved = advance(rule, found, readings.now, active.get(rule.pk, {}))
+                result.notifications += announce_rule_events(rule, firing, resolved, readings.now, silences)
         except DatabaseError as exc:
             result.errors[rule.name] = f"{type(exc).__name__}: {exc}"[:300]
             log.warning("alert rule %s not evaluated: %s", rule.name, result.errors[rule.name])

@@ -38,7 +38,7 @@ class Readings:
 
     def __init__(self) -> None:
         self.now = timezone.now()
-        self._groups: dict[tuple, list[m.FailedGroup]] = {}
+        self._slices: dict[tuple, list[m.FailureSlice]] = {}
         self._completed: dict[tuple, set[str]] = {}
 
     @cached_property
@@ -76,10 +76,12 @@ class Readings:
         return [(name, (self.now - seen).total_seconds()) for name, seen in gone]
 
     def groups(self, window: float, filters: dict[str, Any]) -> list[m.FailedGroup]:
-        key = (window, repr(sorted(filters.items())))
-        if key not in self._groups:
-            self._groups[key] = m.failed_groups(window, filters)
-        return self._groups[key]
+        """One grouped read per window (and header filter), shared by every failed-group rule."""
+        header = filters.get("header") or {}
+        key = (window, repr(sorted(header.items())))
+        if key not in self._slices:
+            self._slices[key] = m.failure_slices(window, header)
+        return m.failed_groups(self._slices[key], filters)
 
     def completed(self, queues: list[str], window: float) -> set[str]:
         key = (tuple(queues), window)
