@@ -3,7 +3,7 @@ each read with a bounded query, never a full count of a big table.
 
 - :func:`queue_levels`: every queue's pending messages (an exact count up to a cap, above it
   max − min RowVersion) and the age of its oldest message, 50 queues per ``UNION ALL``
-  statement (the dialect's ``queue_stats``, the statement the dashboard reads);
+  statement (the dialect's ``queue_levels``: index lookups and a capped count per queue);
 - :func:`queues_with_completions`: which of some queues finished a message in a window
   (processing records, an index range on ``ended_us``, one ``EXISTS`` per queue asked);
 - :func:`failure_slices` / :func:`failed_groups`: unresolved failed messages of a window per
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import DatabaseError, connections
-from django.db.models import Count, Max, Min
+from django.db.models import Count, Exists, Max, Min, OuterRef
 from django.utils import timezone
 
 from core.conf import get_settings
@@ -91,13 +91,13 @@ def _queue_rows(names: list[str], cap: int) -> list[tuple]:
     alias = get_settings().DATABASE
     d = dialect_for(connections[alias], get_settings().SCHEMA)
     with connections[alias].cursor() as cursor:
-        cursor.execute(d.queue_stats(names), d.queue_stats_params(len(names), cap + 1))
+        cursor.execute(d.queue_levels(names), d.queue_levels_params(len(names), cap + 1))
         return cursor.fetchall()
 
 
 def _level(name: str, kind: str, row: tuple, cap: int) -> QueueLevel:
     d = dialect_for(connections[get_settings().DATABASE], get_settings().SCHEMA)
-    _, low, high, counted, _expired, headers, db_now = row
+    _, low, high, counted, headers, db_now = row
     counted = int(counted or 0)
     estimated = counted > cap and low is not None and high is not None
     pending = int(high) - int(low) + 1 if estimated else counted
@@ -117,10 +117,13 @@ def _age(headers: Any, now: dt.datetime | None) -> float | None:
 
 def queues_with_completions(queues: list[str], window_seconds: float) -> set[str]:
     """Which of ``queues`` have a processing record that ended in the last ``window_seconds``
-    (any outcome: the pump took the message).  Needs SLUICE_PROCESSING_RECORDS."""
+    (any outcome: the pump took the message): one statement, an ``EXISTS`` per queue that
+    stops at the first record it finds.  Needs SLUICE_PROCESSING_RECORDS."""
+    using = get_settings().DATABASE
     cutoff = int((time.time() - window_seconds) * 1_000_000)
-    recent = ProcessingRecord.objects.using(get_settings().DATABASE).filter(ended_us__gte=cutoff)
-    return {name for name in queues if recent.filter(queue=name).exists()}
+    recent = ProcessingRecord.objects.using(using).filter(queue=OuterRef("name"), ended_us__gte=cutoff)
+    return set(QueueRecord.objects.using(using).filter(name__in=queues).annotate(done=Exists(recent))
+               .filter(done=True).values_list("name", flat=True))
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,10 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
+from core.conf import get_settings
 from dashboard import stats
+
+FIRING_KEY = "sluice:alerts:firing"
 
 
 def registry_for(snap: stats.Snapshot) -> CollectorRegistry:
@@ -62,10 +65,13 @@ def add_alerts(registry: CollectorRegistry) -> None:
 
     firing = Gauge("sluice_alerts_firing", "1 for each firing Sluice alert.", ["rule", "severity", "scope", "fingerprint"],
                    registry=registry)
-    try:
-        rows = list(Alert.objects.filter(state=AlertState.FIRING).values_list("labels", "fingerprint")[:1000])
-    except DatabaseError:
-        return
+    rows = stats._cache_get(FIRING_KEY)  # shared like the snapshot: a scrape reads nothing most times
+    if rows is None:
+        try:
+            rows = list(Alert.objects.filter(state=AlertState.FIRING).values_list("labels", "fingerprint")[:1000])
+        except DatabaseError:
+            return
+        stats._cache_set(FIRING_KEY, rows, get_settings().DASHBOARD_CACHE_SECONDS)
     for labels, key in rows:
         scope = ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if k not in ("alertname", "severity"))
         firing.labels(labels.get("alertname", "?"), labels.get("severity", ""), scope, key).set(1)

@@ -11,6 +11,8 @@ from django.utils import timezone
 from core.alerts.evaluator import evaluate
 from core.alerts.models import AlertDelivery, AlertRule, AlertTarget, RuleKind, Silence
 from core.transport import Transport
+from dashboard import stats
+from dashboard.metrics import FIRING_KEY
 from dashboard.models import AuditEntry
 from tests.alerts_support import own_alerts_queue  # noqa: F401 (a fixture)
 from tests.dashboard_api_support import api
@@ -87,6 +89,7 @@ def test_json_import_via_api_then_firing_alert_in_api_and_metrics(operator_clien
     assert [a["labels"]["queue"] for a in body["active"]] == [queue]
     status, body = api(operator_client, "get", "/api/alerts/deliveries/")
     assert sorted(d["target"] for d in body["deliveries"]) == ["pd", "slack"]
+    stats._cache().delete(FIRING_KEY)  # another test's scrape may have cached "none firing" (3 s)
     metrics = operator_client.get("/metrics").content.decode()
     line = next(x for x in metrics.splitlines() if x.startswith("sluice_alerts_firing{"))
     assert 'rule="orders backlog"' in line and f"queue={queue}" in line and line.endswith(" 1.0")

@@ -26,6 +26,24 @@ class DashboardSQL:
     def queue_stats_params(self, count: int, cap: int) -> list[Any]:
         return [v for i in range(count) for v in (i, cap, cap)]
 
+    def queue_levels(self, names: list[str]) -> str:
+        """What alert rules and live monitoring read (core.measurements), cheaper than
+        :meth:`queue_stats`: no expired count.  One row per queue (UNION ALL): (position, min
+        RowVersion, max RowVersion, rows counted up to a cap, Headers of the oldest row, now).
+        Params: :meth:`queue_levels_params`."""
+        rv = self._col("RowVersion")
+        parts = []
+        for name in names:
+            t = self.table(name)
+            parts.append(
+                f"SELECT %s, (SELECT MIN({rv}) FROM {t}), (SELECT MAX({rv}) FROM {t}), "
+                f"(SELECT COUNT(*) FROM (SELECT 1 AS x FROM {t} LIMIT %s) c), "
+                f"(SELECT {self._col('Headers')} FROM {t} ORDER BY {rv} LIMIT 1), {self.now_sql()}")
+        return " UNION ALL ".join(parts)
+
+    def queue_levels_params(self, count: int, cap: int) -> list[Any]:
+        return [v for i in range(count) for v in (i, cap)]
+
     def failed_search_expression(self) -> str | None:
         """An SQL expression over a sluice_failed_message row that free-text search matches
         with ``LIKE '%TEXT%'`` (upper case), when the database can index it; None: search

@@ -361,6 +361,17 @@ class MSSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
                 f"(SELECT TOP 1 [Headers] FROM {t} WITH (NOLOCK) ORDER BY [RowVersion]), GETUTCDATE()")
         return " UNION ALL ".join(parts)
 
+    def queue_levels(self, names: list[str]) -> str:
+        parts = []
+        for name in names:
+            t = self.table(name)
+            parts.append(
+                f"SELECT %s, (SELECT MIN([RowVersion]) FROM {t} WITH (NOLOCK)), "
+                f"(SELECT MAX([RowVersion]) FROM {t} WITH (NOLOCK)), "
+                f"(SELECT COUNT(*) FROM (SELECT TOP (%s) 1 AS x FROM {t} WITH (NOLOCK)) c), "
+                f"(SELECT TOP 1 [Headers] FROM {t} WITH (NOLOCK) ORDER BY [RowVersion]), GETUTCDATE()")
+        return " UNION ALL ".join(parts)
+
     def delayed_stats(self, name: str) -> str:
         return ("SELECT [Destination], SUM(CASE WHEN [Time] <= GETUTCDATE() THEN 1 ELSE 0 END), COUNT(*) "
                 f"FROM (SELECT TOP (%s) [Destination], [Time] FROM {self.table(name)} WITH (NOLOCK) "
