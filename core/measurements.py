@@ -39,6 +39,9 @@ from core.records.models import ProcessingRecord
 
 #: Queues per UNION ALL statement.
 QUEUES_PER_STATEMENT = 50
+#: Queue lengths are counted exactly up to here; above it they are max − min RowVersion + 1
+#: (``estimated``): 100 queues cost 10,000 index entries, not a count of every row.
+LEVEL_EXACT_LIMIT = 100
 #: Counts stop here (a bigger backlog is "at least").
 COUNT_CAP = 10_000
 #: Failure slices (group × queue × type × exception) read at most per window.
@@ -63,9 +66,8 @@ class QueueLevel:
     error: str = ""
 
 
-def queue_levels(names: list[str] | None = None, cap: int | None = None) -> list[QueueLevel]:
+def queue_levels(names: list[str] | None = None, cap: int = LEVEL_EXACT_LIMIT) -> list[QueueLevel]:
     """Every registered queue (or those named): pending messages and the oldest message's age."""
-    cap = cap or get_settings().DASHBOARD_EXACT_COUNT_LIMIT
     records = QueueRecord.objects.order_by("name")
     if names is not None:
         records = records.filter(name__in=names)
@@ -101,10 +103,12 @@ def _level(name: str, kind: str, row: tuple, cap: int) -> QueueLevel:
     counted = int(counted or 0)
     estimated = counted > cap and low is not None and high is not None
     pending = int(high) - int(low) + 1 if estimated else counted
-    return QueueLevel(name, kind, pending, _age(headers, d.to_datetime(db_now)), estimated)
+    return QueueLevel(name, kind, pending, age_from_headers(headers, d.to_datetime(db_now)), estimated)
 
 
-def _age(headers: Any, now: dt.datetime | None) -> float | None:
+def age_from_headers(headers: Any, now: dt.datetime | None) -> float | None:
+    """Seconds since a row's ``TimeSent`` header (its Headers column as text or bytes); None
+    when it has none or it cannot be read."""
     if headers is None or now is None:
         return None
     try:
@@ -252,16 +256,6 @@ def records_export_lag() -> float | None:
     ended = (ProcessingRecord.objects.using(using).filter(id__gt=watermark(using)).order_by("id")
              .values_list("ended_us", flat=True).first())
     return None if ended is None else max(time.time() - ended / 1_000_000, 0.0)
-
-
-def database_reachable() -> bool:
-    """One trivial statement on Sluice's database."""
-    try:
-        with connections[get_settings().DATABASE].cursor() as cursor:
-            cursor.execute("SELECT 1")
-        return True
-    except DatabaseError:
-        return False
 
 
 def _since(when: dt.datetime | None) -> float | None:

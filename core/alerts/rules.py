@@ -39,7 +39,7 @@ class Readings:
     def __init__(self) -> None:
         self.now = timezone.now()
         self._slices: dict[tuple, list[m.FailureSlice]] = {}
-        self._completed: dict[tuple, set[str]] = {}
+        self._completed: dict[float, set[str]] = {}
 
     @cached_property
     def queues(self) -> list[m.QueueLevel]:
@@ -83,11 +83,13 @@ class Readings:
             self._slices[key] = m.failure_slices(window, header)
         return m.failed_groups(self._slices[key], filters)
 
-    def completed(self, queues: list[str], window: float) -> set[str]:
-        key = (tuple(queues), window)
-        if key not in self._completed:
-            self._completed[key] = m.queues_with_completions(queues, window)
-        return self._completed[key]
+    def completed(self, window: float) -> set[str]:
+        """Which waiting queues finished a message in the window: one statement per window for
+        every stalled-queue rule (only a queue with messages can stall)."""
+        if window not in self._completed:
+            waiting = [q.name for q in self.queues if q.pending]
+            self._completed[window] = m.queues_with_completions(waiting, window) if waiting else set()
+        return self._completed[window]
 
 
 def _queues(rule: AlertRule, readings: Readings) -> list[m.QueueLevel]:
@@ -113,7 +115,7 @@ def _stalled(rule: AlertRule, readings: Readings) -> list[Breach]:
     # Only a queue whose oldest message waited the whole window can have stalled for it.
     waiting = [q for q in _queues(rule, readings) if q.pending and q.pending > rule.threshold
                and q.oldest_age_seconds is not None and q.oldest_age_seconds >= window]
-    done = readings.completed([q.name for q in waiting], window) if waiting else set()
+    done = readings.completed(window) if waiting else set()
     return [Breach({"queue": q.name}, q.pending, f"queue {q.name} has {q.pending} messages waiting and "
                    f"finished none in {window:g} s") for q in waiting if q.name not in done]
 

@@ -12,15 +12,19 @@ class DashboardSQL:
         """One row per queue of ``names`` (UNION ALL): (position, min RowVersion, max RowVersion,
         rows counted up to a cap, expired rows counted up to a cap, Headers of the oldest row,
         now).  Params: :meth:`queue_stats_params`."""
+        return self._queue_rows(names, expired=True)
+
+    def _queue_rows(self, names: list[str], expired: bool) -> str:
         rv, exp = self._col("RowVersion"), self._col("Expires")
         parts = []
         for name in names:
             t = self.table(name)
+            expired_count = (f"(SELECT COUNT(*) FROM (SELECT 1 AS x FROM {t} WHERE {exp} IS NOT NULL AND "
+                             f"{exp} <= {self.now_sql()} LIMIT %s) e), ") if expired else ""
             parts.append(
                 f"SELECT %s, (SELECT MIN({rv}) FROM {t}), (SELECT MAX({rv}) FROM {t}), "
-                f"(SELECT COUNT(*) FROM (SELECT 1 AS x FROM {t} LIMIT %s) c), "
-                f"(SELECT COUNT(*) FROM (SELECT 1 AS x FROM {t} WHERE {exp} IS NOT NULL AND {exp} <= {self.now_sql()} "
-                f"LIMIT %s) e), (SELECT {self._col('Headers')} FROM {t} ORDER BY {rv} LIMIT 1), {self.now_sql()}")
+                f"(SELECT COUNT(*) FROM (SELECT 1 AS x FROM {t} LIMIT %s) c), {expired_count}"
+                f"(SELECT {self._col('Headers')} FROM {t} ORDER BY {rv} LIMIT 1), {self.now_sql()}")
         return " UNION ALL ".join(parts)
 
     def queue_stats_params(self, count: int, cap: int) -> list[Any]:
@@ -31,15 +35,7 @@ class DashboardSQL:
         :meth:`queue_stats`: no expired count.  One row per queue (UNION ALL): (position, min
         RowVersion, max RowVersion, rows counted up to a cap, Headers of the oldest row, now).
         Params: :meth:`queue_levels_params`."""
-        rv = self._col("RowVersion")
-        parts = []
-        for name in names:
-            t = self.table(name)
-            parts.append(
-                f"SELECT %s, (SELECT MIN({rv}) FROM {t}), (SELECT MAX({rv}) FROM {t}), "
-                f"(SELECT COUNT(*) FROM (SELECT 1 AS x FROM {t} LIMIT %s) c), "
-                f"(SELECT {self._col('Headers')} FROM {t} ORDER BY {rv} LIMIT 1), {self.now_sql()}")
-        return " UNION ALL ".join(parts)
+        return self._queue_rows(names, expired=False)
 
     def queue_levels_params(self, count: int, cap: int) -> list[Any]:
         return [v for i in range(count) for v in (i, cap)]

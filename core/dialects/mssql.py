@@ -348,27 +348,16 @@ class MSSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
                 f"WHERE {self._claim_where(count, include_quarantined)} AND {self._lease_free()}")
 
     # -- dashboard statistics (TOP instead of LIMIT; NOLOCK: estimates never wait) -----------
-    def queue_stats(self, names: list[str]) -> str:
+    def _queue_rows(self, names: list[str], expired: bool) -> str:
         parts = []
         for name in names:
             t = self.table(name)
+            expired_count = (f"(SELECT COUNT(*) FROM (SELECT TOP (%s) 1 AS x FROM {t} WITH (NOLOCK) "
+                             f"WHERE [Expires] IS NOT NULL AND [Expires] <= GETUTCDATE()) e), ") if expired else ""
             parts.append(
                 f"SELECT %s, (SELECT MIN([RowVersion]) FROM {t} WITH (NOLOCK)), "
                 f"(SELECT MAX([RowVersion]) FROM {t} WITH (NOLOCK)), "
-                f"(SELECT COUNT(*) FROM (SELECT TOP (%s) 1 AS x FROM {t} WITH (NOLOCK)) c), "
-                f"(SELECT COUNT(*) FROM (SELECT TOP (%s) 1 AS x FROM {t} WITH (NOLOCK) "
-                f"WHERE [Expires] IS NOT NULL AND [Expires] <= GETUTCDATE()) e), "
-                f"(SELECT TOP 1 [Headers] FROM {t} WITH (NOLOCK) ORDER BY [RowVersion]), GETUTCDATE()")
-        return " UNION ALL ".join(parts)
-
-    def queue_levels(self, names: list[str]) -> str:
-        parts = []
-        for name in names:
-            t = self.table(name)
-            parts.append(
-                f"SELECT %s, (SELECT MIN([RowVersion]) FROM {t} WITH (NOLOCK)), "
-                f"(SELECT MAX([RowVersion]) FROM {t} WITH (NOLOCK)), "
-                f"(SELECT COUNT(*) FROM (SELECT TOP (%s) 1 AS x FROM {t} WITH (NOLOCK)) c), "
+                f"(SELECT COUNT(*) FROM (SELECT TOP (%s) 1 AS x FROM {t} WITH (NOLOCK)) c), {expired_count}"
                 f"(SELECT TOP 1 [Headers] FROM {t} WITH (NOLOCK) ORDER BY [RowVersion]), GETUTCDATE()")
         return " UNION ALL ".join(parts)
 

@@ -53,12 +53,17 @@ def save_alert_rule(user: Any, data: dict[str, Any], pk: int | None = None, *, v
     return ActionResult("save_alert_rule", 1, f"alert rule {rule.name} saved", audit_id=audit.entry_id)
 
 
+def _delete(user: Any, model: Any, pk: Any, action: str, what: str, via: str) -> ActionResult:
+    with acting(user, action, via, target=f"{what} #{pk}") as audit:
+        found = _get(model, pk, what)
+        audit.target, audit.ids = f"{what} {found.name}", [str(found.pk)]
+        found.delete()
+    return ActionResult(action, 1, f"{what} {found.name} deleted", audit_id=audit.entry_id)
+
+
 def delete_alert_rule(user: Any, pk: Any, *, via: str = "") -> ActionResult:
-    with acting(user, "delete_alert_rule", via, target=f"alert rule #{pk}") as audit:
-        rule = _get(AlertRule, pk, "alert rule")
-        audit.target, audit.ids = f"alert rule {rule.name}", [str(rule.pk)]
-        rule.delete()
-    return ActionResult("delete_alert_rule", 1, f"alert rule {rule.name} deleted", audit_id=audit.entry_id)
+    """Delete a rule with its alerts and their deliveries."""
+    return _delete(user, AlertRule, pk, "delete_alert_rule", "alert rule", via)
 
 
 def save_alert_target(user: Any, data: dict[str, Any], pk: int | None = None, *, via: str = "") -> ActionResult:
@@ -75,11 +80,7 @@ def save_alert_target(user: Any, data: dict[str, Any], pk: int | None = None, *,
 
 
 def delete_alert_target(user: Any, pk: Any, *, via: str = "") -> ActionResult:
-    with acting(user, "delete_alert_target", via, target=f"alert target #{pk}") as audit:
-        target = _get(AlertTarget, pk, "alert target")
-        audit.target, audit.ids = f"alert target {target.name}", [str(target.pk)]
-        target.delete()
-    return ActionResult("delete_alert_target", 1, f"alert target {target.name} deleted", audit_id=audit.entry_id)
+    return _delete(user, AlertTarget, pk, "delete_alert_target", "alert target", via)
 
 
 def test_alert_target(user: Any, pk: Any, *, via: str = "") -> ActionResult:
