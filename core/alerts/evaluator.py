@@ -18,7 +18,7 @@ from django.db import DatabaseError, transaction
 from core.alerts.models import AlertRule
 from core.alerts.notify import active_silences, announce_rule_events
 from core.alerts.rules import Readings, breaches
-from core.alerts.state import active_alerts, advance
+from core.alerts.state import active_alerts, advance, write
 from core.conf import get_settings
 from core.lease import Lease
 
@@ -47,10 +47,13 @@ def evaluate(rules: list[AlertRule] | None = None) -> Evaluation:
     using = get_settings().DATABASE
     for rule in rules:
         try:
-            found = breaches(rule, readings)
+            step = advance(rule, breaches(rule, readings), readings.now, active.setdefault(rule.pk, {}))
+            if step.idle:
+                continue  # all as before: no statement, no transaction
             with transaction.atomic(using=using):
-                firing, resolved = advance(rule, found, readings.now, active.get(rule.pk, {}))
-                result.notifications += announce_rule_events(rule, firing, resolved, readings.now, silences)
+                write(step)
+                result.notifications += announce_rule_events(rule, step.firing, step.resolved, readings.now,
+                                                             silences)
         except DatabaseError as exc:
             result.errors[rule.name] = f"{type(exc).__name__}: {exc}"[:300]
             log.warning("alert rule %s not evaluated: %s", rule.name, result.errors[rule.name])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+from dataclasses import dataclass, field
 
 from core.alerts.models import Alert, AlertRule, AlertState
 from core.alerts.rules import Breach
@@ -43,13 +44,28 @@ def active_alerts() -> dict[int, dict[str, Alert]]:
     return found
 
 
-def advance(rule: AlertRule, found: list[Breach], now: dt.datetime,
-            active: dict[str, Alert]) -> tuple[list[Alert], list[Alert]]:
-    """Apply one evaluation's breaches to the rule's ``active`` alerts; returns (alerts that
-    fire and were not announced yet, alerts that resolved).  Writes only what changed: a
-    steady firing alert is rewritten (value, evaluated_at) at most every :data:`REFRESH`."""
+@dataclass
+class Step:
+    """What one evaluation does to one rule's alerts (worked out in memory first, so a rule
+    where nothing changed costs no statement and no transaction)."""
+
+    changed: list[Alert] = field(default_factory=list)
+    dropped: list[int] = field(default_factory=list)
+    #: Firing alerts not announced yet (new ones, and those a silence held back).
+    firing: list[Alert] = field(default_factory=list)
+    resolved: list[Alert] = field(default_factory=list)
+
+    @property
+    def idle(self) -> bool:
+        return not (self.changed or self.dropped or self.firing or self.resolved)
+
+
+def advance(rule: AlertRule, found: list[Breach], now: dt.datetime, active: dict[str, Alert]) -> Step:
+    """Apply one evaluation's breaches to the rule's ``active`` alerts, in memory (:func:`write`
+    stores the result).  A steady firing alert is rewritten (value, evaluated_at) at most every
+    :data:`REFRESH`."""
+    step = Step()
     seen: set[str] = set()
-    changed: list[Alert] = []
     for breach in found:
         labels = labels_for(rule, breach)
         key = fingerprint(labels)
@@ -65,34 +81,33 @@ def advance(rule: AlertRule, found: list[Breach], now: dt.datetime,
             alert.state, alert.fired_at, moved = AlertState.FIRING, now, True
         if moved:
             alert.evaluated_at = now
-            changed.append(alert)
-    resolved, dropped = [], []
-    for key, alert in active.items():
+            step.changed.append(alert)
+    for key, alert in list(active.items()):
         if key in seen:
             continue
         if alert.state == AlertState.PENDING:
-            dropped.append(alert.pk)  # cleared before it had held for `for`: never fired, nobody told
+            step.dropped.append(alert.pk)  # cleared before it had held for `for`: never fired, nobody told
+            del active[key]
             continue
         alert.clear_count += 1
         alert.evaluated_at = now
         if alert.clear_count >= max(rule.clear_after, 1):
             alert.state, alert.resolved_at = AlertState.RESOLVED, now
-            resolved.append(alert)
-        changed.append(alert)
-    _write(changed, dropped)
-    firing = [a for a in active.values() if a.state == AlertState.FIRING and not a.notified]
-    return firing, resolved
+            step.resolved.append(alert)
+            del active[key]
+        step.changed.append(alert)
+    step.firing = [a for a in active.values() if a.state == AlertState.FIRING and not a.notified]
+    return step
 
 
-def _write(changed: list[Alert], dropped: list[int | None]) -> None:
-    """New alerts one by one (rare: a problem starting; each needs its id for deliveries),
-    changed ones in one statement."""
-    existing = [a for a in changed if a.pk is not None]
-    for alert in changed:
+def write(step: Step) -> None:
+    """Store a step: new alerts one by one (rare: a problem starting; each needs its id for
+    deliveries), changed ones in one statement, dropped ones in another."""
+    existing = [a for a in step.changed if a.pk is not None]
+    for alert in step.changed:
         if alert.pk is None:
             alert.save()
     if existing:
         Alert.objects.bulk_update(existing, UPDATED, batch_size=500)
-    dropped = [pk for pk in dropped if pk is not None]
-    if dropped:
-        Alert.objects.filter(pk__in=dropped).delete()
+    if step.dropped:
+        Alert.objects.filter(pk__in=step.dropped).delete()
