@@ -64,16 +64,18 @@ class Readings:
     @cached_property
     def silent_workers(self) -> list[tuple[str, float]]:
         """(worker, seconds since its last heartbeat) for every worker seen before that has
-        none now; records the live ones first (one upsert per live worker)."""
+        none now; records the live ones first (a few statements however many workers)."""
         health = self.health
         if health.redis != "up":
             return []  # unknown, not lost: the redis_down rule speaks for this
-        for name in health.workers:
-            WorkerSighting.objects.update_or_create(name=name, defaults={"last_seen": self.now})
-        cutoff = self.now - dt.timedelta(seconds=FORGET_WORKER_AFTER)
-        WorkerSighting.objects.filter(last_seen__lt=cutoff).delete()
-        gone = WorkerSighting.objects.exclude(name__in=health.workers).values_list("name", "last_seen")
-        return [(name, (self.now - seen).total_seconds()) for name, seen in gone]
+        live = set(health.workers)
+        WorkerSighting.objects.filter(last_seen__lt=self.now - dt.timedelta(seconds=FORGET_WORKER_AFTER)).delete()
+        known = dict(WorkerSighting.objects.values_list("name", "last_seen"))
+        if live & set(known):
+            WorkerSighting.objects.filter(name__in=live).update(last_seen=self.now)
+        WorkerSighting.objects.bulk_create([WorkerSighting(name=name, last_seen=self.now) for name in live - set(known)],
+                                           ignore_conflicts=True)
+        return [(name, (self.now - seen).total_seconds()) for name, seen in known.items() if name not in live]
 
     def groups(self, window: float, filters: dict[str, Any]) -> list[m.FailedGroup]:
         """One grouped read per window (and header filter), shared by every failed-group rule."""
