@@ -69,8 +69,12 @@ class Readings:
         if health.redis != "up":
             return []  # unknown, not lost: the redis_down rule speaks for this
         live = set(health.workers)
-        WorkerSighting.objects.filter(last_seen__lt=self.now - dt.timedelta(seconds=FORGET_WORKER_AFTER)).delete()
         known = dict(WorkerSighting.objects.values_list("name", "last_seen"))
+        forgotten = [name for name, seen in known.items()
+                     if (self.now - seen).total_seconds() > FORGET_WORKER_AFTER and name not in live]
+        if forgotten:  # only then a write: SQLite would otherwise lock the database each evaluation
+            WorkerSighting.objects.filter(name__in=forgotten).delete()
+            known = {name: seen for name, seen in known.items() if name not in forgotten}
         if live & set(known):
             WorkerSighting.objects.filter(name__in=live).update(last_seen=self.now)
         WorkerSighting.objects.bulk_create([WorkerSighting(name=name, last_seen=self.now) for name in live - set(known)],
