@@ -8,11 +8,12 @@ import uuid
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
 from core.conf import get_settings
+from tests.conftest import wait_for  # noqa: F401 (the tests import it from here)
 
 
 class WebhookReceiver:
@@ -88,16 +89,6 @@ class SmtpReceiver:
 
     def __exit__(self, *exc: Any) -> None:
         self.controller.stop()
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout} s")
 
 
 def alerts_worker(**options: Any):
