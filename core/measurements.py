@@ -6,6 +6,7 @@ each read with a bounded query, never a full count of a big table.
   statement (the dialect's ``queue_levels``: index lookups and a capped count per queue);
 - :func:`queues_with_completions`: which of some queues finished a message in a window
   (processing records, an index range on ``ended_us``, one ``EXISTS`` per queue asked);
+- :func:`critical_times`: per queue, sent-to-handled seconds of the newest records in a window;
 - :func:`failure_slices` / :func:`failed_groups`: unresolved failed messages of a window per
   group, with content filters (queue, message type, exception type, a header value);
 - :func:`worker_health`: live workers and their circuit breakers (Redis heartbeats);
@@ -43,6 +44,8 @@ QUEUES_PER_STATEMENT = 200
 #: Queue lengths are counted exactly up to here; above it they are max − min RowVersion + 1
 #: (``estimated``): 100 queues cost 10,000 index entries, not a count of every row.
 LEVEL_EXACT_LIMIT = 100
+#: Processing records a critical-time reading looks at (the newest in its window).
+CRITICAL_TIME_SAMPLE = 5000
 #: Counts stop here (a bigger backlog is "at least").
 COUNT_CAP = 10_000
 #: Failure slices (group × queue × type × exception) read at most per window.
@@ -131,6 +134,25 @@ def queues_with_completions(queues: list[str], window_seconds: float) -> set[str
     recent = ProcessingRecord.objects.using(using).filter(queue=OuterRef("name"), ended_us__gte=cutoff)
     return set(QueueRecord.objects.using(using).filter(name__in=queues).annotate(done=Exists(recent))
                .filter(done=True).values_list("name", flat=True))
+
+
+def critical_times(window_seconds: float, limit: int = CRITICAL_TIME_SAMPLE) -> dict[str, list[float]]:
+    """Per queue, the critical times (seconds from ``TimeSent`` to the end of handling) of
+    the newest ``limit`` processing records that ended in the window: one statement on the
+    ``ended_us`` index, however busy the queues."""
+    cutoff = int((time.time() - window_seconds) * 1_000_000)
+    rows = (ProcessingRecord.objects.using(get_settings().DATABASE)
+            .filter(ended_us__gte=cutoff, time_sent_us__isnull=False).order_by("-ended_us")
+            .values_list("queue", "ended_us", "time_sent_us")[:limit])
+    found: dict[str, list[float]] = {}
+    for queue, ended, sent in rows:
+        found.setdefault(queue, []).append(max(ended - sent, 0) / 1_000_000)
+    return found
+
+
+def p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(0.95 * len(ordered)) - 1))]
 
 
 @dataclass(frozen=True)

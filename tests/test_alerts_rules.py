@@ -95,6 +95,25 @@ def test_oldest_age(queue, target):
     assert states(r) == [AlertState.RESOLVED]
 
 
+def test_critical_time_p95_from_processing_records(queue, target, temp_handlers, settings):
+    settings.SLUICE_PEEK_DELAY = 0.05
+    temp_handlers(queue, None, lambda message, context: None)
+    r = rule(RuleKind.CRITICAL_TIME, threshold=0.8, window_seconds=3, filters={"queue": queue})
+    Transport().send_many(queue, [{"n": i} for i in range(5)])
+    time.sleep(1.0)  # they wait in the queue: sent-to-handled is at least a second
+    host = WorkerHost([queue], mover=False, alerts=False).start()
+    try:
+        wait_for(host.is_empty)
+    finally:
+        host.stop()
+    evaluate()
+    alert = r.alerts.get()
+    assert alert.state == AlertState.FIRING and alert.value >= 1.0 and alert.labels["queue"] == queue
+    time.sleep(3.2)  # the slow records leave the window
+    evaluate()
+    assert states(r) == [AlertState.RESOLVED]
+
+
 def test_a_stopped_pump_stalls_its_queue(queue, target, temp_handlers, settings):
     settings.SLUICE_PEEK_DELAY = 0.05
     temp_handlers(queue, None, lambda message, context: None)

@@ -16,6 +16,7 @@ class RuleKind(models.TextChoices):
     HEARTBEAT_LOST = "heartbeat_lost", "worker heartbeat stopped"
     QUEUE_LENGTH = "queue_length", "queue length above N"
     OLDEST_AGE = "oldest_age", "oldest message older than T seconds"
+    CRITICAL_TIME = "critical_time", "critical time (sent to handled) p95 above T seconds"
     STALLED_QUEUE = "stalled_queue", "messages waiting, no completions for T"
     OUTBOX_BACKLOG = "outbox_backlog", "outbox backlog above N"
     OUTBOX_AGE = "outbox_age", "oldest undispatched outbox record older than T seconds"

@@ -40,6 +40,7 @@ class Readings:
         self.now = timezone.now()
         self._slices: dict[tuple, list[m.FailureSlice]] = {}
         self._completed: dict[float, set[str]] = {}
+        self._critical: dict[float, dict[str, list[float]]] = {}
 
     @cached_property
     def queues(self) -> list[m.QueueLevel]:
@@ -89,6 +90,11 @@ class Readings:
             self._slices[key] = m.failure_slices(window, header)
         return m.failed_groups(self._slices[key], filters)
 
+    def critical(self, window: float) -> dict[str, list[float]]:
+        if window not in self._critical:
+            self._critical[window] = m.critical_times(window)
+        return self._critical[window]
+
     def completed(self, window: float) -> set[str]:
         """Which waiting queues finished a message in the window: one statement per window for
         every stalled-queue rule (only a queue with messages can stall)."""
@@ -114,6 +120,17 @@ def _oldest_age(rule: AlertRule, readings: Readings) -> list[Breach]:
                    f"the oldest message in {q.name} waited {q.oldest_age_seconds:.0f} s (above {rule.threshold:g} s)")
             for q in _queues(rule, readings)
             if q.pending and q.oldest_age_seconds is not None and q.oldest_age_seconds > rule.threshold]
+
+
+def _critical_time(rule: AlertRule, readings: Readings) -> list[Breach]:
+    pattern = (rule.filters or {}).get("queue")
+    found = []
+    for queue, times in readings.critical(rule.window_seconds).items():
+        value = m.p95(times)
+        if m.matches(pattern, queue) and value > rule.threshold:
+            found.append(Breach({"queue": queue}, value, f"critical time p95 of {queue} is {value:.1f} s over the "
+                                f"last {rule.window_seconds:g} s (above {rule.threshold:g} s)"))
+    return found
 
 
 def _stalled(rule: AlertRule, readings: Readings) -> list[Breach]:
@@ -203,6 +220,7 @@ def _delivery_failed(rule: AlertRule, readings: Readings) -> list[Breach]:
 CHECKS: dict[str, Callable[[AlertRule, Readings], list[Breach]]] = {
     RuleKind.QUEUE_LENGTH: _queue_length,
     RuleKind.OLDEST_AGE: _oldest_age,
+    RuleKind.CRITICAL_TIME: _critical_time,
     RuleKind.STALLED_QUEUE: _stalled,
     RuleKind.FAILED_GROUP: _failed_group,
     RuleKind.BREAKER_OPEN: _breaker_open,
