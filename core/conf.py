@@ -193,6 +193,27 @@ class SluiceSettings:
     #: Celery beat runs the pipeline every SLUICE_PIPELINE_INTERVAL (off: run it yourself,
     #: e.g. with spark-submit on a cluster, or where no Java is installed).
     PIPELINE_SCHEDULE: bool = True
+    #: Evaluate alert rules (core.alerts) in every worker's loops, one evaluator at a time (a lease).
+    ALERTS_ENABLED: bool = True
+    #: Seconds between evaluations of the alert rules.
+    ALERTS_INTERVAL: float = 15.0
+    #: Seconds the evaluator's lease lasts; another worker evaluates when it lapses.
+    ALERTS_LEASE_SECONDS: float = 45.0
+    #: The Sluice queue that carries alert notifications (one message per target and alert).
+    ALERTS_QUEUE: str = "sluice-alerts"
+    #: Seconds one delivery attempt (HTTP request or SMTP session) may take.
+    ALERTS_DELIVERY_TIMEOUT: float = 10.0
+    #: Attempts per notification before it counts as finally failed.
+    ALERTS_DELIVERY_ATTEMPTS: int = 4
+    #: Delay before retry n = base × 2^(n-1), with jitter, at most the cap (seconds); a
+    #: target's Retry-After is honoured up to the cap.
+    ALERTS_RETRY_BASE: float = 1.0
+    ALERTS_RETRY_CAP: float = 15.0
+    #: Alert rules and targets as JSON (a file path, or the JSON text itself) that
+    #: `sluice alerts import` loads: infrastructure as code.
+    ALERTS_CONFIG: str = ""
+    #: The dashboard's address, for links in notifications (generatorURL); "" leaves them out.
+    ALERTS_DASHBOARD_URL: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -250,6 +271,12 @@ class SluiceSettings:
             spark_conf(self.SPARK_CONF)
         except ValueError as exc:
             raise ValueError(f"SLUICE_SPARK_CONF: {exc}") from None
+        for name in ("ALERTS_INTERVAL", "ALERTS_LEASE_SECONDS", "ALERTS_DELIVERY_TIMEOUT", "ALERTS_RETRY_BASE",
+                     "ALERTS_RETRY_CAP"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"SLUICE_{name} must be positive")
+        if self.ALERTS_DELIVERY_ATTEMPTS < 1:
+            raise ValueError("SLUICE_ALERTS_DELIVERY_ATTEMPTS must be at least 1")
         if not re.fullmatch(r"\d+[kKmMgGtT]?", self.SPARK_DRIVER_MEMORY.strip()):
             raise ValueError(f"SLUICE_SPARK_DRIVER_MEMORY must be a JVM size such as 2g, "
                              f"not {self.SPARK_DRIVER_MEMORY!r}")

@@ -188,6 +188,12 @@ def handler(queue: str, message_type: str | None = None, *, batch: bool = False)
 
 
 def load_handler_modules() -> None:
-    """Import the modules named in SLUICE_HANDLER_MODULES so their handlers register."""
+    """Import the modules named in SLUICE_HANDLER_MODULES so their handlers register; with
+    SLUICE_ALERTS_ENABLED, also the alerts queue's (so `sluice setup` creates that queue and
+    every worker delivers notifications)."""
     for module in get_settings().HANDLER_MODULES:
         importlib.import_module(module)
+    if get_settings().ALERTS_ENABLED:
+        from core.alerts.delivery import register  # here: core.alerts imports this module
+
+        register()

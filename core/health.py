@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import json
 import logging
 import os
@@ -24,7 +25,10 @@ TTL_SECONDS = 15
 INTERVAL_SECONDS = 2.0
 
 
+@functools.lru_cache(maxsize=16)
 def _client(redis_url: str):
+    """One client (and connection pool) per URL for the process: readers such as the alert
+    evaluator ask every few seconds, and a new connection each time cost more than the read."""
     import redis
 
     return redis.Redis.from_url(redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)

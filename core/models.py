@@ -210,3 +210,13 @@ class OutboxRecord(models.Model):
 
 # -- processing records and the analytics pipeline (core/records/) -------------------------
 from core.records.models import ExportWatermark, MetricWindow, PipelineRun, ProcessingRecord  # noqa: E402,F401
+
+# -- alerts (core/alerts/) -------------------------------------------------------------------
+from core.alerts.models import (  # noqa: E402,F401
+    Alert,
+    AlertDelivery,
+    AlertRule,
+    AlertTarget,
+    Silence,
+    WorkerSighting,
+)

@@ -1,11 +1,13 @@
-"""One worker's loops: the pumps, the delayed mover, the outbox dispatcher and clean-up,
-demo traffic and the health heartbeat, hosted in threads.  `sluice worker` and the Celery bootstep (workers/) both
+"""One worker's loops: the pumps, the delayed mover, the alert evaluator, the outbox dispatcher
+and clean-up, demo traffic and the health heartbeat, hosted in threads.  `sluice worker` and the Celery bootstep (workers/) both
 use it, so a worker is the same thing however it is started."""
 from __future__ import annotations
 
 import logging
 from typing import Any
 
+from core.alerts.evaluator import AlertEvaluator
+from core.alerts.notify import alerts_queue
 from core.conf import get_settings
 from core.delayed import DelayedMover
 from core.demo.traffic import DemoTraffic
@@ -30,23 +32,31 @@ class WorkerHost:
         redis_url: str | None = None,
         extra_loops: list[Any] | None = None,
         outbox_cleanup: bool = True,
+        alerts: bool | None = None,
     ) -> None:
         load_handler_modules()
+        settings = get_settings()
         self.queues = list(queues or handlers.queues())
         if not self.queues:
             raise ValueError("no queues to serve: register handlers (SLUICE_HANDLER_MODULES) or name queues")
+        if settings.ALERTS_QUEUE in self.queues:
+            alerts_queue()  # Sluice's own queue: made on first need
         for name in self.queues:
             registry.get(name)  # UnknownQueue → a clear error before any thread starts
         self.pumps = [MessagePump(name, concurrency=concurrency) for name in self.queues]
         loops: list[Any] = list(self.pumps)
         if mover:
             loops.append(DelayedMover())
+        # Alerts are evaluated where the mover runs (``alerts`` decides otherwise); only the
+        # evaluator holding the lease evaluates.
+        if (mover and settings.ALERTS_ENABLED) if alerts is None else alerts:
+            loops.append(AlertEvaluator())
         outbox_loops = [loop for loop in worker_loops()
                         if outbox_cleanup or isinstance(loop, OutboxDispatcher)]
         loops += outbox_loops
         self.dispatchers = [loop for loop in outbox_loops if isinstance(loop, OutboxDispatcher)]
         if demo_traffic:
-            loops.append(DemoTraffic(rate=get_settings().DEMO_RATE))
+            loops.append(DemoTraffic(rate=settings.DEMO_RATE))
         loops += list(extra_loops or [])
         if redis_url:
             loops.append(HealthPublisher(redis_url, lambda: self.runner.snapshot(),

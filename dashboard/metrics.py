@@ -3,11 +3,15 @@ message's content).  Built from the cached statistics snapshot (dashboard/stats.
 scrape costs what an overview refresh costs, at most once per few seconds."""
 from __future__ import annotations
 
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
+from core.conf import get_settings
 from dashboard import stats
+
+FIRING_KEY = "sluice:alerts:firing"
 
 
 def registry_for(snap: stats.Snapshot) -> CollectorRegistry:
@@ -54,6 +58,27 @@ def registry_for(snap: stats.Snapshot) -> CollectorRegistry:
     return registry
 
 
+def add_alerts(registry: CollectorRegistry) -> None:
+    """``sluice_alerts_firing{rule, severity, fingerprint, …}``: 1 per firing alert (one indexed
+    read of the firing rows; the scope labels a rule may add are in ``scope``)."""
+    from core.alerts.models import Alert, AlertState
+
+    firing = Gauge("sluice_alerts_firing", "1 for each firing Sluice alert.", ["rule", "severity", "scope", "fingerprint"],
+                   registry=registry)
+    rows = stats._cache_get(FIRING_KEY)  # shared like the snapshot: a scrape reads nothing most times
+    if rows is None:
+        try:
+            rows = list(Alert.objects.filter(state=AlertState.FIRING).values_list("labels", "fingerprint")[:1000])
+        except DatabaseError:
+            return
+        stats._cache_set(FIRING_KEY, rows, get_settings().DASHBOARD_CACHE_SECONDS)
+    for labels, key in rows:
+        scope = ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if k not in ("alertname", "severity"))
+        firing.labels(labels.get("alertname", "?"), labels.get("severity", ""), scope, key).set(1)
+
+
 @require_GET
 def metrics(request: HttpRequest) -> HttpResponse:
-    return HttpResponse(generate_latest(registry_for(stats.snapshot())), content_type=CONTENT_TYPE_LATEST)
+    registry = registry_for(stats.snapshot())
+    add_alerts(registry)
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

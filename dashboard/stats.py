@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
-import json
 import logging
 import threading
 import time
@@ -39,7 +38,7 @@ from core.conf import get_settings
 from core.delayed import SqlDelayedStore, delayed_store
 from core.dialects import dialect_for
 from core.health import read_health
-from core.messages import Headers, parse_wire_time
+from core.measurements import age_from_headers
 from core.models import FailedMessage, FailureStatus, QueueRecord
 
 log = logging.getLogger("sluice.dashboard")
@@ -337,18 +336,7 @@ def _apply_queue_row(q: QueueStats, row: tuple, cap: int) -> None:
     q.expired_capped = expired > cap
     q.expired = min(expired, q.total) if not q.expired_capped else expired
     q.pending = max(q.total - q.expired, 0)
-    q.oldest_age_seconds = _age(headers, d.to_datetime(db_now))
-
-
-def _age(headers: Any, now: dt.datetime | None) -> float | None:
-    if headers is None or now is None:
-        return None
-    try:
-        text = headers if isinstance(headers, str) else bytes(headers).decode("utf-8", "replace")
-        sent = json.loads(text).get(Headers.TIME_SENT)
-        return max((now - parse_wire_time(sent)).total_seconds(), 0.0) if sent else None
-    except (ValueError, TypeError, AttributeError):
-        return None
+    q.oldest_age_seconds = age_from_headers(headers, d.to_datetime(db_now))
 
 
 # -- delayed, failed, health -----------------------------------------------------------------------

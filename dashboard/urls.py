@@ -1,7 +1,7 @@
 from django.urls import include, path
 
 from dashboard import charts
-from dashboard.views import audit, auth, delayed, failed, health, outbox, overview, queues
+from dashboard.views import alerts, audit, auth, delayed, failed, health, outbox, overview, queues
 
 app_name = "dashboard"
 urlpatterns = [
@@ -33,6 +33,15 @@ urlpatterns = [
     path("outbox/", outbox.outbox, name="outbox"),
     path("outbox/<path:message_id>/dispatch/", outbox.dispatch, name="outbox-dispatch"),
     path("audit/", audit.audit, name="audit"),
+    path("alerts/", alerts.alerts, name="alerts"),
+    path("alerts/rules/", alerts.rule_save, name="alerts-rule-save"),
+    path("alerts/rules/<int:pk>/delete/", alerts.rule_delete, name="alerts-rule-delete"),
+    path("alerts/targets/", alerts.target_save, name="alerts-target-save"),
+    path("alerts/targets/<int:pk>/delete/", alerts.target_delete, name="alerts-target-delete"),
+    path("alerts/targets/<int:pk>/test/", alerts.target_test, name="alerts-target-test"),
+    path("alerts/silences/", alerts.silence_create, name="alerts-silence"),
+    path("alerts/silences/<int:pk>/end/", alerts.silence_expire, name="alerts-silence-expire"),
+    path("alerts/import/", alerts.import_config, name="alerts-import"),
     path("metrics/charts/", charts.charts, name="metrics-charts"),
     path("metrics/charts/run/", charts.run_now, name="metrics-run"),
     path("metrics/charts/run-status/", charts.run_status, name="metrics-run-status"),

@@ -62,6 +62,35 @@ def cases(w):
          lambda u: actions.dispatch_outbox(u, ["nope"])),
         ("run_pipeline", lambda u: actions.run_pipeline(u),
          lambda u: actions.run_pipeline(u, dt.datetime(2026, 11, 23, 10, 0))),  # no time zone
+        *alert_cases(),
+    ]
+
+
+def alert_cases():
+    """The Alerts page's actions, in an order where each good call leaves what the next needs."""
+    from core.alerts.models import AlertRule, AlertTarget, Silence
+
+    def target_pk():
+        return AlertTarget.objects.get(name="hook").pk
+
+    return [
+        ("save_alert_target", lambda u: actions.save_alert_target(u, {"name": "hook", "url": "http://127.0.0.1:9/h"}),
+         lambda u: actions.save_alert_target(u, {"name": "bad", "url": "ftp://x"})),
+        ("save_alert_rule", lambda u: actions.save_alert_rule(u, {"name": "r", "kind": "queue_length",
+                                                                  "targets": ["hook"]}),
+         lambda u: actions.save_alert_rule(u, {"name": "r", "kind": "no_such_kind"})),
+        ("test_alert_target", lambda u: actions.test_alert_target(u, target_pk()),
+         lambda u: actions.test_alert_target(u, 10**9)),
+        ("create_silence", lambda u: actions.create_silence(u, {"minutes": 10, "comment": "deploy"}),
+         lambda u: actions.create_silence(u, {"minutes": -5})),
+        ("expire_silence", lambda u: actions.expire_silence(u, Silence.objects.get().pk),
+         lambda u: actions.expire_silence(u, 10**9)),
+        ("import_alerts", lambda u: actions.import_alerts(u, {"rules": [{"name": "r2", "kind": "redis_down"}]}),
+         lambda u: actions.import_alerts(u, {"rules": [{"name": "r3", "kind": "nope"}]})),
+        ("delete_alert_rule", lambda u: actions.delete_alert_rule(u, AlertRule.objects.get(name="r").pk),
+         lambda u: actions.delete_alert_rule(u, 10**9)),
+        ("delete_alert_target", lambda u: actions.delete_alert_target(u, target_pk()),
+         lambda u: actions.delete_alert_target(u, 10**9)),
     ]
 
 

@@ -97,6 +97,21 @@ def run_pipeline(run_id: int | None = None, trigger: str = "beat", since: str | 
         return {"skipped": 1}
 
 
+@shared_task(name="sluice.evaluate_alerts")
+def evaluate_alerts() -> dict:
+    """One evaluation of the alert rules, for pools whose workers host no loops (beat runs it
+    then): the evaluator's own lease keeps it to one at a time, released at once after."""
+    from core.alerts.evaluator import AlertEvaluator
+
+    evaluator = AlertEvaluator()
+    try:
+        evaluator.step()
+    finally:
+        evaluator.close()
+    last = evaluator.last
+    return {"skipped": 1} if last is None else {"rules": last.rules, "notifications": last.notifications}
+
+
 @shared_task(name="sluice.record_ping")
 def record_ping(message_id: str) -> None:
     """Write one demo business row (sluice_demo_ping): proves a task really ran, once per row."""

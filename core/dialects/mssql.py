@@ -380,16 +380,17 @@ class MSSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
     def _capped_count(self, source: str, where: str) -> str:
         return f"(SELECT COUNT(*) FROM (SELECT TOP (%s) 1 AS x FROM {source}{where}) c)"
 
-    def queue_stats(self, names: list[str]) -> str:
+
+    def _queue_rows(self, names: list[str], expired: bool) -> str:
         parts = []
         for name in names:
             t = self.table(name)
+            expired_count = (f"(SELECT COUNT(*) FROM (SELECT TOP (%s) 1 AS x FROM {t} WITH (NOLOCK) "
+                             f"WHERE [Expires] IS NOT NULL AND [Expires] <= GETUTCDATE()) e), ") if expired else ""
             parts.append(
                 f"SELECT %s, (SELECT MIN([RowVersion]) FROM {t} WITH (NOLOCK)), "
                 f"(SELECT MAX([RowVersion]) FROM {t} WITH (NOLOCK)), "
-                f"(SELECT COUNT(*) FROM (SELECT TOP (%s) 1 AS x FROM {t} WITH (NOLOCK)) c), "
-                f"(SELECT COUNT(*) FROM (SELECT TOP (%s) 1 AS x FROM {t} WITH (NOLOCK) "
-                f"WHERE [Expires] IS NOT NULL AND [Expires] <= GETUTCDATE()) e), "
+                f"(SELECT COUNT(*) FROM (SELECT TOP (%s) 1 AS x FROM {t} WITH (NOLOCK)) c), {expired_count}"
                 f"(SELECT TOP 1 [Headers] FROM {t} WITH (NOLOCK) ORDER BY [RowVersion]), GETUTCDATE()")
         return " UNION ALL ".join(parts)
 

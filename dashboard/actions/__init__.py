@@ -12,7 +12,19 @@ Failed:   retry_failed, archive_failed, restore_failed, edit_and_retry, delete_f
           (selections: see :func:`parse_selection`)
 Outbox:   dispatch_outbox
 Metrics:  run_pipeline (the analytics pipeline, as a Celery task)
+Alerts:   save_alert_rule, delete_alert_rule, save_alert_target, delete_alert_target,
+          test_alert_target, create_silence, expire_silence, import_alerts
 """
+from dashboard.actions.alerts import (
+    create_silence,
+    delete_alert_rule,
+    delete_alert_target,
+    expire_silence,
+    import_alerts,
+    save_alert_rule,
+    save_alert_target,
+    test_alert_target,
+)
 from dashboard.actions.delayed import delete_delayed, deliver_delayed_now, dispatch_outbox
 from dashboard.actions.errors import ActionError
 from dashboard.actions.failed import (
@@ -33,7 +45,8 @@ from dashboard.actions.result import ActionResult
 ACTIONS = (
     "delete_messages", "purge_queue", "move_message", "deliver_delayed_now", "delete_delayed",
     "retry_failed", "archive_failed", "restore_failed", "edit_and_retry", "delete_failed", "dispatch_outbox",
-    "run_pipeline",
+    "run_pipeline", "save_alert_rule", "delete_alert_rule", "save_alert_target", "delete_alert_target",
+    "test_alert_target", "create_silence", "expire_silence", "import_alerts",
 )
 #: Account changes (`sluice user`, via "cli"), audited beside the actions.
 ACCOUNT_ACTIONS = ("set_role", "issue_token", "revoke_token", "disable_user")
@@ -44,5 +57,6 @@ __all__ = [
     "ACCOUNT_ACTIONS", "ACTIONS", "AUDITED", "ActionError", "ActionResult", "FailedSelection", "PROTECTED_HEADERS", "archive_failed",
     "delete_delayed", "delete_failed", "delete_messages", "deliver_delayed_now", "dispatch_outbox",
     "edit_and_retry", "move_message", "parse_selection", "purge_queue", "restore_failed", "retry_failed",
-    "run_pipeline",
+    "run_pipeline", "save_alert_rule", "delete_alert_rule", "save_alert_target", "delete_alert_target",
+    "test_alert_target", "create_silence", "expire_silence", "import_alerts",
 ]

@@ -6,6 +6,7 @@ from drf_spectacular.views import SpectacularAPIView
 
 from dashboard import metrics
 from dashboard.api import errors
+from dashboard.api import alerts as al
 from dashboard.api import views as v
 from dashboard.permissions import CanView
 
@@ -44,6 +45,17 @@ urlpatterns = [
     path("api/audit/", v.AuditList.as_view(), name="api-audit"),
     path("api/metrics/", v.MetricList.as_view(), name="api-metrics"),
     path("api/metrics/run/", v.MetricRun.as_view(), name="api-metrics-run"),
+    path("api/alerts/", al.AlertList.as_view(), name="api-alerts"),
+    path("api/alerts/rules/", al.RuleList.as_view(), name="api-alert-rules"),
+    path("api/alerts/rules/<int:pk>/", al.RuleItem.as_view(), name="api-alert-rule"),
+    path("api/alerts/targets/", al.TargetList.as_view(), name="api-alert-targets"),
+    path("api/alerts/targets/<int:pk>/", al.TargetItem.as_view(), name="api-alert-target"),
+    path("api/alerts/targets/<int:pk>/test/", al.TargetTest.as_view(), name="api-alert-target-test"),
+    path("api/alerts/silences/", al.SilenceList.as_view(), name="api-alert-silences"),
+    path("api/alerts/silences/<int:pk>/", al.SilenceItem.as_view(), name="api-alert-silence"),
+    path("api/alerts/deliveries/", al.DeliveryList.as_view(), name="api-alert-deliveries"),
+    path("api/alerts/import/", al.ConfigImport.as_view(), name="api-alert-import"),
+    path("api/alerts/export/", al.ConfigExport.as_view(), name="api-alert-export"),
     path("metrics", metrics.metrics, name="metrics"),
     # Last: every other /api/ path answers 404 in JSON (not the HTML page).
     path("api/<path:rest>", errors.not_found, name="api-not-found"),

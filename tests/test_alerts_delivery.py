@@ -1,0 +1,145 @@
+"""Notifications reach real receivers through Sluice's own queue: a webhook server that
+answers 500, 429 with Retry-After, then 200; an SMTP server (aiosmtpd); a target that never
+answers fails for good, shows as failed and raises the delivery_failed self-health alert.
+Secrets never reach the delivery rows or the logs."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+from django.utils import timezone
+
+from core.alerts.evaluator import evaluate
+from core.alerts.models import AlertDelivery, AlertRule, AlertTarget, DeliveryStatus, RuleKind, TargetFormat
+from core.alerts.notify import test_notification as send_test_notification
+from core.transport import Transport
+from tests.alerts_support import (  # noqa: F401 (a fixture)
+    SmtpReceiver,
+    WebhookReceiver,
+    alerts_worker,
+    free_port,
+    own_alerts_queue,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("own_alerts_queue")]
+
+
+@pytest.fixture
+def fast_retries(settings):
+    settings.SLUICE_ALERTS_RETRY_BASE = 0.2
+    settings.SLUICE_ALERTS_RETRY_CAP = 3.0
+    settings.SLUICE_ALERTS_DELIVERY_TIMEOUT = 2.0
+    settings.SLUICE_ALERTS_DELIVERY_ATTEMPTS = 4
+    settings.SLUICE_PEEK_DELAY = 0.05
+
+
+def _queue_rule(queue: str, **fields) -> AlertRule:
+    return AlertRule.objects.create(name=fields.pop("name", "backlog"), kind=RuleKind.QUEUE_LENGTH,
+                                    threshold=fields.pop("threshold", 1), filters={"queue": queue},
+                                    clear_after=fields.pop("clear_after", 1), **fields)
+
+
+def test_webhook_retries_500_then_honours_retry_after_on_429_then_delivers(queue, fast_retries, caplog):
+    script = [(500, {}), (429, {"Retry-After": "1"}), (200, {})]
+    with WebhookReceiver(script) as hook:
+        target = AlertTarget.objects.create(name="am", format=TargetFormat.ALERTMANAGER, url=hook.url,
+                                            headers={"Authorization": "Bearer very-secret-header"})
+        _queue_rule(queue)
+        Transport().send_many(queue, [{"n": i} for i in range(3)])
+        caplog.set_level(logging.INFO, logger="sluice")
+        assert evaluate().notifications == 1
+        host = alerts_worker()
+        try:
+            delivery = wait_for(lambda: AlertDelivery.objects.filter(status=DeliveryStatus.SENT).first())
+        finally:
+            host.stop()
+    assert delivery.attempts == 3 and delivery.target == target
+    times = [r[0] for r in hook.requests]
+    assert len(times) == 3
+    assert times[2] - times[1] >= 0.95, "Retry-After: 1 was not honoured"
+    alert = hook.bodies()[-1][0]
+    assert alert["labels"]["alertname"] == "backlog" and alert["labels"]["queue"] == queue
+    assert "endsAt" not in alert and alert["annotations"]["dedup_key"]
+    assert hook.requests[-1][2]["Authorization"] == "Bearer very-secret-header"
+    logs = caplog.text
+    assert "secret-token-abc123" not in logs and "very-secret-header" not in logs
+    assert "attempt 1 failed" in logs
+
+
+def test_email_reaches_a_real_smtp_server(queue, fast_retries, settings):
+    with SmtpReceiver() as smtp:
+        settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+        settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", smtp.port
+        settings.DEFAULT_FROM_EMAIL = "sluice@example.test"
+        AlertTarget.objects.create(name="oncall", format=TargetFormat.EMAIL, recipients="ops@example.test, b@example.test")
+        _queue_rule(queue)
+        Transport().send_many(queue, [{"n": i} for i in range(2)])
+        evaluate()
+        host = alerts_worker()
+        try:
+            wait_for(lambda: smtp.messages)
+        finally:
+            host.stop()
+    sender, rcpts, content = smtp.messages[0]
+    assert rcpts == ["ops@example.test", "b@example.test"]
+    assert "[FIRING] backlog" in content and queue in content
+
+
+def test_a_target_that_never_answers_fails_for_good_and_raises_a_self_health_alert(queue, fast_retries, settings):
+    settings.SLUICE_ALERTS_DELIVERY_ATTEMPTS = 2
+    dead = f"http://127.0.0.1:{free_port()}/hook/secret-token-xyz987"  # nothing listens
+    AlertTarget.objects.create(name="dead", url=dead)
+    _queue_rule(queue)
+    AlertRule.objects.create(name="deliveries", kind=RuleKind.DELIVERY_FAILED, window_seconds=600)
+    Transport().send(queue, {"n": 1})
+    Transport().send(queue, {"n": 2})
+    evaluate()
+    host = alerts_worker()
+    try:
+        failed = wait_for(lambda: AlertDelivery.objects.filter(status=DeliveryStatus.FAILED).first())
+    finally:
+        host.stop()
+    assert failed.attempts == 2 and "network error" in failed.last_error
+    assert "secret-token-xyz987" not in failed.last_error
+    evaluate()
+    rule = AlertRule.objects.get(name="deliveries")
+    assert rule.alerts.get().labels["target"] == "dead"
+
+
+def test_slack_teams_and_pagerduty_templates(queue, fast_retries):
+    with WebhookReceiver() as hook:
+        for fmt in (TargetFormat.SLACK, TargetFormat.TEAMS, TargetFormat.PAGERDUTY):
+            AlertTarget.objects.create(name=fmt, format=fmt, url=hook.url, routing_key="rk-secret-1234")
+        rule = _queue_rule(queue)
+        Transport().send_many(queue, [{"n": i} for i in range(3)])
+        evaluate()
+        Transport().purge(queue)
+        evaluate()  # clear_after=1: resolved, with the same dedup key
+        host = alerts_worker()
+        try:
+            wait_for(lambda: AlertDelivery.objects.filter(status=DeliveryStatus.SENT).count() == 6)
+        finally:
+            host.stop()
+    bodies = hook.bodies()
+    slack = [b for b in bodies if "text" in b]
+    teams = [b for b in bodies if b.get("type") == "message"]
+    pd = [b for b in bodies if "routing_key" in b]
+    assert len(slack) == len(teams) == len(pd) == 2
+    assert any("[FIRING] backlog" in b["text"] for b in slack) and any("[RESOLVED]" in b["text"] for b in slack)
+    assert teams[0]["attachments"][0]["contentType"] == "application/vnd.microsoft.card.adaptive"
+    assert sorted(b["event_action"] for b in pd) == ["resolve", "trigger"]
+    assert pd[0]["dedup_key"] == pd[1]["dedup_key"] == rule.alerts.get().fingerprint
+
+
+def test_the_rate_limit_per_target_records_what_it_held_back(make_queue, fast_retries):
+    target = AlertTarget.objects.create(name="limited", url="http://127.0.0.1:9/x", max_per_hour=2)
+    queues = [make_queue() for _ in range(3)]
+    AlertRule.objects.create(name="any", kind=RuleKind.QUEUE_LENGTH, threshold=0, filters={"queue": "q_*"})
+    for q in queues:
+        Transport().send(q, {"n": 1})
+    evaluate()
+    statuses = sorted(AlertDelivery.objects.filter(target=target).values_list("status", flat=True))
+    assert statuses.count(DeliveryStatus.RATE_LIMITED) == 1 and len(statuses) == 3
+    # A test notification is never held back.
+    assert send_test_notification(target, timezone.now()).status == DeliveryStatus.PENDING
