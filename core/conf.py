@@ -208,6 +208,7 @@ class SluiceSettings:
     #: Delay before retry n = base × 2^(n-1), with jitter, at most the cap (seconds); a
     #: target's Retry-After is honoured up to the cap.
     ALERTS_RETRY_BASE: float = 1.0
+    #: The longest wait between two delivery attempts (seconds), Retry-After included.
     ALERTS_RETRY_CAP: float = 15.0
     #: Alert rules and targets as JSON (a file path, or the JSON text itself) that
     #: `sluice alerts import` loads: infrastructure as code.

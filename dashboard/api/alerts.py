@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.utils import timezone
+from rest_framework import serializers as f
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -15,7 +16,8 @@ from rest_framework.views import APIView
 from core.alerts.config import export_config
 from core.alerts.models import Alert, AlertDelivery, AlertRule, AlertState, AlertTarget, Silence
 from dashboard import actions
-from dashboard.api.views import _act, _body, doc, int_param
+from dashboard.api.schema import ERRORS_ACT, ERRORS_READ, doc, limit
+from dashboard.api.views import _act, _body, int_param
 
 
 def _iso(value: Any) -> str | None:
@@ -51,8 +53,117 @@ def delivery_json(d: AlertDelivery) -> dict[str, Any]:
             "last_error": d.last_error, "created_at": _iso(d.created_at), "finished_at": _iso(d.finished_at)}
 
 
+# -- response shapes (the OpenAPI schema; schemathesis checks answers against them) ----------------
+
+def _when() -> f.DateTimeField:
+    return f.DateTimeField(allow_null=True)
+
+
+class AlertShape(f.Serializer):
+    id = f.IntegerField()
+    rule = f.CharField()
+    fingerprint = f.CharField()
+    labels = f.DictField()
+    state = f.CharField()
+    summary = f.CharField(allow_blank=True)
+    value = f.FloatField(allow_null=True)
+    started_at, fired_at, resolved_at = _when(), _when(), _when()
+    notified = f.BooleanField()
+
+
+class AlertsShape(f.Serializer):
+    active = AlertShape(many=True)
+    history = AlertShape(many=True)
+
+
+class RuleShape(f.Serializer):
+    id = f.IntegerField()
+    name = f.CharField()
+    kind = f.CharField()
+    threshold = f.FloatField()
+    window_seconds = f.FloatField()
+    for_seconds = f.FloatField()
+    clear_after = f.IntegerField()
+    severity = f.CharField()
+    filters = f.DictField()
+    targets = f.ListField(child=f.CharField())
+    enabled = f.BooleanField()
+
+
+class RulesShape(f.Serializer):
+    rules = RuleShape(many=True)
+
+
+class TargetShape(f.Serializer):
+    id = f.IntegerField()
+    name = f.CharField()
+    format = f.CharField()
+    address = f.CharField(allow_blank=True, help_text="Scheme and host only: never the path, token or key.")
+    has_headers = f.BooleanField()
+    has_routing_key = f.BooleanField()
+    max_per_hour = f.IntegerField()
+    enabled = f.BooleanField()
+
+
+class TargetsShape(f.Serializer):
+    targets = TargetShape(many=True)
+
+
+class SilenceShape(f.Serializer):
+    id = f.IntegerField()
+    rule = f.CharField(allow_null=True)
+    matchers = f.DictField()
+    starts_at, ends_at = _when(), _when()
+    comment = f.CharField(allow_blank=True)
+    created_by = f.CharField(allow_blank=True)
+
+
+class SilencesShape(f.Serializer):
+    silences = SilenceShape(many=True)
+
+
+class DeliveryShape(f.Serializer):
+    id = f.IntegerField()
+    target = f.CharField()
+    event = f.CharField()
+    rule = f.CharField(allow_null=True)
+    fingerprint = f.CharField(allow_null=True)
+    status = f.CharField()
+    attempts = f.IntegerField()
+    last_error = f.CharField(allow_blank=True)
+    created_at, finished_at = _when(), _when()
+
+
+class DeliveriesShape(f.Serializer):
+    deliveries = DeliveryShape(many=True)
+
+
+class Saved(f.Serializer):
+    saved = f.IntegerField()
+    audit_id = f.IntegerField(required=False, allow_null=True)
+
+
+class Count(f.Serializer):
+    """``deleted``, ``queued``, ``created`` or ``ended``: how many things the action changed."""
+
+    deleted = f.IntegerField(required=False)
+    queued = f.IntegerField(required=False)
+    created = f.IntegerField(required=False)
+    ended = f.IntegerField(required=False)
+
+
+class Imported(f.Serializer):
+    imported = f.IntegerField()
+    detail = f.CharField(allow_blank=True)
+
+
+class Config(f.Serializer):
+    targets = f.ListField(child=f.DictField())
+    rules = f.ListField(child=f.DictField())
+
+
 class AlertList(APIView):
-    @doc(summary="Firing and pending alerts, and the newest resolved ones")
+    @doc(AlertsShape, summary="Firing and pending alerts, and the newest resolved ones", parameters=[limit(100, 500)])
     def get(self, request: Request) -> Response:
         limit = int_param(request, "limit", 100)
         active = Alert.objects.filter(state__in=(AlertState.FIRING, AlertState.PENDING)).select_related("rule")
@@ -62,33 +173,39 @@ class AlertList(APIView):
 
 
 class RuleList(APIView):
-    @doc(summary="Alert rules")
+    audit_action = "save_alert_rule"
+
+    @doc(RulesShape, summary="Alert rules")
     def get(self, request: Request) -> Response:
         return Response({"rules": [rule_json(r) for r in AlertRule.objects.prefetch_related("targets")]})
 
-    @doc(summary="Create (or, by name, update) a rule")
+    @doc(Saved, code=201, errors=ERRORS_ACT, summary="Create (or, by name, update) a rule")
     def post(self, request: Request) -> Response:
         return _act(lambda: actions.save_alert_rule(request.user, _body(request), via="api"),
                     lambda r: {"saved": r.count, "audit_id": r.audit_id}, status.HTTP_201_CREATED)
 
 
 class RuleItem(APIView):
-    @doc(summary="Change a rule")
+    audit_action = "save_alert_rule"
+
+    @doc(Saved, errors=ERRORS_ACT, summary="Change a rule")
     def put(self, request: Request, pk: int) -> Response:
         return _act(lambda: actions.save_alert_rule(request.user, _body(request), pk, via="api"),
                     lambda r: {"saved": r.count})
 
-    @doc(summary="Delete a rule and its alerts", request=None)
+    @doc(Count, errors=ERRORS_ACT, summary="Delete a rule and its alerts", request=None)
     def delete(self, request: Request, pk: int) -> Response:
         return _act(lambda: actions.delete_alert_rule(request.user, pk, via="api"), lambda r: {"deleted": r.count})
 
 
 class TargetList(APIView):
-    @doc(summary="Notification targets (secrets never returned)")
+    audit_action = "save_alert_target"
+
+    @doc(TargetsShape, summary="Notification targets (secrets never returned)")
     def get(self, request: Request) -> Response:
         return Response({"targets": [target_json(t) for t in AlertTarget.objects.all()]})
 
-    @doc(summary="Create (or, by name, update) a target")
+    @doc(Saved, code=201, errors=ERRORS_ACT, summary="Create (or, by name, update) a target")
     def post(self, request: Request) -> Response:
         data = _body(request)
         existing = AlertTarget.objects.filter(name=str(data.get("name", "")).strip()).values_list("pk", flat=True).first()
@@ -97,43 +214,53 @@ class TargetList(APIView):
 
 
 class TargetItem(APIView):
-    @doc(summary="Change a target (an empty url / routing_key keeps the stored one)")
+    audit_action = "save_alert_target"
+
+    @doc(Saved, errors=ERRORS_ACT, summary="Change a target (an empty url / routing_key keeps the stored one)")
     def put(self, request: Request, pk: int) -> Response:
         return _act(lambda: actions.save_alert_target(request.user, _body(request), pk, via="api"),
                     lambda r: {"saved": r.count})
 
-    @doc(summary="Delete a target", request=None)
+    @doc(Count, errors=ERRORS_ACT, summary="Delete a target", request=None)
     def delete(self, request: Request, pk: int) -> Response:
         return _act(lambda: actions.delete_alert_target(request.user, pk, via="api"), lambda r: {"deleted": r.count})
 
 
 class TargetTest(APIView):
-    @doc(summary="Queue a test notification to the target", request=None)
+    audit_action = "test_alert_target"
+
+    @doc(Count, code=202, errors=ERRORS_ACT, summary="Queue a test notification to the target", request=None)
     def post(self, request: Request, pk: int) -> Response:
         return _act(lambda: actions.test_alert_target(request.user, pk, via="api"), lambda r: {"queued": r.count},
                     status.HTTP_202_ACCEPTED)
 
 
 class SilenceList(APIView):
-    @doc(summary="Silences and maintenance windows that have not ended")
+    audit_action = "create_silence"
+
+    @doc(SilencesShape, summary="Silences and maintenance windows that have not ended")
     def get(self, request: Request) -> Response:
         current = Silence.objects.filter(ends_at__gt=timezone.now()).select_related("rule")
         return Response({"silences": [silence_json(s) for s in current]})
 
-    @doc(summary="Silence a rule (or every rule) until a time: {rule, matchers, starts_at, ends_at | minutes, comment}")
+    @doc(Count, code=201, errors=ERRORS_ACT,
+         summary="Silence a rule (or every rule) until a time: {rule, matchers, starts_at, ends_at | minutes, comment}")
     def post(self, request: Request) -> Response:
         return _act(lambda: actions.create_silence(request.user, _body(request), via="api"),
                     lambda r: {"created": r.count}, status.HTTP_201_CREATED)
 
 
 class SilenceItem(APIView):
-    @doc(summary="End a silence now", request=None)
+    audit_action = "expire_silence"
+
+    @doc(Count, errors=ERRORS_ACT, summary="End a silence now", request=None)
     def delete(self, request: Request, pk: int) -> Response:
         return _act(lambda: actions.expire_silence(request.user, pk, via="api"), lambda r: {"ended": r.count})
 
 
 class DeliveryList(APIView):
-    @doc(summary="Notifications, newest first (failed ones with their reason)")
+    @doc(DeliveriesShape, summary="Notifications, newest first (failed ones with their reason)",
+         parameters=[limit(100, 500)])
     def get(self, request: Request) -> Response:
         limit = int_param(request, "limit", 100)
         rows = AlertDelivery.objects.select_related("target", "alert__rule")
@@ -143,13 +270,15 @@ class DeliveryList(APIView):
 
 
 class ConfigImport(APIView):
-    @doc(summary="Create or update rules and targets from {targets: [...], rules: [...]}")
+    audit_action = "import_alerts"
+
+    @doc(Imported, errors=ERRORS_ACT, summary="Create or update rules and targets from {targets: [...], rules: [...]}")
     def post(self, request: Request) -> Response:
         return _act(lambda: actions.import_alerts(request.user, request.data, via="api"),
                     lambda r: {"imported": r.count, "detail": r.message})
 
 
 class ConfigExport(APIView):
-    @doc(summary="Rules and targets as the import takes them, secrets left out")
+    @doc(Config, errors=ERRORS_READ, summary="Rules and targets as the import takes them, secrets left out")
     def get(self, request: Request) -> Response:
         return Response(export_config())

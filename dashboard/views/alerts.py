@@ -24,7 +24,7 @@ from core.alerts.models import (
 from core.alerts.notify import active_silences, silenced
 from dashboard import actions
 from dashboard.permissions import viewer_required
-from dashboard.views.common import act, page
+from dashboard.views.common import act, operator_only, page
 
 #: Rows per list (history and deliveries: the newest).
 LIMIT = 50
@@ -82,19 +82,19 @@ def _back() -> str:
     return reverse("dashboard:alerts")
 
 
-@viewer_required
+@operator_only("save_alert_rule")
 @require_POST
 def rule_save(request: HttpRequest) -> HttpResponse:
     return act(request, lambda: actions.save_alert_rule(request.user, rule_from_form(request.POST), via="web"), _back())
 
 
-@viewer_required
+@operator_only("delete_alert_rule")
 @require_POST
 def rule_delete(request: HttpRequest, pk: int) -> HttpResponse:
     return act(request, lambda: actions.delete_alert_rule(request.user, pk, via="web"), _back())
 
 
-@viewer_required
+@operator_only("save_alert_target")
 @require_POST
 def target_save(request: HttpRequest) -> HttpResponse:
     existing = AlertTarget.objects.filter(name=request.POST.get("name", "").strip()).values_list("pk", flat=True).first()
@@ -102,19 +102,19 @@ def target_save(request: HttpRequest) -> HttpResponse:
                                                           via="web"), _back())
 
 
-@viewer_required
+@operator_only("delete_alert_target")
 @require_POST
 def target_delete(request: HttpRequest, pk: int) -> HttpResponse:
     return act(request, lambda: actions.delete_alert_target(request.user, pk, via="web"), _back())
 
 
-@viewer_required
+@operator_only("test_alert_target")
 @require_POST
 def target_test(request: HttpRequest, pk: int) -> HttpResponse:
     return act(request, lambda: actions.test_alert_target(request.user, pk, via="web"), _back())
 
 
-@viewer_required
+@operator_only("create_silence")
 @require_POST
 def silence_create(request: HttpRequest) -> HttpResponse:
     data = {"rule": request.POST.get("rule", ""), "starts_at": request.POST.get("starts_at", ""),
@@ -123,13 +123,13 @@ def silence_create(request: HttpRequest) -> HttpResponse:
     return act(request, lambda: actions.create_silence(request.user, data, via="web"), _back())
 
 
-@viewer_required
+@operator_only("expire_silence")
 @require_POST
 def silence_expire(request: HttpRequest, pk: int) -> HttpResponse:
     return act(request, lambda: actions.expire_silence(request.user, pk, via="web"), _back())
 
 
-@viewer_required
+@operator_only("import_alerts")
 @require_POST
 def import_config(request: HttpRequest) -> HttpResponse:
     def run():
