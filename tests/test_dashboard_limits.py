@@ -331,8 +331,9 @@ def test_mssql_bounds_lock_waits_and_resets_them():
     from core.dialects import MSSQLDialect, PostgreSQLDialect
 
     assert MSSQLDialect().statement_timeout(5) == ("SET LOCK_TIMEOUT 5000", [])
+    assert MSSQLDialect().statement_timeout_reset() == ("SET LOCK_TIMEOUT -1", [])
     assert PostgreSQLDialect().statement_timeout(0.25) == (
-        "SELECT set_config('statement_timeout', %s, true)", ["250"])
+        "SELECT set_config('statement_timeout', %s, false)", ["250"])
 
 
 # -- item 2: capped counts, groups cut in SQL, search that does not scan ----------------------------
