@@ -3,14 +3,14 @@
 A page that asks the database for something unaffordable (a search over millions of rows,
 a lock a long purge holds) must answer with a message in seconds, not hold a gunicorn worker
 and a database connection until the proxy gives up.  GET requests' statements are bounded by
-the dialect (in one transaction where its limit needs one) (core/dialects: PostgreSQL statement_timeout, SQL Server
+the dialect for the request's duration, in autocommit (no transaction a caught error would
+abort) (core/dialects: PostgreSQL statement_timeout, SQL Server
 LOCK_TIMEOUT, SQLite a progress handler); a statement stopped so gives a 503 page / JSON error
 that says which limit was reached.  Writes (POST…) are not bounded here: their bulk work runs
 on the workers, and an action half-stopped would be worse than a slow one.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import Callable
 
@@ -38,10 +38,9 @@ class StatementTimeoutMiddleware:
         alias = get_settings().DATABASE
         connection = connections[alias]
         dialect = dialect_for(connection)
-        scope = transaction.atomic(using=alias) if dialect.bounded_needs_transaction else contextlib.nullcontext()
-        with scope, dialect.bounded(connection, seconds):
+        with dialect.bounded(connection, seconds):
             response = self.get_response(request)
-        if isinstance(response, _Stopped):  # rendered now, outside the rolled-back transaction
+        if isinstance(response, _Stopped):  # rendered now, without the bound
             return _timed_out(request, seconds)
         return response
 
@@ -51,7 +50,7 @@ class StatementTimeoutMiddleware:
         if not isinstance(exc, DatabaseError) or not dialect_for(connections[alias]).is_statement_timeout(exc):
             return None
         if connections[alias].in_atomic_block:
-            transaction.set_rollback(True, using=alias)  # the failed transaction is rolled back, not committed
+            transaction.set_rollback(True, using=alias)  # a view's own transaction: rolled back, not committed
         seconds = get_settings().DASHBOARD_STATEMENT_TIMEOUT
         log.warning("%s %s stopped: a query ran past %s s (SLUICE_DASHBOARD_STATEMENT_TIMEOUT)",
                     request.method, request.path, seconds)

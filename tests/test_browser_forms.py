@@ -4,7 +4,6 @@ nobody touched and takes a body up to SLUICE_MAX_BODY_BYTES.  Setup: tests/brows
 from __future__ import annotations
 
 import datetime as dt
-import uuid
 
 import pytest
 
@@ -12,29 +11,15 @@ from tests.browser_support import (  # noqa: F401 — fixtures
     BROWSER_MARKS, NetworkLog, browser_context_args, browser_type_launch_args, celery_worker, login, worker_broker,
 )
 from tests.dashboard_pages_support import _fresh_dashboard_cache, fail_message, make_user  # noqa: F401
+from tests.test_browser_dashboard import shop  # noqa: F401 — fixture
 
 from playwright.sync_api import expect  # noqa: E402
 
 from core.models import BulkOperation  # noqa: E402
-from core.queues import create_queue, delete_queue, registry  # noqa: E402
 from core.transport import Transport  # noqa: E402
 
 pytestmark = BROWSER_MARKS
 MIB = 1024 * 1024
-
-
-@pytest.fixture
-def shop(live_server):
-    name = f"shop_{uuid.uuid4().hex[:8]}"
-    create_queue("error", kind="error")
-    create_queue(name)
-    Transport().purge("error")
-    yield name
-    try:
-        delete_queue(name)
-    finally:
-        registry.forget(name)
-    Transport().purge("error")
 
 
 def ready(page, button) -> None:
@@ -42,15 +27,20 @@ def ready(page, button) -> None:
     page.wait_for_function("b => !!b['htmx-internal-data']", arg=button.element_handle(), timeout=30_000)
 
 
-def test_archive_old_as_rendered_starts_an_archive(live_server, page, shop):
-    old = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=30)
-    fail_message(shop, failed_at=old)
-    fail_message(shop)
-    login(page, live_server.url, make_user("operator").username, "/failed/")
+def click_archive_old(page, base_url: str) -> None:
+    """As an operator on /failed/: the "Archive old" button as rendered (7 days), confirmed."""
+    login(page, base_url, make_user("operator").username, "/failed/")
     page.on("dialog", lambda d: d.accept())
     button = page.get_by_role("button", name="Archive old")
     ready(page, button)
     button.click()
+
+
+def test_archive_old_as_rendered_starts_an_archive(live_server, page, shop):
+    old = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=30)
+    fail_message(shop, failed_at=old)
+    fail_message(shop)
+    click_archive_old(page, live_server.url)
     expect(page.locator(".messages")).to_contain_text("Archive of 1 message(s) started")
     op = BulkOperation.objects.get()
     assert op.kind == "archive" and op.total == 1
@@ -58,11 +48,7 @@ def test_archive_old_as_rendered_starts_an_archive(live_server, page, shop):
 
 def test_archive_old_with_nothing_that_old_says_so_on_the_page(live_server, page, shop):
     fail_message(shop)
-    login(page, live_server.url, make_user("operator").username, "/failed/")
-    page.on("dialog", lambda d: d.accept())
-    button = page.get_by_role("button", name="Archive old")
-    ready(page, button)
-    button.click()
+    click_archive_old(page, live_server.url)
     expect(page.locator("#flash")).to_contain_text("nothing to archive")
     assert BulkOperation.objects.count() == 0
 

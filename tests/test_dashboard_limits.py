@@ -11,11 +11,11 @@ from django.db import connections
 from django.test.utils import CaptureQueriesContext
 
 from core.conf import get_settings
-from core.delayed import delayed_store
 from core.scheduling import DelayedMessage
 from core.transport import Transport
 from dashboard import stats
 from tests.dashboard_api_support import api, clean_broker  # noqa: F401 — fixture
+from tests.test_dashboard_api import delayed  # noqa: F401 — fixture
 from tests.dashboard_pages_support import (  # noqa: F401 — fixtures
     _fresh_dashboard_cache, fail_message, operator, operator_client, viewer, viewer_client,
 )
@@ -39,15 +39,6 @@ def big_queue(make_queue) -> str:
     for i in range(6):
         transport.send(name, b"x" * (4 * MIB - 1024), message_id=f"big-{i}")
     return name
-
-
-@pytest.fixture
-def delayed(transactional_db):
-    store = delayed_store()
-    store.setup_infrastructure()
-    yield store
-    for message in store.list(10_000)[0]:
-        store.delete(message.id)
 
 
 # -- item 1: lists select lengths ---------------------------------------------------------------
@@ -340,8 +331,9 @@ def test_mssql_bounds_lock_waits_and_resets_them():
     from core.dialects import MSSQLDialect, PostgreSQLDialect
 
     assert MSSQLDialect().statement_timeout(5) == ("SET LOCK_TIMEOUT 5000", [])
+    assert MSSQLDialect().statement_timeout_reset() == ("SET LOCK_TIMEOUT -1", [])
     assert PostgreSQLDialect().statement_timeout(0.25) == (
-        "SELECT set_config('statement_timeout', %s, true)", ["250"])
+        "SELECT set_config('statement_timeout', %s, false)", ["250"])
 
 
 # -- item 2: capped counts, groups cut in SQL, search that does not scan ----------------------------

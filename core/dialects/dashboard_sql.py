@@ -11,25 +11,32 @@ class DashboardSQL:
 
     #: Error codes of a statement the database stopped because :meth:`bounded`'s time ran out.
     statement_timeout_errors: frozenset[str] = frozenset()
-    #: :meth:`bounded` works only inside a transaction (PostgreSQL's limit is transaction-local).
-    #: SQLite's is not: a transaction there would take the write lock (BEGIN IMMEDIATE) for a read.
-    bounded_needs_transaction: bool = True
-
     def statement_timeout(self, seconds: float) -> tuple[str, list[Any]] | None:
-        """A statement that makes the database cancel every later statement of the current
-        transaction that runs longer than ``seconds``; None where there is none."""
+        """A statement that makes the database cancel every later statement of the session
+        that runs longer than ``seconds``; None where there is none."""
+        return None
+
+    def statement_timeout_reset(self) -> tuple[str, list[Any]] | None:
+        """The statement that lifts :meth:`statement_timeout` again."""
         return None
 
     @contextlib.contextmanager
     def bounded(self, connection: Any, seconds: float) -> Iterator[None]:
-        """Inside a transaction on Django ``connection``: its statements are cancelled past
-        ``seconds`` each (a dashboard page must not hold a worker and the database for
-        minutes).  :meth:`is_statement_timeout` tells such a cancel from other errors."""
+        """On Django ``connection`` (in autocommit: no transaction to abort, so a view that
+        catches a database error can go on), statements are cancelled past ``seconds`` each
+        until the block ends: a dashboard page must not hold a worker and the database for
+        minutes.  :meth:`is_statement_timeout` tells such a cancel from other errors."""
         statement = self.statement_timeout(seconds)
-        if statement is not None:
+        if statement is None:
+            yield
+            return
+        with connection.cursor() as cursor:
+            cursor.execute(*statement)
+        try:
+            yield
+        finally:  # the connection's next user (an action, another request) is not bounded
             with connection.cursor() as cursor:
-                cursor.execute(*statement)
-        yield
+                cursor.execute(*self.statement_timeout_reset())
 
     def is_statement_timeout(self, exc: BaseException) -> bool:
         return self._has_code(exc, self.statement_timeout_errors)

@@ -10,10 +10,9 @@
 """
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import re
-from typing import Any, Iterator
+from typing import Any
 
 from core.dialects.base import Dialect
 from core.dialects.delayed_sql import DELAYED_COLUMNS, DelayedSQL
@@ -46,24 +45,14 @@ class MSSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
 
     #: 1222: lock request time out; HYT00: the driver's query timeout.
     statement_timeout_errors = frozenset({"1222", "HYT00"})
-    bounded_needs_transaction = False
 
     def statement_timeout(self, seconds: float) -> tuple[str, list[Any]]:
         # SQL Server has no server-side limit on a statement's run time (that is the driver's
         # query timeout); what makes a dashboard read hang is waiting for locks, so bound that.
         return (f"SET LOCK_TIMEOUT {max(int(seconds * 1000), 1)}", [])
 
-    @contextlib.contextmanager
-    def bounded(self, connection: Any, seconds: float) -> Iterator[None]:
-        # LOCK_TIMEOUT lasts for the session: set back to "wait for ever" (-1) afterwards, so
-        # the connection's next user (a pump, an action) is not bounded by the dashboard's.
-        with connection.cursor() as cursor:
-            cursor.execute(*self.statement_timeout(seconds))
-        try:
-            yield
-        finally:
-            with connection.cursor() as cursor:
-                cursor.execute("SET LOCK_TIMEOUT -1")
+    def statement_timeout_reset(self) -> tuple[str, list[Any]]:
+        return ("SET LOCK_TIMEOUT -1", [])  # wait for ever, the default
 
     def error_codes(self, exc: BaseException) -> set[str]:
         # pyodbc / mssql-python: args = (SQLSTATE, "[SQLSTATE] [driver]… message (number) (SQLExecDirectW)").

@@ -283,8 +283,11 @@ class PostgreSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
     statement_timeout_errors = frozenset({"57014"})  # query_canceled
 
     def statement_timeout(self, seconds: float) -> tuple[str, list[Any]]:
-        # SET LOCAL takes no bound parameter; set_config(..., true) is the same, transaction-local.
-        return ("SELECT set_config('statement_timeout', %s, true)", [str(max(int(seconds * 1000), 1))])
+        # SET takes no bound parameter; set_config(..., false) is the same, for the session.
+        return ("SELECT set_config('statement_timeout', %s, false)", [str(max(int(seconds * 1000), 1))])
+
+    def statement_timeout_reset(self) -> tuple[str, list[Any]]:
+        return ("RESET statement_timeout", [])
 
     def failed_search_expression(self) -> str:
         return ('UPPER("message_id" || \' \' || "exception_type" || \' \' || "exception_message" || \' \' '

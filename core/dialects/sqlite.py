@@ -36,7 +36,6 @@ class SQLiteDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
 
     #: SQLITE_INTERRUPT: the progress handler of :meth:`bounded` stopped the statement.
     statement_timeout_errors = frozenset({"9"})
-    bounded_needs_transaction = False
 
     @contextlib.contextmanager
     def bounded(self, connection: Any, seconds: float) -> Iterator[None]:

@@ -240,7 +240,7 @@ class FailedGroups(APIView):
             {"key": g.group_key, "title": g.title, "count": g.count,
              "first_failed_at": g.first_failed.isoformat() if g.first_failed else None,
              "last_failed_at": g.last_failed.isoformat(), "exception_type": g.exception_type}
-            for g in failures.groups(by=by, status=status_, limit=1000)]})
+            for g in searching.cached_groups(by, status_, "", "", limit=1000)]})
 
 
 class FailedItem(APIView):

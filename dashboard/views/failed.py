@@ -6,7 +6,6 @@ this module only turns forms into selections and outcomes into pages."""
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 from typing import Any, Callable
 
 from django.db.models import Q
@@ -18,10 +17,9 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
 from core import failures
-from core.conf import get_settings
 from core.messages import Headers
 from core.models import BulkOperation, BulkOperationStatus, FailedMessage, FailureStatus
-from dashboard import actions, stats
+from dashboard import actions
 from dashboard import searching as searching_module
 from dashboard.actions import ActionError, validate
 from dashboard.masking import mask_body, mask_headers
@@ -86,7 +84,7 @@ def _groups(by: str, f: dict[str, Any]) -> list[dict[str, Any]]:
     needs: the filter its link applies, whether bulk buttons apply, the confirmation text."""
     status = "unresolved" if f["status"] == "all" else f["status"]
     out = []
-    for g in _cached_groups(by, status, f["queue"], f["type"]):
+    for g in searching_module.cached_groups(by, status, f["queue"], f["type"], GROUPS_LISTED):
         key = g.group_key
         filt = {"group": key} if by == "exception" else ({"type": key} if by == "message_type" else {"queue": key})
         out.append({"key": key, "title": g.title, "count": g.count, "first": g.first_failed, "last": g.last_failed,
@@ -94,19 +92,6 @@ def _groups(by: str, f: dict[str, Any]) -> list[dict[str, Any]]:
                     "confirm": f"Retry the {g.count} message(s) of this group? Each goes back to its queue and is "
                                "processed again: side effects may repeat."})
     return out
-
-
-def _cached_groups(by: str, status: str, queue: str, message_type: str) -> list[failures.FailureGroup]:
-    """The GROUPS_LISTED largest groups, cut in SQL and shared by every viewer for
-    SLUICE_DASHBOARD_CACHE_SECONDS like the overview's snapshot: grouping a million records
-    costs a few hundred milliseconds, too much for every page view during an incident."""
-    key = "sluice:dashboard:groups:" + hashlib.sha1(repr((by, status, queue, message_type)).encode()).hexdigest()
-    found = stats.cache_get(key)
-    if found is None:
-        found = failures.groups(by, status=status, queue=queue or None, message_type=message_type or None,
-                                limit=GROUPS_LISTED)
-        stats.cache_set(key, found, get_settings().DASHBOARD_CACHE_SECONDS)
-    return found
 
 
 def _page_of(qs, request: HttpRequest):
