@@ -190,8 +190,13 @@ class SluiceMachine(RuleBasedStateMachine):
     @traced
     def send_many(self, plans: list[str], batch: bool, ttl: float | None, message_id: str | None) -> None:
         bodies = [self._sent(plan, batch, ttl) for plan in plans]
+        # send_many(message_id=X) gives every message of the call the id X: with process C
+        # running, the outbox would rightly treat all but the first it handles as copies of
+        # one message (soak run of 2026-11-26, "m6 (ok): lost").  Shared ids are exercised
+        # in the default mode only.
+        shared = None if self.outbox and len(bodies) > 1 else self._message_id(message_id)
         self.transport.send_many(self.world.queue, bodies, message_type="Batch" if batch else "Work", ttl=ttl,
-                                 message_id=self._message_id(message_id))
+                                 message_id=shared)
 
     @rule(plans=st.lists(st.sampled_from(BATCH_PLANS), min_size=1, max_size=3), batch=st.booleans(),
           delay=st.sampled_from([0.2, 0.6]), ttl=TTLS)
