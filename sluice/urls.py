@@ -7,4 +7,5 @@ urlpatterns = [
 ]
 
 # Under /api/ a crash answers {"error": ...} JSON too (dashboard/api/errors.py).
+handler404 = "dashboard.api.errors.page_not_found"
 handler500 = "dashboard.api.errors.server_error"

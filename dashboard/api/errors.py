@@ -33,6 +33,14 @@ def not_found(request: HttpRequest, rest: str = "") -> JsonResponse:
     return JsonResponse({"error": f"no API endpoint at {request.path[:200]}"}, status=404)
 
 
+def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """Django's 404 handler (sluice/urls.py): JSON under /api/ also for paths no URL pattern
+    can match at all (a path with a line break escapes even ``api/<path:rest>``)."""
+    if request.path.startswith("/api/"):
+        return not_found(request)
+    return defaults.page_not_found(request, exception)
+
+
 def server_error(request: HttpRequest) -> HttpResponse:
     """Django's 500 handler (sluice/urls.py): JSON under /api/, the error page elsewhere."""
     if request.path.startswith("/api/"):

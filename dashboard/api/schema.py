@@ -239,8 +239,14 @@ class RunStarted(f.Serializer):
 # -- query parameters, with the bounds the views enforce ---------------------------------------------
 
 def limit(default: int, high: int) -> OpenApiParameter:
-    return OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": high},
+    return OpenApiParameter("limit", whole(1, high),
                             description=f"Rows per answer (default {default}).")
+
+
+def whole(low: int, high: int) -> dict[str, Any]:
+    """A whole number from ``low`` to ``high``; empty means absent (the default), as for
+    every query parameter of this API."""
+    return {"anyOf": [{"type": "integer", "minimum": low, "maximum": high}, {"type": "string", "enum": [""]}]}
 
 
 def choice(name: str, values: Any, empty: bool = True) -> OpenApiParameter:

@@ -30,6 +30,8 @@ from dashboard.api import serializers as s
 from dashboard.api.schema import ERRORS_ACT, ERRORS_ACT_MORE, ERRORS_READ, doc
 from dashboard.models import AuditEntry, AuditOutcome
 
+#: What ?bodies= takes ("" and the no-words: without bodies).
+BODIES_CHOICES = ("", "0", "1", "false", "true", "no", "yes")
 #: Rows a list returns at most (``limit`` is clamped to this).
 MAX_LIMIT = 500
 #: Failed-message searches count matches up to this many ("count_capped": true beyond).
@@ -109,8 +111,8 @@ class QueueMessages(APIView):
                                   "bodies=1, and then only as many as fit SLUICE_DASHBOARD_API_BODY_BYTES "
                                   "(next_after continues)",
          parameters=[out.limit(50, MAX_LIMIT),
-                     OpenApiParameter("after", {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}),
-                     OpenApiParameter("bodies", bool)])
+                     OpenApiParameter("after", out.whole(0, 2**63 - 1)),
+                     out.choice("bodies", BODIES_CHOICES[1:])])
     def get(self, request: Request, name: str) -> Response:
         info = validate.queue(name)
         limit = int_param(request, "limit", 50)
@@ -118,7 +120,10 @@ class QueueMessages(APIView):
         transport = Transport()
         listed = transport.browse_sizes(info.name, limit=limit, after=after)
         more = len(listed) == limit
-        bodies = request.query_params.get("bodies", "").lower() in ("1", "true", "yes")
+        bodies_raw = request.query_params.get("bodies", "")
+        if bodies_raw not in BODIES_CHOICES:
+            raise ActionError(f"bodies must be one of {', '.join(BODIES_CHOICES[1:])}, not {bodies_raw[:20]!r}")
+        bodies = bodies_raw in ("1", "true", "yes")
         if bodies and listed:
             shown = _with_bodies(transport, info.name, listed, after)
             more = more or len(shown) < len(listed)
