@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _soak(db: str, seconds: float) -> dict[str, Any]:
+    from django.db import connections
     from django.test import override_settings
     from hypothesis import settings
     from hypothesis.stateful import run_state_machine_as_test
@@ -66,6 +67,12 @@ def _soak(db: str, seconds: float) -> dict[str, Any]:
         with override_settings(SLUICE_DELAYED_RETRY_INCREASE=DELAYED_RETRY_INCREASE):
             while time.perf_counter() < deadline:
                 runs += 1
+                # Every run starts on fresh connections, in this thread and in each process
+                # thread: a connection killed between runs (the kill rule, a server restart)
+                # must not fail every run after it (seen once in a 10-minute soak).
+                connections.close_all()
+                for proc in procs.values():
+                    proc.call(connections.close_all)
                 try:
                     run_state_machine_as_test(SluiceMachine, settings=settings(
                         settings.get_profile(SOAK), max_examples=EXAMPLES_PER_RUN))
