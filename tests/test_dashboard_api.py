@@ -29,11 +29,18 @@ def ids_in(queue: str) -> list[str]:
 
 @pytest.fixture
 def delayed(transactional_db):
+    """The delayed store, empty: before the test too, since the store's table outlives the
+    tests that leave delayed retries in it."""
     store = delayed_store()
     store.setup_infrastructure()
+
+    def empty() -> None:
+        for message in store.list(10_000)[0]:
+            store.delete(message.id)
+
+    empty()
     yield store
-    for message in store.list(10_000)[0]:
-        store.delete(message.id)
+    empty()
 
 
 # -- who may do what ---------------------------------------------------------------------------

@@ -5,6 +5,7 @@ app's worker and the Spark worker, Java in the app image, a switch for the sched
 its compose plugin.)"""
 from __future__ import annotations
 
+import re
 from importlib.metadata import version
 from pathlib import Path
 
@@ -33,7 +34,10 @@ def test_compose_has_a_spark_cluster_and_a_shared_volume():
 
 def test_the_app_image_has_java_and_the_pipeline_extra():
     dockerfile = (ROOT / "Dockerfile").read_text()
-    assert "openjdk-17-jre-headless" in dockerfile and 'pip install ".[pipeline]"' in dockerfile
+    assert "openjdk-17-jre-headless" in dockerfile
+    extras = re.search(r"^ARG EXTRAS=(\S+)$", dockerfile, re.M)
+    assert extras and "pipeline" in extras.group(1).split(","), "the image installs the wheel with [pipeline]"
+    assert 'pip install "$(ls /dist/sluice-*.whl)[${EXTRAS}]"' in dockerfile
 
 
 def test_the_schedule_switch_removes_the_beat_entry(settings):
