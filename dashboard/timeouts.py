@@ -23,8 +23,10 @@ from core.dialects import dialect_for
 log = logging.getLogger("sluice.dashboard")
 
 READS = ("GET", "HEAD")
-#: Paths left alone: static files and Django's admin (its own pages).
-EXEMPT = ("/static/", "/admin/")
+#: Paths left alone: static files, Django's admin (its own pages), and /metrics, which
+#: Prometheus scrapes every few seconds: it answers from the snapshot cache (whose refresh
+#: runs capped queries), and a SET/RESET pair per scrape would be two round trips for nothing.
+EXEMPT = ("/static/", "/admin/", "/metrics")
 
 
 class StatementTimeoutMiddleware:
