@@ -210,6 +210,9 @@ class MessagePump:
                 return self.receive_breaker.failure(exc)
             self.receive_breaker.success()
             if estimate == 0:
+                # The database answers and nothing waits: a processing breaker armed by an
+                # outage closes here too, or an idle queue's would stay armed for ever.
+                self.processing_breaker.success()
                 return self._short(lane)
             want = min(want, estimate)
         try:

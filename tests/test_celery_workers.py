@@ -430,8 +430,13 @@ def test_postgresql_outage_triggers_breakers_and_everything_resumes_exactly_once
                                  f"{t.counts('demo').total} in the queue; breakers not closed: {stuck}") from None
         wait_for(lambda: delayed_count() == 0 and t.counts("demo").total == 0, timeout=30, what="all moved")
         wait_for(lambda: t.counts(expiring).total == 0, timeout=30, interval=0.5, what="the periodic purge again")
-        wait_for(lambda: all(b["state"] == "closed" for b in cluster.heartbeat(worker)["breakers"]),
-                 timeout=30, interval=0.5, what="every breaker closed again")
+        try:
+            wait_for(lambda: all(b["state"] == "closed" for b in cluster.heartbeat(worker)["breakers"]),
+                     timeout=30, interval=0.5, what="every breaker closed again")
+        except AssertionError as exc:
+            open_ = {b["name"]: (b["state"], b["last_error"][:120]) for b in cluster.heartbeat(worker)["breakers"]
+                     if b["state"] != "closed"}
+            raise AssertionError(f"{exc}: {open_}") from None
         assert worker.alive
         assert worker.terminate() == 0
         assert beat.terminate() == 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
 from rest_framework import serializers as f
 from rest_framework import status
 from rest_framework.request import Request
@@ -179,7 +180,7 @@ class RuleList(APIView):
     def get(self, request: Request) -> Response:
         return Response({"rules": [rule_json(r) for r in AlertRule.objects.prefetch_related("targets")]})
 
-    @doc(Saved, code=201, errors=ERRORS_ACT, summary="Create (or, by name, update) a rule")
+    @doc(Saved, code=201, errors=ERRORS_ACT, summary="Create (or, by name, update) a rule", request=OpenApiTypes.OBJECT)
     def post(self, request: Request) -> Response:
         return _act(lambda: actions.save_alert_rule(request.user, _body(request), via="api"),
                     lambda r: {"saved": r.count, "audit_id": r.audit_id}, status.HTTP_201_CREATED)
@@ -188,7 +189,7 @@ class RuleList(APIView):
 class RuleItem(APIView):
     audit_action = "save_alert_rule"
 
-    @doc(Saved, errors=ERRORS_ACT, summary="Change a rule")
+    @doc(Saved, errors=ERRORS_ACT, summary="Change a rule", request=OpenApiTypes.OBJECT)
     def put(self, request: Request, pk: int) -> Response:
         return _act(lambda: actions.save_alert_rule(request.user, _body(request), pk, via="api"),
                     lambda r: {"saved": r.count})
@@ -205,7 +206,7 @@ class TargetList(APIView):
     def get(self, request: Request) -> Response:
         return Response({"targets": [target_json(t) for t in AlertTarget.objects.all()]})
 
-    @doc(Saved, code=201, errors=ERRORS_ACT, summary="Create (or, by name, update) a target")
+    @doc(Saved, code=201, errors=ERRORS_ACT, summary="Create (or, by name, update) a target", request=OpenApiTypes.OBJECT)
     def post(self, request: Request) -> Response:
         data = _body(request)
         existing = AlertTarget.objects.filter(name=str(data.get("name", "")).strip()).values_list("pk", flat=True).first()
@@ -216,7 +217,7 @@ class TargetList(APIView):
 class TargetItem(APIView):
     audit_action = "save_alert_target"
 
-    @doc(Saved, errors=ERRORS_ACT, summary="Change a target (an empty url / routing_key keeps the stored one)")
+    @doc(Saved, errors=ERRORS_ACT, summary="Change a target (an empty url / routing_key keeps the stored one)", request=OpenApiTypes.OBJECT)
     def put(self, request: Request, pk: int) -> Response:
         return _act(lambda: actions.save_alert_target(request.user, _body(request), pk, via="api"),
                     lambda r: {"saved": r.count})
@@ -244,7 +245,7 @@ class SilenceList(APIView):
         return Response({"silences": [silence_json(s) for s in current]})
 
     @doc(Count, code=201, errors=ERRORS_ACT,
-         summary="Silence a rule (or every rule) until a time: {rule, matchers, starts_at, ends_at | minutes, comment}")
+         summary="Silence a rule (or every rule) until a time: {rule, matchers, starts_at, ends_at | minutes, comment}", request=OpenApiTypes.OBJECT)
     def post(self, request: Request) -> Response:
         return _act(lambda: actions.create_silence(request.user, _body(request), via="api"),
                     lambda r: {"created": r.count}, status.HTTP_201_CREATED)
@@ -272,7 +273,7 @@ class DeliveryList(APIView):
 class ConfigImport(APIView):
     audit_action = "import_alerts"
 
-    @doc(Imported, errors=ERRORS_ACT, summary="Create or update rules and targets from {targets: [...], rules: [...]}")
+    @doc(Imported, errors=ERRORS_ACT, summary="Create or update rules and targets from {targets: [...], rules: [...]}", request=OpenApiTypes.OBJECT)
     def post(self, request: Request) -> Response:
         return _act(lambda: actions.import_alerts(request.user, request.data, via="api"),
                     lambda r: {"imported": r.count, "detail": r.message})
