@@ -211,7 +211,10 @@ def test_random_failures_over_20000_messages_with_two_workers_leave_every_row_ex
             w.wait(30)
     rows = list(PingRecord.objects.values_list("message_id", flat=True))
     assert len(rows) == 20_000 and set(rows) == set(ids)
-    assert transport.counts(error_queue).total == 0
+    # None of ours in the error queue (the workers' delayed movers may move other tests'
+    # leftovers there: delayed retries whose queues those tests dropped).
+    errored = {m.headers.get(Headers.MESSAGE_ID, m.id) for m in transport.browse(error_queue, limit=10_000)}
+    assert not errored & set(ids)
     retried = sum(int(line.split("retried ")[1].split(",")[0])
                   for w in workers for line in w.output if ": received " in line)
     assert retried > 500  # about 5 % of 20,000 attempts failed, and each was retried
