@@ -187,6 +187,10 @@ def handler(queue: str, message_type: str | None = None, *, batch: bool = False)
     return register
 
 
+#: The module that serves the alerts queue (its ``register()`` adds the handler).
+ALERTS_HANDLER_MODULE = "core.alerts.delivery"
+
+
 def load_handler_modules() -> None:
     """Import the modules named in SLUICE_HANDLER_MODULES so their handlers register; with
     SLUICE_ALERTS_ENABLED, also the alerts queue's (so `sluice setup` creates that queue and
@@ -194,6 +198,6 @@ def load_handler_modules() -> None:
     for module in get_settings().HANDLER_MODULES:
         importlib.import_module(module)
     if get_settings().ALERTS_ENABLED:
-        from core.alerts.delivery import register  # here: core.alerts imports this module
-
-        register()
+        # By name, like the application's own handler modules: core.alerts builds on this
+        # module (it registers a handler), so this module must not import it.
+        importlib.import_module(ALERTS_HANDLER_MODULE).register()

@@ -32,6 +32,7 @@ from django.db import IntegrityError, connections, transaction
 
 from core.conf import get_settings
 from core.lease import Lease
+from core.models import Lease as LeaseRecord
 from core.records import horizon
 from core.records.extra import require
 from core.records.location import Location, location
@@ -253,8 +254,6 @@ class Export:
 def still_held(lease: Lease) -> bool:
     """Renew ``lease`` and confirm in the database that nobody took it over meanwhile
     (Lease.acquire skips the round trip right after a renewal: not enough before a write)."""
-    from core.models import Lease as LeaseRecord
-
     return lease.acquire() and LeaseRecord.objects.using(lease.using).filter(
         name=lease.name, holder=lease.holder).exists()
 
@@ -273,6 +272,8 @@ def _first_hole(ids: Any, previous: int, final: int) -> int | None:
 
 
 def _to_table(rows: list[tuple]) -> Any:  # a pyarrow.Table
+    # pyarrow comes with the [pipeline] extra: imported only when an export writes a file,
+    # so a plain install imports this module (core.records.extra.require says what to install).
     import pyarrow as pa
 
     from pipeline.arrow_schema import RECORD_SCHEMA, TIMESTAMP
