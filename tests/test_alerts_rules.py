@@ -273,7 +273,12 @@ def test_processing_records_not_exported(queue, target, temp_handlers, settings,
     time.sleep(0.7)
     evaluate()
     assert states(r) == [AlertState.FIRING]
-    export_records(delay=0)
+    # On PostgreSQL a gap is final only once every transaction on the server that was open
+    # when it was seen has ended (another test pass's may be): export until none is held back.
+    for _ in range(100):
+        if not export_records(delay=0).held_back:
+            break
+        time.sleep(0.2)
     evaluate()
     assert states(r) == [AlertState.RESOLVED]
 
