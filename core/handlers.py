@@ -81,7 +81,7 @@ class HandlerContext:
         incoming = self.message.headers
         if Headers.CONVERSATION_ID in incoming:
             headers.setdefault(Headers.CONVERSATION_ID, incoming[Headers.CONVERSATION_ID])
-        headers.setdefault("NServiceBus.RelatedTo", incoming.get(Headers.MESSAGE_ID, self.message.id))
+        headers.setdefault(Headers.RELATED_TO, incoming.get(Headers.MESSAGE_ID, self.message.id))
         return self.transport.send(queue, body, headers=headers, **options)
 
     def reply(self, body: Any, **options: Any) -> str:
@@ -90,7 +90,9 @@ class HandlerContext:
         if not address:
             raise ValueError("the incoming message has no reply-to address")
         options.setdefault("correlation_id", self.message.headers.get(Headers.CORRELATION_ID))
-        return self.send(address.split("@")[0], body, **options)
+        headers = dict(options.pop("headers", None) or {})
+        headers[Headers.MESSAGE_INTENT] = "Reply"
+        return self.send(address.split("@")[0], body, headers=headers, **options)
 
 
 class BatchContext:

@@ -32,6 +32,11 @@ class Headers:
     DELIVER_AT = NSB + "DeliverAt"
     ORIGINATING_ENDPOINT = NSB + "OriginatingEndpoint"
     PROCESSING_ENDPOINT = NSB + "ProcessingEndpoint"
+    ORIGINATING_MACHINE = NSB + "OriginatingMachine"
+    RELATED_TO = NSB + "RelatedTo"
+    MESSAGE_INTENT = NSB + "MessageIntent"
+    #: W3C trace context (OpenTelemetry): carried as message headers across queues.
+    TRACEPARENT = "traceparent"
     # Failure headers (error queue).
     EXCEPTION_TYPE = NSB + "ExceptionInfo.ExceptionType"
     EXCEPTION_MESSAGE = NSB + "ExceptionInfo.Message"
@@ -52,6 +57,8 @@ class Headers:
     #: When the delayed-message mover put the message into its queue.
     DELIVERED_AT = "Sluice.DeliveredAt"
     RAW_HEADERS = "Sluice.RawHeaders"
+    #: On an operator's retry of a failed message: the failure record it retries.
+    RETRY_OF = "Sluice.RetryOf"
     EXPIRED_REASON = "Sluice.DeadLetterReason"
 
 

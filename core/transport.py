@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import socket
 import uuid
 from dataclasses import dataclass
 from contextlib import contextmanager
@@ -33,6 +34,8 @@ log = logging.getLogger("sluice.transport")
 
 #: The most rows one purge statement deletes (SQL Server escalates past 5,000 row locks).
 MAX_PURGE_BATCH = 4000
+#: NServiceBus.OriginatingMachine of every send from this process.
+HOST = socket.gethostname()
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,8 @@ class Transport:
             Headers.CONTENT_TYPE: ctype,
             Headers.TIME_SENT: wire_time(dt.datetime.now(dt.timezone.utc)),
             Headers.ORIGINATING_ENDPOINT: settings.ENDPOINT,
+            Headers.ORIGINATING_MACHINE: HOST,
+            Headers.MESSAGE_INTENT: "Send",
         }
         if headers is not None:
             encode_headers(headers)  # validates: flat string → string

@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext, override_settings
 from core.messages import Headers
 from core.queues import dialect
 from core.records.models import ProcessingRecord
-from core.records.writer import insert_rows, now_us, sent_us
+from core.records.writer import insert_rows, intent_of, now_us, sent_us, trace_id_of
 from tests.conftest import drain
 
 
@@ -105,9 +105,10 @@ def test_a_batch_of_records_with_columns_all_missing_and_wide_numbers(transactio
     """The one-statement insert copes with a column that is NULL in every row (a batch of
     poison messages has no types, no time sent) and with microseconds past 2**31."""
     late = 2 ** 53
-    insert_rows([("m-1", None, "q-wide", "e", None, 1, late, "error_queue", 1, None),
-                 ("m-2", None, "q-wide", "e", None, 2, late + 1, "error_queue", 3, None)], "default")
-    insert_rows([("m-3", "Order", "q-wide", "e", 5, 6, 7, "processed", 1, late)], "default")
+    blank = (None,) * 8  # conversation_id … trace_id
+    insert_rows([("m-1", None, "q-wide", "e", None, 1, late, "error_queue", 1, None) + blank,
+                 ("m-2", None, "q-wide", "e", None, 2, late + 1, "error_queue", 3, None) + blank], "default")
+    insert_rows([("m-3", "Order", "q-wide", "e", 5, 6, 7, "processed", 1, late) + blank], "default")
     rows = ProcessingRecord.objects.filter(queue="q-wide").order_by("message_id")
     assert [(r.message_id, r.message_type, r.time_sent_us, r.ended_us, r.attempt, r.deliver_at_us) for r in rows] == [
         ("m-1", None, None, late, 1, None), ("m-2", None, None, late + 1, 3, None), ("m-3", "Order", 5, 7, 1, late)]
@@ -128,3 +129,35 @@ def test_concurrent_pump_threads_record_each_message_once(transport, queue, pump
     rows = records_of(queue)
     assert sorted(r.message_id for r in rows) == sorted(ids)
     assert {r.outcome for r in rows} == {"processed"}
+
+
+def test_records_keep_where_a_message_belongs_and_who_handled_it(transport, make_queue, pump_for, temp_handlers):
+    """A handler's send and reply stay in the sender's conversation; each record says so,
+    with the intent, the originating endpoint and host, the worker and the trace id."""
+    orders, billing = make_queue(), make_queue()
+    temp_handlers(orders, None, lambda m, c: c.send(billing, {"bill": 1}))
+    temp_handlers(billing, None, lambda m, c: None)
+    trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    first = transport.send(orders, {"order": 1}, correlation_id="order-42",
+                           headers={Headers.TRACEPARENT: f"00-{trace}-00f067aa0ba902b7-01"})
+    drain(pump_for(orders))
+    drain(pump_for(billing))
+    placed, = records_of(orders)
+    billed, = records_of(billing)
+    assert placed.message_id == first and placed.related_to is None and placed.intent == "send"
+    assert placed.correlation_id == "order-42" and placed.trace_id == trace
+    assert billed.conversation_id == placed.conversation_id and placed.conversation_id
+    assert billed.related_to == first and billed.intent == "send"
+    assert placed.originating_endpoint and placed.originating_host
+    assert placed.worker and ":" in placed.worker
+
+
+def test_intent_and_trace_id_readings():
+    assert intent_of({Headers.RETRY_OF: "7", Headers.DELIVER_AT: "x"}) == "retry"
+    assert intent_of({Headers.DELIVER_AT: "2026-11-23 04:15:16:123456 Z"}) == "delayed"
+    assert intent_of({Headers.MESSAGE_INTENT: "Reply"}) == "reply"
+    assert intent_of({Headers.MESSAGE_INTENT: "Subscribe"}) == "send" and intent_of({}) == "send"
+    assert trace_id_of("00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01") == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert trace_id_of("00-" + "0" * 32 + "-00f067aa0ba902b7-01") is None
+    assert trace_id_of("garbage") is None and trace_id_of(None) is None
+    assert trace_id_of("00-zzf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01") is None

@@ -22,7 +22,7 @@ MAX_ERROR_LINES = 50
 MAX_IN = 500
 
 #: Header on a retried message: the failed record it retries (its message id).
-RETRY_OF = "Sluice.RetryOf"
+RETRY_OF = Headers.RETRY_OF
 #: Header on a retried message: when the retry was sent (wire time).
 RETRIED_AT = "Sluice.RetriedAt"
 #: Header on an edited copy (edit-and-retry): the failed message it replaces.

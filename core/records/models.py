@@ -33,10 +33,30 @@ class ProcessingRecord(models.Model):
     #: ``NServiceBus.DeliverAt`` of a delayed send (None otherwise): critical time counts
     #: from here, as NServiceBus does (ProcessingEnded − (DeliverAt ?? TimeSent)).
     deliver_at_us = models.BigIntegerField(null=True)
+    # -- where the message belongs (the conversation view) and who handled it (monitoring) --
+    #: ``NServiceBus.ConversationId``: every message a conversation's first send caused.
+    conversation_id = models.CharField(max_length=200, null=True)
+    #: ``NServiceBus.RelatedTo``: the id of the message whose handler sent this one.
+    related_to = models.CharField(max_length=200, null=True)
+    correlation_id = models.CharField(max_length=255, null=True)
+    #: send / publish / reply, or delayed (DeliverAt) / retry (an operator's retry).
+    intent = models.CharField(max_length=16, null=True)
+    originating_endpoint = models.CharField(max_length=200, null=True)
+    originating_host = models.CharField(max_length=200, null=True)
+    #: The worker process that handled it (``host:pid``, as its heartbeat names it).
+    worker = models.CharField(max_length=200, null=True)
+    #: The W3C trace id of the message's ``traceparent`` header (tracing on), 32 hex digits.
+    trace_id = models.CharField(max_length=32, null=True)
 
     class Meta:
         db_table = "sluice_processing_record"
-        indexes = [models.Index(fields=["ended_us"], name="sluice_prec_ended")]
+        indexes = [
+            models.Index(fields=["ended_us"], name="sluice_prec_ended"),
+            # A conversation's records (the conversation view), newest first.
+            models.Index(fields=["conversation_id", "ended_us"], name="sluice_prec_conversation"),
+            # One queue's recent records (the monitoring tab, alert rules): an index range.
+            models.Index(fields=["queue", "ended_us"], name="sluice_prec_queue_ended"),
+        ]
 
     @property
     def ended(self) -> dt.datetime:

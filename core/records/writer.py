@@ -16,20 +16,48 @@ from django.db import connections
 
 from core.conf import get_settings
 from core.db import StatementCursor
+from core.health import worker_name
 from core.messages import Headers, Message
 from core.queues import dialect
 from core.records.models import ProcessingRecord
 from pipeline import schema
 
 COLUMNS = ("message_id", "message_type", "queue", "endpoint", "time_sent_us", "started_us", "ended_us",
-           "outcome", "attempt", "deliver_at_us")
+           "outcome", "attempt", "deliver_at_us", "conversation_id", "related_to", "correlation_id", "intent",
+           "originating_endpoint", "originating_host", "worker", "trace_id")
 _FIELDS = [ProcessingRecord._meta.get_field(name) for name in COLUMNS]
-_LIMITS = {name: ProcessingRecord._meta.get_field(name).max_length for name in ("message_id", "message_type")}
+_LIMITS = {field.name: field.max_length for field in _FIELDS if field.max_length}
+#: NServiceBus.MessageIntent values kept as they are (lower case); others read as "send".
+_INTENTS = {"send": "send", "publish": "publish", "reply": "reply"}
 
 
 def now_us() -> int:
     """Wall-clock time in integer microseconds since the epoch (UTC)."""
     return time.time_ns() // 1000
+
+
+def intent_of(headers: dict[str, str]) -> str:
+    """What kind of delivery this was: an operator's retry, a delayed send, or the sender's
+    ``NServiceBus.MessageIntent`` (send, publish, reply)."""
+    if Headers.RETRY_OF in headers:
+        return "retry"
+    if Headers.DELIVER_AT in headers:
+        return "delayed"
+    return _INTENTS.get((headers.get(Headers.MESSAGE_INTENT) or "").lower(), "send")
+
+
+def trace_id_of(traceparent: str | None) -> str | None:
+    """The trace id of a W3C ``traceparent`` (``00-<32 hex>-<16 hex>-<2 hex>``), or None."""
+    if not traceparent or len(traceparent) < 35 or traceparent[2] != "-":
+        return None
+    trace_id = traceparent[3:35].lower()
+    if trace_id == "0" * 32 or any(c not in "0123456789abcdef" for c in trace_id):
+        return None
+    return trace_id
+
+
+def _cut(value: str | None, name: str) -> str | None:
+    return value[:_LIMITS[name]] if value else None
 
 
 def sent_us(text: str | None) -> int | None:
@@ -51,6 +79,7 @@ class RecordBatch:
 
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
+        self.worker = worker_name()
         self.rows: list[tuple] = []
 
     # -- one call per decision point of the pump ---------------------------------------------
@@ -97,7 +126,7 @@ class RecordBatch:
         message_type = types[0] if types else None
         self.rows.append((
             headers.get(Headers.MESSAGE_ID, message.id)[:_LIMITS["message_id"]],
-            message_type[:_LIMITS["message_type"]] if message_type else None,
+            _cut(message_type, "message_type"),
             message.queue,
             self.endpoint,
             sent_us(headers.get(Headers.TIME_SENT)),
@@ -106,6 +135,14 @@ class RecordBatch:
             outcome,
             message.total_failed_attempts + 1,
             sent_us(headers.get(Headers.DELIVER_AT)),
+            _cut(headers.get(Headers.CONVERSATION_ID), "conversation_id"),
+            _cut(headers.get(Headers.RELATED_TO), "related_to"),
+            _cut(headers.get(Headers.CORRELATION_ID) or message.correlation_id, "correlation_id"),
+            intent_of(headers),
+            _cut(headers.get(Headers.ORIGINATING_ENDPOINT), "originating_endpoint"),
+            _cut(headers.get(Headers.ORIGINATING_MACHINE), "originating_host"),
+            self.worker,
+            trace_id_of(headers.get(Headers.TRACEPARENT)),
         ))
 
     def write(self, using: str) -> int:
