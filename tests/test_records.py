@@ -105,10 +105,9 @@ def test_a_batch_of_records_with_columns_all_missing_and_wide_numbers(transactio
     """The one-statement insert copes with a column that is NULL in every row (a batch of
     poison messages has no types, no time sent) and with microseconds past 2**31."""
     late = 2 ** 53
-    blank = (None,) * 8  # conversation_id … trace_id
-    insert_rows([("m-1", None, "q-wide", "e", None, 1, late, "error_queue", 1, None) + blank,
-                 ("m-2", None, "q-wide", "e", None, 2, late + 1, "error_queue", 3, None) + blank], "default")
-    insert_rows([("m-3", "Order", "q-wide", "e", 5, 6, 7, "processed", 1, late) + blank], "default")
+    insert_rows([("m-1", None, "q-wide", "e", None, 1, late, "error_queue", 1, None),
+                 ("m-2", None, "q-wide", "e", None, 2, late + 1, "error_queue", 3, None)], "default")
+    insert_rows([("m-3", "Order", "q-wide", "e", 5, 6, 7, "processed", 1, late)], "default")
     rows = ProcessingRecord.objects.filter(queue="q-wide").order_by("message_id")
     assert [(r.message_id, r.message_type, r.time_sent_us, r.ended_us, r.attempt, r.deliver_at_us) for r in rows] == [
         ("m-1", None, None, late, 1, None), ("m-2", None, None, late + 1, 3, None), ("m-3", "Order", 5, 7, 1, late)]

@@ -138,10 +138,39 @@ class PostgreSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
         return 10_000  # six array parameters, whatever the number of rows
 
     def record_horizon(self, table: str) -> str:
-        # pg_current_snapshot() is this statement's snapshot, the one MAX(id) reads: an id
-        # below that maximum but invisible to it belongs to a transaction in its xip list
-        # (or one that rolled back).
-        return f"SELECT (SELECT MAX({self.quote('id')}) FROM {table}), pg_current_snapshot()::text"
+        # pg_current_snapshot() is this statement's snapshot, the one MAX(id) reads.  An id
+        # below that maximum but invisible to it belongs to a transaction still open then
+        # (or one that rolled back), and the token lists those transactions:
+        # - the snapshot's xip list, less the entries pg_stat_activity shows as ANOTHER
+        #   database's (the snapshot is cluster-wide; backend_xid is the xid8's low 32 bits
+        #   and is readable by every role): an export no longer waits for other databases;
+        # - this database's open transactions at or past the snapshot's xmax, which the xip
+        #   list leaves out: a receive that took its xid after an earlier-started receive
+        #   committed can still hold a lower record id (its xid is made an xid8 near xmax).
+        # The token is pg_snapshot text with xmax raised past its last entry, so
+        # horizon_settled reads it as before (and reads tokens stored by older versions).
+        return f"""
+WITH snap AS (SELECT pg_current_snapshot() AS s),
+here AS (SELECT oid FROM pg_database WHERE datname = current_database()),
+elsewhere AS (
+    SELECT a.backend_xid::text::bigint AS x32 FROM pg_stat_activity AS a
+    WHERE a.backend_xid IS NOT NULL AND a.datid IS DISTINCT FROM (SELECT oid FROM here)),
+late AS (
+    SELECT r.v + CASE WHEN r.v > sm.m + 2147483648 THEN -4294967296
+                      WHEN r.v < sm.m - 2147483648 THEN 4294967296 ELSE 0 END AS x, sm.m
+    FROM (SELECT pg_snapshot_xmax(s)::text::bigint AS m FROM snap) AS sm,
+    LATERAL (SELECT sm.m - sm.m % 4294967296 + a.backend_xid::text::bigint AS v FROM pg_stat_activity AS a
+             WHERE a.backend_xid IS NOT NULL AND a.datid = (SELECT oid FROM here)) AS r),
+held AS (
+    SELECT x::text::bigint AS x FROM snap, pg_snapshot_xip(snap.s) AS x
+    WHERE x::text::bigint % 4294967296 NOT IN (SELECT x32 FROM elsewhere)
+    UNION
+    SELECT x FROM late WHERE x >= m)
+SELECT (SELECT MAX({self.quote('id')}) FROM {table}),
+       (SELECT pg_snapshot_xmin(s)::text || ':'
+               || GREATEST(pg_snapshot_xmax(s)::text::bigint, COALESCE((SELECT MAX(x) + 1 FROM held), 0))::text
+               || ':' || COALESCE((SELECT string_agg(x::text, ',' ORDER BY x) FROM held), '')
+        FROM snap)"""
 
     def horizon_settled(self) -> str:
         return ("SELECT NOT EXISTS (SELECT 1 FROM pg_snapshot_xip(%s::pg_snapshot) AS x "

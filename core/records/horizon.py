@@ -9,7 +9,8 @@ every id at or below a *settled* horizon as final (committed, or never will be).
 it, only an unbroken run of visible ids is final.
 
 When a horizon settles depends on the database (core.dialects, ``supports_commit_snapshots``):
-- PostgreSQL: exactly when every transaction in the horizon's snapshot has ended;
+- PostgreSQL: exactly when every transaction of this database open at the horizon has ended
+  (other databases' transactions on the same server are not waited for);
 - one writer at a time (SQLite): at once — batches commit in id order;
 - otherwise (SQL Server): after ``SLUICE_RECORDS_EXPORT_DELAY`` seconds of the exporter's
   clock, which must exceed the longest receive transaction.

@@ -163,7 +163,11 @@ def insert_rows(rows: Sequence[tuple], using: str) -> None:
     """INSERT ``rows`` (tuples in :data:`COLUMNS` order): one statement of one array per
     column where the dialect takes arrays (prepared once: its text never changes), else
     multi-row VALUES, as many rows per statement as Django's own per-database parameter
-    limit allows (SQLite, SQL Server's 2,100)."""
+    limit allows (SQLite, SQL Server's 2,100).  A row may stop after ``deliver_at_us`` (the
+    first ten columns, as bulk loaders and older callers write them): the conversation and
+    worker columns are then NULL."""
+    if any(len(row) < len(COLUMNS) for row in rows):
+        rows = [tuple(row) + (None,) * (len(COLUMNS) - len(row)) for row in rows]
     conn = connections[using]
     d = dialect(using)
     table = conn.ops.quote_name(ProcessingRecord._meta.db_table)

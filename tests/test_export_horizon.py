@@ -1,0 +1,56 @@
+"""The export's horizon on PostgreSQL (core.records.horizon, the dialect's record_horizon):
+it waits for exactly the transactions that can still commit a record id below it — this
+database's, including those that took their transaction id after the horizon's snapshot
+was made — and not for transactions in other databases of the same server."""
+from __future__ import annotations
+
+import psycopg
+import pytest
+from django.db import connection
+
+from core.records import horizon
+from core.records.writer import insert_rows
+
+pytestmark = pytest.mark.postgresql
+
+
+def open_writing_transaction(dbname: str) -> psycopg.Connection:
+    """A transaction on ``dbname`` that has written (so it holds a transaction id) and stays open."""
+    params = connection.settings_dict
+    conn = psycopg.connect(host=params["HOST"] or None, port=params["PORT"] or None, user=params["USER"],
+                           password=params["PASSWORD"] or None, dbname=dbname)
+    conn.execute("CREATE TEMP TABLE holds_an_xid (x int)")  # BEGIN is implicit: no autocommit
+    return conn
+
+
+def test_an_open_transaction_in_another_database_does_not_hold_the_horizon(transactional_db):
+    insert_rows([("h-1", None, "q-horizon", "e", None, 1, 2, "processed", 1, None)], "default")
+    other = open_writing_transaction("postgres")
+    try:
+        taken = horizon.take("default")
+        assert horizon.settled(taken, "default", delay=600), taken.token
+    finally:
+        other.rollback()
+        other.close()
+
+
+def test_an_open_transaction_of_this_database_holds_the_horizon_until_it_ends(transactional_db):
+    """Its transaction id is newer than every completed one, so PostgreSQL's snapshot leaves
+    it out of its in-progress list (it is at or past xmax): the horizon must list it itself."""
+    insert_rows([("h-2", None, "q-horizon", "e", None, 1, 2, "processed", 1, None)], "default")
+    mine = open_writing_transaction(connection.settings_dict["NAME"])
+    try:
+        taken = horizon.take("default")
+        assert not horizon.settled(taken, "default", delay=600), taken.token
+    finally:
+        mine.rollback()
+        mine.close()
+    assert horizon.settled(taken, "default", delay=600)
+
+
+def test_tokens_of_older_versions_are_still_read(transactional_db):
+    """Stored watermarks hold pg_snapshot text: the settled check reads both."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_current_snapshot()::text")
+        old_token, = cursor.fetchone()
+    assert horizon.settled(horizon.Horizon(1, old_token, 0), "default", delay=600)
