@@ -154,6 +154,7 @@ def test_records_keep_where_a_message_belongs_and_who_handled_it(transport, make
 def test_intent_and_trace_id_readings():
     assert intent_of({Headers.RETRY_OF: "7", Headers.DELIVER_AT: "x"}) == "retry"
     assert intent_of({Headers.DELIVER_AT: "2026-11-23 04:15:16:123456 Z"}) == "delayed"
+    assert intent_of({Headers.DELAYED_RETRIES: "1", Headers.DELIVER_AT: "x"}) == "retry"
     assert intent_of({Headers.MESSAGE_INTENT: "Reply"}) == "reply"
     assert intent_of({Headers.MESSAGE_INTENT: "Subscribe"}) == "send" and intent_of({}) == "send"
     assert trace_id_of("00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01") == "4bf92f3577b34da6a3ce929d0e0e4736"

@@ -37,9 +37,10 @@ def now_us() -> int:
 
 
 def intent_of(headers: dict[str, str]) -> str:
-    """What kind of delivery this was: an operator's retry, a delayed send, or the sender's
-    ``NServiceBus.MessageIntent`` (send, publish, reply)."""
-    if Headers.RETRY_OF in headers:
+    """What kind of delivery this was: a retry (an operator's, or a delayed retry of the
+    recoverability policy), a delayed send, or the sender's ``NServiceBus.MessageIntent``
+    (send, publish, reply)."""
+    if Headers.RETRY_OF in headers or Headers.DELAYED_RETRIES in headers:
         return "retry"
     if Headers.DELIVER_AT in headers:
         return "delayed"
