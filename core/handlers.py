@@ -26,6 +26,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from core.conf import get_settings
 from core.messages import Headers, Message
+from core.outgoing import valid_correlation_id
 
 log = logging.getLogger("sluice.handlers")
 
@@ -82,6 +83,13 @@ class HandlerContext:
         if Headers.CONVERSATION_ID in incoming:
             headers.setdefault(Headers.CONVERSATION_ID, incoming[Headers.CONVERSATION_ID])
         headers.setdefault(Headers.RELATED_TO, incoming.get(Headers.MESSAGE_ID, self.message.id))
+        # The incoming correlation id travels on, as NServiceBus does: a search by it finds the
+        # whole conversation.  One the database would refuse (a foreign producer's) is not
+        # inherited: the send must not fail for a value the handler never chose.
+        if "correlation_id" not in options and Headers.CORRELATION_ID not in headers:
+            inherited = incoming.get(Headers.CORRELATION_ID) or self.message.correlation_id
+            if inherited is not None and valid_correlation_id(inherited):
+                options["correlation_id"] = inherited
         return self.transport.send(queue, body, headers=headers, **options)
 
     def reply(self, body: Any, **options: Any) -> str:

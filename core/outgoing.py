@@ -92,9 +92,14 @@ def validate_columns(headers: Mapping[str, str]) -> None:
     characters are escaped, so any string is safe there."""
     for name in (Headers.CORRELATION_ID, Headers.REPLY_TO_ADDRESS):
         value = headers.get(name)
-        if value is not None and (len(value) > MAX_ADDRESS_LENGTH or _CONTROL.search(value)):
+        if value is not None and not valid_correlation_id(value):
             raise InvalidMessage(f"{name} must be at most {MAX_ADDRESS_LENGTH} printable characters "
                                  f"(no control characters), not {value[:60]!r}{'…' if len(value) > 60 else ''}")
+
+
+def valid_correlation_id(value: str) -> bool:
+    """Whether the CorrelationId column takes ``value`` (see :func:`validate_columns`)."""
+    return len(value) <= MAX_ADDRESS_LENGTH and not _CONTROL.search(value)
 
 
 def row_id_for(message_id: str) -> str:

@@ -11,6 +11,7 @@ from django.test.utils import CaptureQueriesContext, override_settings
 from core.messages import Headers
 from core.queues import dialect
 from core.records.models import ProcessingRecord
+from core.outgoing import valid_correlation_id
 from core.records.writer import insert_rows, intent_of, now_us, sent_us, trace_id_of
 from tests.conftest import drain
 
@@ -161,3 +162,21 @@ def test_intent_and_trace_id_readings():
     assert trace_id_of("00-" + "0" * 32 + "-00f067aa0ba902b7-01") is None
     assert trace_id_of("garbage") is None and trace_id_of(None) is None
     assert trace_id_of("00-zzf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01") is None
+
+
+def test_a_handlers_send_keeps_the_correlation_id(transport, make_queue, pump_for, temp_handlers):
+    """The incoming correlation id travels on: a search by it finds the whole conversation."""
+    first, second = make_queue(), make_queue()
+    temp_handlers(first, None, lambda m, c: c.send(second, {"next": 1}))
+    temp_handlers(second, None, lambda m, c: None)
+    transport.send(first, {"a": 1}, correlation_id="order-42")
+    drain(pump_for(first))
+    drain(pump_for(second))
+    assert [r.correlation_id for r in records_of(second)] == ["order-42"]
+
+
+def test_a_correlation_id_the_column_refuses_is_not_inherited():
+    """A foreign producer's over-long or control-character correlation id would make every
+    send of the handler fail at insert time: it does not travel on."""
+    assert valid_correlation_id("order-42") and valid_correlation_id("x" * 255)
+    assert not valid_correlation_id("x" * 256) and not valid_correlation_id("a\x00b")
