@@ -297,7 +297,13 @@ def _flow(nodes: list[Node]) -> list[Node]:
 
 def find(term: str, using: str | None = None) -> str | None:
     """The conversation a conversation id, message id or correlation id belongs to (each
-    lookup one index probe), or None."""
+    lookup one index probe), or None.
+
+    A correlation id is found among the failed messages (indexed) and, through the records'
+    message id index, wherever it is a message id: a send's correlation id is its own message
+    id unless the sender chose one, and a reply's is its request's.  A chosen correlation id
+    (``send(..., correlation_id="order-42")``) of a message that never failed is not indexed
+    in the records: each index there costs every pump batch's insert."""
     using = using or get_settings().DATABASE
     term = term.strip()
     if not term:
@@ -306,8 +312,7 @@ def find(term: str, using: str | None = None) -> str | None:
     failed = FailedMessage.objects.using(using).exclude(conversation_id="")
     if records.filter(conversation_id=term).exists() or failed.filter(conversation_id=term).exists():
         return term
-    for qs in (records.filter(message_id=term), failed.filter(message_id=term),
-               records.filter(correlation_id=term), failed.filter(correlation_id=term)):
+    for qs in (records.filter(message_id=term), failed.filter(message_id=term), failed.filter(correlation_id=term)):
         # No ORDER BY: ordering by id would let the planner walk the primary key instead.
         found = list(qs.order_by().values_list("conversation_id", flat=True)[:1])
         if found:

@@ -77,8 +77,8 @@ def test_a_handlers_send_and_its_failure_make_one_conversation(transport, make_q
     assert failed.related_to == first and failed.correlation_id
 
     assert conversations.find(first) == placed.conversation_id
-    assert conversations.find("order-42") == placed.conversation_id
     assert conversations.find(failed.message_id) == placed.conversation_id
+    assert conversations.find(failed.correlation_id) == placed.conversation_id
     found = conversations.page(placed.conversation_id)
     (root,) = found.roots
     assert root.message_id == first and root.message_type == "PlaceOrder" and root.outcome == "processed"
@@ -249,10 +249,12 @@ def test_a_queued_message_links_its_conversation(viewer_client, queue):
     assert f'href="/conversations/{m.headers[Headers.CONVERSATION_ID]}/"' in html
 
 
-def test_the_search_resolves_ids_to_the_conversation(viewer_client):
+def test_the_search_resolves_ids_to_the_conversation(viewer_client, error_queue):
     cid = new_id()
     ProcessingRecord.objects.bulk_create([record(cid, "msg-1")])
-    for term in (cid, "msg-1"):
+    fail_message("orders", message_id="msg-2", headers={Headers.CONVERSATION_ID: cid,
+                                                        Headers.CORRELATION_ID: "order-42"})
+    for term in (cid, "msg-1", "msg-2", "order-42"):
         response = viewer_client.get("/conversations/", {"q": term})
         assert response.status_code == 302 and response["Location"] == f"/conversations/{cid}/"
     missing = viewer_client.get("/conversations/", {"q": "nothing-like-it"})
