@@ -40,11 +40,13 @@ class BadCursor(ValueError):
     """A cursor this module did not give out."""
 
 
-def _us(when: dt.datetime) -> int:
+def us_of(when: dt.datetime) -> int:
+    """An aware time as integer microseconds since the epoch (the records' unit), exactly."""
     return int(when.timestamp()) * 1_000_000 + when.microsecond
 
 
-def _time(us: int) -> dt.datetime:
+def time_of(us: int) -> dt.datetime:
+    """Microseconds since the epoch as an aware UTC time, exactly (no float rounding)."""
     return dt.datetime.fromtimestamp(us // 1_000_000, dt.timezone.utc).replace(microsecond=us % 1_000_000)
 
 
@@ -182,7 +184,7 @@ def _older_records(key: tuple[int, int, int]) -> Q:
 
 def _older_failures(key: tuple[int, int, int]) -> Q:
     t, s, i = key
-    at = _time(t)
+    at = time_of(t)
     return Q(time_of_failure__lte=at) if s == _RECORD else Q(time_of_failure__lt=at) | Q(time_of_failure=at,
                                                                                           id__lt=i)
 
@@ -218,7 +220,7 @@ def page(conversation_id: str, limit: int | None = None, cursor: str | None = No
     failures = list(failed_qs.order_by("-time_of_failure", "-id").values(*_FAILED_FIELDS)[:limit + 1])
     entries: list[tuple[tuple[int, int, int], dict[str, Any]]] = (
         [((r["ended_us"], _RECORD, r["id"]), r) for r in records]
-        + [((_us(f["time_of_failure"]), _FAILURE, f["id"]), f) for f in failures])
+        + [((us_of(f["time_of_failure"]), _FAILURE, f["id"]), f) for f in failures])
     entries.sort(key=lambda e: e[0], reverse=True)
     more = len(entries) > limit
     entries = entries[:limit]
@@ -257,7 +259,7 @@ def _nodes(oldest_first) -> list[Node]:
         else:
             node.failed_pk, node.failed_status = row["id"], row["status"]
             node.exception_type = row["exception_type"]
-            node.time_of_failure_us = _us(row["time_of_failure"])
+            node.time_of_failure_us = us_of(row["time_of_failure"])
             node.message_type = node.message_type or row["message_type"]
             node.queue = node.queue or row["original_queue"]
             node.related_to = node.related_to or row["related_to"]

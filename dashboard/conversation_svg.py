@@ -23,7 +23,8 @@ COLORS = {"delay": "#9aa5b1", "wait": "#e0a526", "processing": "#2f6fd0", "faile
 SKEW_MARK = "⚠ clock skew"
 
 
-def _ms(us: int | None) -> str:
+def duration_text(us: int | None) -> str:
+    """A duration in µs as "850 µs", "12.3 ms" or "4.2 s" (the pages' and the pictures' one way)."""
     if us is None:
         return "unknown"
     if abs(us) < 1000:
@@ -67,7 +68,7 @@ def timeline(nodes: Sequence[Node], links: Mapping[str, str]) -> SafeString:
         at = t0 + span * i // 4
         parts.append(f'<line x1="{x(at):.1f}" x2="{x(at):.1f}" y1="{TOP - 8}" y2="{height - 26}" '
                      f'stroke="#e4e7eb"/><text x="{x(at):.1f}" y="{TOP - 14}" text-anchor="middle" '
-                     f'font-size="11">+{escape(_ms(at - t0))}</text>')
+                     f'font-size="11">+{escape(duration_text(at - t0))}</text>')
     for row, node in enumerate(nodes):
         y = TOP + row * ROW
         parts.append(f'<g data-message="{escape(node.message_id)}">')
@@ -81,7 +82,7 @@ def timeline(nodes: Sequence[Node], links: Mapping[str, str]) -> SafeString:
                 continue
             parts.append(f'<rect x="{x(start):.1f}" y="{y + 4}" width="{max(x(end) - x(start), 1.5):.1f}" '
                          f'height="{ROW - 8}" fill="{COLORS[kind]}" data-segment="{kind}">'
-                         f'<title>{escape(name)}: {escape(_ms(end - start))}</title></rect>')
+                         f'<title>{escape(name)}: {escape(duration_text(end - start))}</title></rect>')
         if node.started_us is None and node.time_of_failure_us is not None:
             fx = x(node.time_of_failure_us)
             parts.append(f'<path d="M{fx:.1f},{y + 3} l5,7 l-5,7 l-5,-7 z" fill="{COLORS["failed"]}">'

@@ -3,7 +3,6 @@ and ``/api/conversations/<id>/``: a page of its messages, newest entries first, 
 dashboard's conversation view draws (core.conversations)."""
 from __future__ import annotations
 
-import datetime as dt
 from typing import Any
 
 from drf_spectacular.utils import OpenApiParameter
@@ -13,7 +12,7 @@ from rest_framework.views import APIView
 
 from core import conversations
 from core.conf import MAX_CONVERSATION_PAGE, get_settings
-from core.conversations import Node
+from core.conversations import Node, time_of
 from dashboard.actions import ActionError
 from dashboard.api import schema as out
 from dashboard.api.schema import doc
@@ -24,10 +23,7 @@ MAX_ID = 255
 
 
 def _iso(us: int | None) -> str | None:
-    if us is None:
-        return None
-    return dt.datetime.fromtimestamp(us // 1_000_000, dt.timezone.utc).replace(
-        microsecond=us % 1_000_000).isoformat()
+    return None if us is None else time_of(us).isoformat()
 
 
 def _ms(us: int | None) -> float | None:

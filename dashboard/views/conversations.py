@@ -4,15 +4,13 @@ messages at a time (core.conversations), with a failed node's retry going throug
 audited retry action of the failed-message pages."""
 from __future__ import annotations
 
-import datetime as dt
-
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET
 
 from core import conversations
-from core.conversations import ConversationPage
+from core.conversations import ConversationPage, time_of
 from dashboard import conversation_svg
 from dashboard.conversation_flow import flow_rows
 from dashboard.permissions import viewer_required
@@ -56,12 +54,14 @@ def conversation(request: HttpRequest, conversation_id: str) -> HttpResponse:
     except conversations.BadCursor as exc:
         return error_response(request, str(exc), 400)
     links = links_of(found)
+    started = min((n.first_us for n in found.nodes if n.first_us is not None), default=None)
     rows = flow_rows(found.roots, collapse)
     anchors = {n.message_id: f"m-{i}" for i, n in enumerate(found.nodes)}
     for row in rows:
         if row.node is not None:
             row.anchor = anchors[row.node.message_id]
     keep = {} if collapse else {"collapse": "0"}
+    toggle = {**({"cursor": cursor} if cursor else {}), "collapse": "0" if collapse else "1"}
     here = reverse("dashboard:conversation", args=[conversation_id])
     return page(request, "dashboard/conversation.html", {
         "section": "conversations", "c": found, "rows": rows, "collapse": collapse,
@@ -69,12 +69,8 @@ def conversation(request: HttpRequest, conversation_id: str) -> HttpResponse:
         "sequence": conversation_svg.sequence(found.nodes, links),
         "older_url": f"{here}?{urlencode({**keep, 'cursor': found.next_cursor})}" if found.next_cursor else "",
         "newest_url": f"{here}?{urlencode(keep)}" if found.paged else "",
-        "toggle_url": f"{here}?{urlencode({**({'cursor': cursor} if cursor else {}), 'collapse': '1' if not collapse else '0'})}",
+        "toggle_url": f"{here}?{urlencode(toggle)}",
         "this_url": request.get_full_path(),
         "failed": sum(1 for n in found.nodes if n.failed),
-        "started": _time(min((n.first_us for n in found.nodes if n.first_us is not None), default=None)),
+        "started": time_of(started) if started is not None else None,
     })
-
-
-def _time(us: int | None) -> dt.datetime | None:
-    return None if us is None else dt.datetime.fromtimestamp(us / 1e6, dt.timezone.utc)
