@@ -260,6 +260,8 @@ def test_the_search_resolves_ids_to_the_conversation(viewer_client, error_queue)
     missing = viewer_client.get("/conversations/", {"q": "nothing-like-it"})
     assert missing.status_code == 200 and "data-not-found" in missing.content.decode()
     assert viewer_client.get("/conversations/", {"q": "x" * 300}).status_code == 400
+    assert viewer_client.get("/conversations/", {"q": "a\x00b"}).status_code == 400
+    assert viewer_client.get("/conversations/a%00b/").status_code == 400
     empty = viewer_client.get("/conversations/nothing-here/")
     assert empty.status_code == 200 and "data-empty" in empty.content.decode()
 

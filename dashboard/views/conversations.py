@@ -32,8 +32,8 @@ def links_of(found: ConversationPage) -> dict[str, str]:
 def search(request: HttpRequest) -> HttpResponse:
     """The search box: a conversation id, message id or correlation id goes to its conversation."""
     term = request.GET.get("q", "").strip()
-    if len(term) > MAX_TERM:
-        return error_response(request, f"Search for at most {MAX_TERM} characters.", 400)
+    if len(term) > MAX_TERM or "\x00" in term:  # PostgreSQL text refuses NUL
+        return error_response(request, f"Search for at most {MAX_TERM} characters, without NUL.", 400)
     if term:
         found = conversations.find(term)
         if found:
@@ -45,8 +45,8 @@ def search(request: HttpRequest) -> HttpResponse:
 @viewer_required
 @require_GET
 def conversation(request: HttpRequest, conversation_id: str) -> HttpResponse:
-    if len(conversation_id) > MAX_TERM:
-        return error_response(request, f"A conversation id has at most {MAX_TERM} characters.", 400)
+    if len(conversation_id) > MAX_TERM or "\x00" in conversation_id:
+        return error_response(request, f"A conversation id has at most {MAX_TERM} characters, without NUL.", 400)
     cursor = request.GET.get("cursor", "")
     collapse = request.GET.get("collapse", "1") != "0"
     try:
