@@ -21,6 +21,8 @@ LOG_FORMATS = ("text", "json")
 #: SQL Server escalates a statement's row locks to a table lock at about 5,000 locks: a
 #: clean-up batch stays below that so it never blocks the pumps.
 MAX_OUTBOX_CLEANUP_BATCH = 4000
+#: The most entries one conversation page may draw (SVG rows: beyond this a page is too tall to read).
+MAX_CONVERSATION_PAGE = 2000
 #: The shortest SLUICE_PEEK_DELAY: an idle pump is woken by sends (core.wakeups), so the
 #: peek delay only bounds how late it sees senders that cannot wake it (SQLite and SQL
 #: Server across processes); below 10 ms the polling itself becomes the load.
@@ -163,6 +165,9 @@ class SluiceSettings:
     #: Header names (case-insensitive) whose values every page, download and API response
     #: shows as "***"; the stored message keeps them for retries.
     MASK_HEADERS: tuple[str, ...] = ()
+    #: Entries (attempts and failures) the conversation view draws per page, newest first;
+    #: the page says how many older ones there are and links to them.
+    CONVERSATION_PAGE: int = 200
     #: JSON body fields (object keys at any depth, case-insensitive) masked the same way.
     MASK_BODY_FIELDS: tuple[str, ...] = ()
     #: Record every handled message (core.records): one row per attempt, written in the
@@ -254,6 +259,8 @@ class SluiceSettings:
         if self.DASHBOARD_API_BODY_BYTES < 1 or self.DASHBOARD_STATEMENT_TIMEOUT < 0:
             raise ValueError("SLUICE_DASHBOARD_API_BODY_BYTES must be at least 1 and "
                              "SLUICE_DASHBOARD_STATEMENT_TIMEOUT must not be negative")
+        if not 1 <= self.CONVERSATION_PAGE <= MAX_CONVERSATION_PAGE:
+            raise ValueError(f"SLUICE_CONVERSATION_PAGE must be 1–{MAX_CONVERSATION_PAGE}")
         if self.DASHBOARD_CACHE_SECONDS < 0 or self.DASHBOARD_EXACT_COUNT_LIMIT < 1:
             raise ValueError("SLUICE_DASHBOARD_CACHE_SECONDS must not be negative and "
                              "SLUICE_DASHBOARD_EXACT_COUNT_LIMIT must be at least 1")

@@ -97,6 +97,14 @@ class FailedMessage(models.Model):
     #: Events, oldest first: {"at", "event": failed|retry|resolved|archived|restored, "exception_type",
     #: "message", …}.  The newest core.failures.HISTORY_LIMIT are kept.
     history = models.JSONField(default=list)
+    # -- where the message belongs (the conversation view): from its headers at ingestion, as
+    # columns so a conversation's failures are an index range, not a scan of the headers' JSON.
+    #: ``NServiceBus.ConversationId`` ("" when the message had none).
+    conversation_id = models.CharField(max_length=200, default="")
+    #: ``NServiceBus.RelatedTo``: the message whose handler sent this one (its parent in the flow).
+    related_to = models.CharField(max_length=200, default="")
+    #: ``NServiceBus.CorrelationId`` (a search by correlation id finds the conversation).
+    correlation_id = models.CharField(max_length=255, default="")
 
     class Meta:
         db_table = "sluice_failed_message"
@@ -110,6 +118,9 @@ class FailedMessage(models.Model):
             models.Index(fields=["status", "archived_at"], name="sluice_fm_archived"),
             # Groups of a status (core.failures.groups, the dashboard) from the index alone.
             models.Index(fields=["status", "group_key", "time_of_failure", "id"], name="sluice_fm_status_groups"),
+            # A conversation's failures, newest first (the conversation view), and the search.
+            models.Index(fields=["conversation_id", "time_of_failure"], name="sluice_fm_conversation"),
+            models.Index(fields=["correlation_id"], name="sluice_fm_correlation"),
         ]
         constraints = [
             models.UniqueConstraint(fields=["message_id", "original_queue"], name="sluice_fm_message_queue"),

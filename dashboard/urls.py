@@ -1,7 +1,7 @@
 from django.urls import include, path
 
 from dashboard import charts
-from dashboard.views import alerts, audit, auth, delayed, failed, health, outbox, overview, queues
+from dashboard.views import alerts, audit, auth, conversations, delayed, failed, health, outbox, overview, queues
 
 app_name = "dashboard"
 urlpatterns = [
@@ -30,6 +30,9 @@ urlpatterns = [
     path("failed/<int:pk>/", failed.failed_detail, name="failed-detail"),
     path("failed/<int:pk>/body", failed.failed_body, name="failed-body"),
     path("failed/<int:pk>/edit/", failed.edit_retry, name="failed-edit"),
+    path("conversations/", conversations.search, name="conversations"),
+    # Conversation ids may hold "/" like message ids: <path:…>.
+    path("conversations/<path:conversation_id>/", conversations.conversation, name="conversation"),
     path("outbox/", outbox.outbox, name="outbox"),
     path("outbox/<path:message_id>/dispatch/", outbox.dispatch, name="outbox-dispatch"),
     path("audit/", audit.audit, name="audit"),

@@ -13,6 +13,7 @@ from tests.browser_support import (  # noqa: F401 — fixtures
 )
 from tests.dashboard_pages_support import _fresh_dashboard_cache, fail_message, make_user  # noqa: F401
 
+from core.messages import Headers  # noqa: E402
 from core.queues import create_queue, delete_queue  # noqa: E402
 from core.transport import Transport  # noqa: E402
 
@@ -29,7 +30,7 @@ def seeded(live_server, error_queue):
     name = f"csp_{uuid.uuid4().hex[:8]}"
     create_queue(name)
     Transport().send(name, '{"order": 1}', message_id="m-1")
-    record = fail_message(name)
+    record = fail_message(name, headers={Headers.CONVERSATION_ID: f"conv-{name}"})
     yield name, record
     delete_queue(name)
 
@@ -47,7 +48,7 @@ def test_no_page_violates_the_content_security_policy(live_server, page, seeded)
     row_version = Transport().browse(name, limit=1)[0].row_version
     paths = ["/", "/failed/", "/failed/?view=all", "/delayed/", "/outbox/", "/audit/", "/metrics/charts/",
              f"/queues/{name}/", f"/queues/{name}/messages/{row_version}/", f"/failed/{record.pk}/",
-             f"/failed/{record.pk}/edit/"]
+             f"/failed/{record.pk}/edit/", "/conversations/", f"/conversations/{record.conversation_id}/"]
     for path in paths:
         response = page.goto(f"{live_server.url}{path}")
         assert response.status == 200, path

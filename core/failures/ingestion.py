@@ -33,7 +33,8 @@ log = logging.getLogger("sluice.failures")
 #: The fields an ingested failure sets on an existing record (one UPDATE for the batch).
 INGESTED_FIELDS = ("original_queue", "message_type", "exception_type", "exception_message", "stack_trace",
                    "group_key", "group_title", "time_of_failure", "attempts", "failure_count", "status",
-                   "headers", "body", "first_failed_at", "last_failed_at", "resolved_at", "archived_at", "history")
+                   "headers", "body", "first_failed_at", "last_failed_at", "resolved_at", "archived_at", "history",
+                   "conversation_id", "related_to", "correlation_id")
 
 
 @dataclass
@@ -50,6 +51,10 @@ class Failure:
     attempts: int
     headers: dict[str, str]
     body: bytes
+    #: Where the message belongs (the conversation view): ConversationId, RelatedTo, CorrelationId.
+    conversation_id: str = ""
+    related_to: str = ""
+    correlation_id: str = ""
 
 
 def _int(value: str | None) -> int | None:
@@ -104,7 +109,16 @@ def failure_of(message: Message, now: dt.datetime, delayed_store_name: str = "")
         attempts=attempts,
         headers=dict(h),
         body=message.body or b"",
+        **conversation_of(h),
     )
+
+
+def conversation_of(headers: dict[str, str]) -> dict[str, str]:
+    """The conversation columns of a failed message, from its headers (cut to the columns;
+    also the data migration's, for the records ingested before they existed)."""
+    return {"conversation_id": (headers.get(Headers.CONVERSATION_ID) or "")[:200],
+            "related_to": (headers.get(Headers.RELATED_TO) or "")[:200],
+            "correlation_id": (headers.get(Headers.CORRELATION_ID) or "")[:255]}
 
 
 def apply_failure(record: FailedMessage | None, f: Failure, now: dt.datetime) -> FailedMessage:
@@ -132,6 +146,8 @@ def apply_failure(record: FailedMessage | None, f: Failure, now: dt.datetime) ->
     record.last_failed_at = now
     record.resolved_at = None
     record.archived_at = None
+    record.conversation_id, record.related_to, record.correlation_id = \
+        f.conversation_id, f.related_to, f.correlation_id
     append_event(record, entry)
     return record
 

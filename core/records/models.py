@@ -56,6 +56,10 @@ class ProcessingRecord(models.Model):
             models.Index(fields=["conversation_id", "ended_us"], name="sluice_prec_conversation"),
             # One queue's recent records (the monitoring tab, alert rules): an index range.
             models.Index(fields=["queue", "ended_us"], name="sluice_prec_queue_ended"),
+            # A search by message id finds the conversation (the conversation view).  No index on
+            # correlation_id: every index costs each pump batch's insert, and a correlation id is
+            # a message id unless the sender chose one (core.conversations.find).
+            models.Index(fields=["message_id"], name="sluice_prec_message"),
         ]
 
     @property

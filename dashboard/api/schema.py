@@ -114,6 +114,7 @@ class Failed(f.Serializer):
     attempts = f.IntegerField(allow_null=True)
     group_title = f.CharField(allow_blank=True, allow_null=True)
     failure_count = f.IntegerField(allow_null=True)
+    conversation_id = _opt_str(help_text="Its conversation (/api/conversations/{id}/), when it had one.")
 
 
 class FailedPage(f.Serializer):
@@ -204,6 +205,48 @@ class MetricList(f.Serializer):
     windows = f.ListField(child=f.DictField())
     last_run = f.DictField(allow_null=True)
     next_before = f.DateTimeField(allow_null=True, help_text="Pass as ?before= for older windows; null at the end.")
+
+
+class ConversationMessage(f.Serializer):
+    message_id = f.CharField()
+    message_type = f.CharField(allow_blank=True)
+    queue = f.CharField(allow_blank=True, help_text="Where it was handled (or failed).")
+    endpoint = f.CharField(allow_blank=True, help_text="The endpoint that handled it.")
+    intent = f.CharField(allow_blank=True, help_text="send, publish, reply, delayed or retry.")
+    related_to = f.CharField(allow_blank=True, help_text="The message whose handler sent this one.")
+    parent_on_page = f.BooleanField(help_text="related_to names a message of this page.")
+    correlation_id = f.CharField(allow_blank=True)
+    originating_endpoint = f.CharField(allow_blank=True)
+    originating_host = f.CharField(allow_blank=True)
+    worker = f.CharField(allow_blank=True, help_text="The worker (host:pid) of the latest attempt.")
+    trace_id = f.CharField(allow_blank=True)
+    time_sent = f.DateTimeField(allow_null=True)
+    deliver_at = f.DateTimeField(allow_null=True)
+    started = f.DateTimeField(allow_null=True)
+    ended = f.DateTimeField(allow_null=True)
+    delayed_ms = f.FloatField(allow_null=True, help_text="DeliverAt − time sent (a delayed send).")
+    wait_ms = f.FloatField(allow_null=True, help_text="Queue wait: (DeliverAt ?? time sent) → started.")
+    processing_ms = f.FloatField(allow_null=True)
+    clock_skew = f.BooleanField(help_text="A duration is negative: the machines' clocks disagree.")
+    outcome = f.CharField(allow_blank=True, help_text="The latest attempt's outcome on this page.")
+    attempt = f.IntegerField()
+    failed = f.BooleanField()
+    failed_id = f.IntegerField(allow_null=True, help_text="The failed-message record (/api/failed/{id}/).")
+    failed_status = f.CharField(allow_blank=True)
+
+
+class Conversation(f.Serializer):
+    conversation_id = f.CharField()
+    messages = ConversationMessage(many=True, help_text="Oldest first.")
+    entries = f.IntegerField(help_text="Attempts and failures this page holds.")
+    older = f.IntegerField(help_text="Older entries beyond this page (counted up to older_capped).")
+    older_capped = f.BooleanField()
+    clock_skew = f.IntegerField(help_text="Messages of this page with a negative duration.")
+    next_cursor = _opt_str(help_text="Pass as ?cursor= for the older entries; null at the end.")
+
+
+class ConversationFound(f.Serializer):
+    conversation_id = f.CharField()
 
 
 class Deleted(f.Serializer):

@@ -63,7 +63,8 @@ def failed_json(r: FailedMessage) -> dict[str, Any]:
     return {"id": r.pk, "message_id": r.message_id, "queue": r.original_queue, "message_type": r.message_type,
             "exception_type": r.exception_type, "exception_message": r.exception_message,
             "group_key": r.group_key, "status": r.status, "time_of_failure": _iso(r.time_of_failure),
-            "attempts": r.attempts, "group_title": r.group_title, "failure_count": r.failure_count}
+            "attempts": r.attempts, "group_title": r.group_title, "failure_count": r.failure_count,
+            "conversation_id": r.conversation_id or None}
 
 
 def failed_detail_json(r: FailedMessage) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from drf_spectacular.views import SpectacularAPIView
 from dashboard import metrics
 from dashboard.api import errors
 from dashboard.api import alerts as al
+from dashboard.api import conversations as conv
 from dashboard.api import views as v
 from dashboard.permissions import CanView
 
@@ -40,6 +41,8 @@ urlpatterns = [
     path("api/failed/<int:pk>/edit-retry/", v.FailedEditRetry.as_view(), name="api-failed-edit-retry"),
     path("api/operations/", v.OperationList.as_view(), name="api-operations"),
     path("api/operations/<int:pk>/", v.OperationItem.as_view(), name="api-operation"),
+    path("api/conversations/", conv.ConversationSearch.as_view(), name="api-conversations"),
+    path("api/conversations/<path:conversation_id>/", conv.ConversationItem.as_view(), name="api-conversation"),
     path("api/outbox/", v.OutboxList.as_view(), name="api-outbox"),
     path("api/outbox/<path:message_id>/dispatch/", v.OutboxDispatch.as_view(), name="api-outbox-dispatch"),
     path("api/audit/", v.AuditList.as_view(), name="api-audit"),

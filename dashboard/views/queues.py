@@ -169,6 +169,7 @@ def message(request: HttpRequest, name: str, row_version: int) -> HttpResponse:
     return page(request, "dashboard/message.html", {
         "section": "queues", "name": name, "m": m, "headers": headers, "body": body_view(mask_body(m.body)),
         "sent": sent_at(m), "others": [q.name for q in list_queues() if q.name != name],
+        "conversation_id": m.headers.get(Headers.CONVERSATION_ID, "") if not m.poison else "",
     })
 
 
