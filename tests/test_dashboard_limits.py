@@ -452,3 +452,39 @@ def test_the_statement_timeout_is_set_before_a_pages_first_query_and_only_then(o
     with CaptureQueriesContext(connection) as cached:
         assert middleware(RequestFactory().get("/")).content == b"from the cache"
     assert len(cached) == 0
+
+
+def test_groups_are_shared_and_refreshed_in_the_background_until_an_action(settings):
+    import time
+
+    from tests.conftest import wait_for
+
+    settings.SLUICE_DASHBOARD_CACHE_SECONDS = 0.3
+    settings.SLUICE_DASHBOARD_REFRESH_IN_BACKGROUND = True
+    computed: list[int] = []
+
+    def groups() -> int:  # what failures.groups would compute, numbered
+        computed.append(len(computed) + 1)
+        return computed[-1]
+
+    assert stats.shared("test:groups", groups) == 1
+    assert stats.shared("test:groups", groups) == 1  # every viewer shares it
+    time.sleep(0.4)
+    assert stats.shared("test:groups", groups) == 1  # stale: answered at once, a thread computes the next
+    wait_for(lambda: stats.shared("test:groups", groups) == 2, timeout=10, what="the background refresh")
+    stats.forget_snapshot()  # an action: the next view computes, and shows its effect
+    assert stats.shared("test:groups", groups) == 3
+
+
+def test_the_audit_pages_drop_downs_read_the_newest_entries_only(operator_client, monkeypatch):
+    from dashboard.models import AuditEntry
+    from dashboard.views import audit
+
+    for name in ("ann", "bob", "cyd"):
+        AuditEntry.objects.create(username=name, action=f"act_{name}", outcome="ok")
+    monkeypatch.setattr(audit, "CHOICES_SCAN", 2)  # a log kept for years: the newest entries only
+    html = operator_client.get("/audit/").content.decode()
+    assert "<option >bob</option>" in html and "<option >cyd</option>" in html and "<option >ann<" not in html
+    assert "act_cyd" in html and "act_ann</option>" not in html
+    chosen = operator_client.get("/audit/?user=ann").content.decode()  # an older name still filters
+    assert "<option selected>ann</option>" in chosen
