@@ -10,10 +10,10 @@ number of cheap statements however many queues and tabs there are:
   (an exact count below it; above it ``max − min + 1``, marked ``estimated``), the oldest
   row's headers (its age);
 - the delayed store: due / scheduled per destination among its earliest rows (capped);
-- failed messages: by status, and unresolved by queue, in one statement of capped counts
-  (index lookups of at most ``SLUICE_DASHBOARD_EXACT_COUNT_LIMIT`` + 1 rows each); a count
-  above the cap is the planner's estimate where the database has one (PostgreSQL; shown
-  "≈"), else a lower bound (shown "N+");
+- failed messages: by status, and unresolved by queue, in one statement of capped counts per
+  200 queues (index lookups of at most ``SLUICE_DASHBOARD_EXACT_COUNT_LIMIT`` + 1 rows each;
+  dashboard/failed_counts.py); a count above the cap is the planner's estimate where the
+  database has one (PostgreSQL; shown "≈"), else a lower bound (shown "N+");
 - worker and breaker health from Redis heartbeats ("unknown" when Redis is down).
 
 A queue whose table cannot be read gets ``error`` set instead of numbers; nothing here
