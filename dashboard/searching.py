@@ -59,13 +59,10 @@ def bound(qs: QuerySet, text: str) -> tuple[QuerySet, Bound]:
 
 
 def cached_groups(by: str, status: str, queue: str, message_type: str, limit: int) -> list[failures.FailureGroup]:
-    """The ``limit`` largest groups, cut in SQL and shared by every viewer (pages and API) for
-    SLUICE_DASHBOARD_CACHE_SECONDS like the overview's snapshot, until the next action:
-    grouping a million records costs a few hundred milliseconds, too much for every view."""
+    """The ``limit`` largest groups, cut in SQL and shared by every viewer (pages and API)
+    like the overview's snapshot (:func:`stats.shared`: refreshed in the background, and
+    forgotten after an action): grouping a million records costs a few hundred
+    milliseconds, too much for every view."""
     key = "sluice:dashboard:groups:" + hashlib.sha1(repr((by, status, queue, message_type, limit)).encode()).hexdigest()
-    found = stats.cache_get(key)
-    if found is None:
-        found = failures.groups(by, status=status, queue=queue or None, message_type=message_type or None,
-                                limit=limit)
-        stats.cache_set(key, found, get_settings().DASHBOARD_CACHE_SECONDS)
-    return found
+    return stats.shared(key, lambda: failures.groups(by, status=status, queue=queue or None,
+                                                     message_type=message_type or None, limit=limit))

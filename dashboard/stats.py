@@ -10,7 +10,10 @@ number of cheap statements however many queues and tabs there are:
   (an exact count below it; above it ``max − min + 1``, marked ``estimated``), the oldest
   row's headers (its age);
 - the delayed store: due / scheduled per destination among its earliest rows (capped);
-- failed messages: one grouped count by status, one by queue (unresolved);
+- failed messages: by status, and unresolved by queue, in one statement of capped counts per
+  200 queues (index lookups of at most ``SLUICE_DASHBOARD_EXACT_COUNT_LIMIT`` + 1 rows each;
+  dashboard/failed_counts.py); a count above the cap is the planner's estimate where the
+  database has one (PostgreSQL; shown "≈"), else a lower bound (shown "N+");
 - worker and breaker health from Redis heartbeats ("unknown" when Redis is down).
 
 A queue whose table cannot be read gets ``error`` set instead of numbers; nothing here
@@ -24,26 +27,28 @@ import contextlib
 import dataclasses
 import datetime as dt
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.core.cache import caches
 from django.db import DatabaseError, connections, transaction
-from django.db.models import Count
 
 from core.conf import get_settings
 from core.delayed import SqlDelayedStore, delayed_store
 from core.dialects import dialect_for
 from core.health import read_health
 from core.measurements import age_from_headers
-from core.models import FailedMessage, FailureStatus, QueueRecord
+from core.models import FailureStatus, QueueRecord
+from dashboard.failed_counts import FailedCounts, count_failed
+# The cache layer, under the names the dashboard's modules and tests have used from here.
+from dashboard.shared_cache import (  # noqa: F401 — re-exported
+    CACHE_ALIAS, GENERATION_KEY, STALE_LIMIT, _cache, _cache_get, _cache_set, _local, _local_lock,
+    _refresh_in_background, cache_get, cache_set, reset_local, shared,
+)
 
 log = logging.getLogger("sluice.dashboard")
 
-CACHE_ALIAS = "sluice"
 SNAPSHOT_KEY = "sluice:dashboard:snapshot"
 SAMPLES_KEY = "sluice:dashboard:samples"
 #: Queues per UNION ALL statement.
@@ -52,12 +57,7 @@ QUEUES_PER_STATEMENT = 50
 DELAYED_SCAN_LIMIT = 10_000
 #: Throughput is measured over about this many seconds (samples kept that long).
 THROUGHPUT_WINDOW = 300.0
-#: Seconds to skip the shared cache after it failed (Redis down): no timeout per request.
-CACHE_RETRY_AFTER = 10.0
-#: A snapshot older than this is never shown; younger but past the cache time, it is shown
-#: while a background thread computes the next one.
-STALE_LIMIT = 30.0
-REFRESH_KEY = "sluice:dashboard:refreshing"
+REFRESH_KEY = SNAPSHOT_KEY + ":refreshing"
 
 
 @dataclass
@@ -76,8 +76,12 @@ class QueueStats:
     #: Delayed messages for this queue that are due / not yet due.
     delayed_due: int = 0
     scheduled: int = 0
-    #: Unresolved failed messages that failed in this queue.
+    #: Unresolved failed messages that failed in this queue (exactly this name).
     errors: int = 0
+    #: ``errors`` is above SLUICE_DASHBOARD_EXACT_COUNT_LIMIT: the planner's estimate
+    #: (``errors_estimated``, "≈") or, where there is none, a lower bound (``errors_capped``, "+").
+    errors_estimated: bool = False
+    errors_capped: bool = False
     #: Age in seconds of the oldest message (from its TimeSent header).
     oldest_age_seconds: float | None = None
     #: Messages sent to it per minute over the last few minutes (None until two snapshots).
@@ -107,6 +111,10 @@ class Snapshot:
     #: Failed-message records by status (every status present, 0 when none).
     failed: dict[str, int]
     health: Health
+    #: Statuses whose ``failed`` count is above SLUICE_DASHBOARD_EXACT_COUNT_LIMIT: an
+    #: estimate ("≈") / a lower bound ("+") — see QueueStats.errors_estimated.
+    failed_estimated: list[str] = field(default_factory=list)
+    failed_capped: list[str] = field(default_factory=list)
     #: The delayed store had more rows than were looked at: delayed counts are lower bounds.
     delayed_capped: bool = False
     delayed_error: str = ""
@@ -124,68 +132,14 @@ class Snapshot:
         return data
 
 
-# -- the shared cache, with a local fallback ----------------------------------------------------
-
-_local_lock = threading.Lock()
-_refresh_lock = threading.Lock()
-_local: dict[str, tuple[float, Any]] = {}
-_cache_down_until = 0.0
-
-
-def _cache():
-    return caches[CACHE_ALIAS] if CACHE_ALIAS in settings.CACHES else caches["default"]
-
-
-def _cache_get(key: str) -> Any:
-    global _cache_down_until
-    if time.monotonic() >= _cache_down_until:
-        try:
-            return _cache().get(key)
-        except Exception as exc:  # noqa: BLE001 — Redis down: the page still works
-            _cache_down_until = time.monotonic() + CACHE_RETRY_AFTER
-            log.warning("dashboard cache unavailable (%s); caching per process", exc)
-    with _local_lock:
-        hit = _local.get(key)
-    return hit[1] if hit and hit[0] > time.monotonic() else None
-
-
-def _cache_set(key: str, value: Any, seconds: float) -> None:
-    global _cache_down_until
-    with _local_lock:
-        _local[key] = (time.monotonic() + seconds, value)
-    if time.monotonic() >= _cache_down_until:
-        try:
-            _cache().set(key, value, seconds)
-        except Exception as exc:  # noqa: BLE001
-            _cache_down_until = time.monotonic() + CACHE_RETRY_AFTER
-            log.warning("dashboard cache unavailable (%s); caching per process", exc)
-
-
 def clear_cache() -> None:
     """Forget the cached snapshot (after an action, in tests)."""
-    global _cache_down_until
-    with _local_lock:
-        _local.clear()
-    _cache_down_until = 0.0
+    reset_local()
     try:
         _cache().delete_many([SNAPSHOT_KEY, SAMPLES_KEY, REFRESH_KEY])
         _cache().set(GENERATION_KEY, time.time_ns(), 24 * 3600)  # cache_set's values too
     except Exception:  # noqa: BLE001
         pass
-
-
-GENERATION_KEY = "sluice:dashboard:generation"
-
-
-def cache_get(key: str) -> Any:
-    """A value other dashboard views share through the snapshot's cache (Redis, or per
-    process) until the next action (:func:`forget_snapshot`) or its time is up."""
-    return _cache_get(f"{key}:{_cache_get(GENERATION_KEY) or 0}")
-
-
-def cache_set(key: str, value: Any, seconds: float) -> None:
-    if seconds > 0:
-        _cache_set(f"{key}:{_cache_get(GENERATION_KEY) or 0}", value, seconds)
 
 
 def forget_snapshot() -> None:
@@ -217,39 +171,11 @@ def snapshot(max_age: float | None = None) -> Snapshot:
         if age <= seconds:
             return cached
         if age <= max(STALE_LIMIT, seconds) and get_settings().DASHBOARD_REFRESH_IN_BACKGROUND:
-            _refresh_in_background(seconds)
+            _refresh_in_background(SNAPSHOT_KEY, compute_snapshot, seconds)
             return cached
     snap = compute_snapshot()
     _cache_set(SNAPSHOT_KEY, snap, max(STALE_LIMIT, seconds))
     return snap
-
-
-def _refresh_in_background(seconds: float) -> None:
-    """One refresh at a time per process, and (through the shared cache) across processes."""
-    if not _refresh_lock.acquire(blocking=False):
-        return
-    try:
-        claimed = _cache().add(REFRESH_KEY, 1, timeout=max(seconds, 5))
-    except Exception:  # noqa: BLE001 — Redis down: this process refreshes its own copy
-        claimed = True
-    if not claimed:
-        _refresh_lock.release()
-        return
-
-    def run() -> None:
-        try:
-            _cache_set(SNAPSHOT_KEY, compute_snapshot(), max(STALE_LIMIT, seconds))
-        except Exception:  # noqa: BLE001 — the next request tries again
-            log.exception("statistics refresh failed")
-        finally:
-            connections.close_all()  # this thread's own connections
-            try:
-                _cache().delete(REFRESH_KEY)
-            except Exception:  # noqa: BLE001
-                pass
-            _refresh_lock.release()
-
-    threading.Thread(target=run, name="sluice-stats-refresh", daemon=True).start()
 
 
 def queue_stats(name: str) -> QueueStats | None:
@@ -277,8 +203,12 @@ def compute_snapshot() -> Snapshot:
     highs = _fill_queue_counts(queues)
     delayed_capped, delayed_error = _fill_delayed(queues)
     failed, failed_problem = _fill_failed(queues)
-    snap = Snapshot(at=now, queues=queues, failed=failed, health=_health(), delayed_capped=delayed_capped,
-                    delayed_error=delayed_error, problem=problem or failed_problem)
+    by_status = failed.by_status if failed else {}
+    snap = Snapshot(at=now, queues=queues, failed={s: c.value for s, c in by_status.items()} or
+                    {status: 0 for status in FailureStatus.values}, health=_health(),
+                    delayed_capped=delayed_capped, delayed_error=delayed_error, problem=problem or failed_problem,
+                    failed_estimated=[s for s, c in by_status.items() if c.estimated],
+                    failed_capped=[s for s, c in by_status.items() if c.capped])
     _fill_throughput(snap, highs)
     snap.compute_ms = (time.perf_counter() - started) * 1000
     return snap
@@ -363,21 +293,19 @@ def _fill_delayed(queues: list[QueueStats]) -> tuple[bool, str]:
     return seen >= DELAYED_SCAN_LIMIT, ""
 
 
-def _fill_failed(queues: list[QueueStats]) -> tuple[dict[str, int], str]:
-    failed = {status: 0 for status in FailureStatus.values}
+def _fill_failed(queues: list[QueueStats]) -> tuple[FailedCounts | None, str]:
+    alias = get_settings().DATABASE
+    d = dialect_for(connections[alias], get_settings().SCHEMA)
     try:
-        for row in FailedMessage.objects.order_by().values("status").annotate(n=Count("pk")):
-            failed[row["status"]] = row["n"]
-        by_name = {q.name: q for q in queues}
-        for row in (FailedMessage.objects.filter(status=FailureStatus.UNRESOLVED).order_by()
-                    .values("original_queue").annotate(n=Count("pk"))):
-            q = by_name.get((row["original_queue"] or "").split("@")[0])
-            if q is not None:
-                q.errors += row["n"]
+        with _guarded(alias), connections[alias].cursor() as cursor:
+            counts = count_failed(cursor, d, [q.name for q in queues], get_settings().DASHBOARD_EXACT_COUNT_LIMIT)
     except DatabaseError as exc:
         log.warning("cannot count failed messages: %s", exc)
-        return failed, "Failed messages cannot be read. Have the migrations run?"
-    return failed, ""
+        return None, "Failed messages cannot be read. Have the migrations run?"
+    for q in queues:
+        count = counts.by_queue[q.name]
+        q.errors, q.errors_estimated, q.errors_capped = count.value, count.estimated, count.capped
+    return counts, ""
 
 
 def _health() -> Health:

@@ -3,11 +3,15 @@
 A page that asks the database for something unaffordable (a search over millions of rows,
 a lock a long purge holds) must answer with a message in seconds, not hold a gunicorn worker
 and a database connection until the proxy gives up.  GET requests' statements are bounded by
-the dialect for the request's duration, in autocommit (no transaction a caught error would
-abort) (core/dialects: PostgreSQL statement_timeout, SQL Server
-LOCK_TIMEOUT, SQLite a progress handler); a statement stopped so gives a 503 page / JSON error
-that says which limit was reached.  Writes (POST…) are not bounded here: their bulk work runs
-on the workers, and an action half-stopped would be worse than a slow one.
+the dialect, in autocommit (no transaction a caught error would abort) (core/dialects:
+PostgreSQL statement_timeout, SQL Server LOCK_TIMEOUT, SQLite a progress handler); a statement
+stopped so gives a 503 page / JSON error that says which limit was reached.  Writes (POST…)
+are not bounded: their bulk work runs on the workers, and an action half-stopped would be
+worse than a slow one.
+
+The session setting is made just before a request's first statement and lifted after its
+last, only when the request made one: a request that needs no database (a page from the
+snapshot cache, an anonymous health check) costs no round trip for it (Dialect.bounded).
 """
 from __future__ import annotations
 

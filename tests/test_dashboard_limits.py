@@ -384,3 +384,107 @@ def test_a_search_without_an_index_reads_the_newest_records_only(operator_client
         assert data["count"] == 2 and "newest 2 failed messages" in data["search_note"]
         assert {r["id"] for r in data["results"]} == {r.pk for r in records[2:]}
         assert "newest 2 failed messages" in operator_client.get("/failed/?q=needle").content.decode()
+
+
+# -- item 2: the snapshot's failed-message counts stop at a cap ----------------------------------------
+
+def test_snapshot_counts_failed_messages_up_to_the_cap_then_estimates_or_says_more(operator_client, queue,
+                                                                                  error_queue, settings):
+    from core.dialects import dialect_for
+    from core.models import FailedMessage
+
+    settings.SLUICE_DASHBOARD_EXACT_COUNT_LIMIT = 2
+    for _ in range(5):
+        fail_message(queue)
+    FailedMessage.objects.filter(pk=FailedMessage.objects.order_by("pk")[0].pk).update(status="archived")
+    using = get_settings().DATABASE
+    if connections[using].vendor == "postgresql":
+        with connections[using].cursor() as cursor:
+            cursor.execute("ANALYZE sluice_failed_message")  # what autovacuum keeps up to date
+    with CaptureQueriesContext(connections[using]) as queries:
+        snap = stats.snapshot(max_age=0)
+    failed_sql = [q["sql"] for q in queries if "sluice_failed_message" in q["sql"]]
+    # Capped lookups in one statement (and planner estimates): never a grouped count of every record.
+    assert failed_sql and not any("GROUP BY" in sql.upper() for sql in failed_sql)
+    assert snap.failed["archived"] == 1 and not {"archived"} & set(snap.failed_estimated + snap.failed_capped)
+    q = snap.queue(queue)
+    html = operator_client.get("/").content.decode()
+    if dialect_for(connections[using]).estimates_row_counts:  # PostgreSQL: the planner's estimate, "≈"
+        assert snap.failed_estimated == ["unresolved"] and snap.failed["unresolved"] >= 3
+        assert q.errors_estimated and not q.errors_capped and q.errors >= 3
+        assert f'data-total="failed-unresolved">≈ {snap.failed["unresolved"]}<' in html
+    else:  # no estimate: a lower bound, "3+"
+        assert snap.failed_capped == ["unresolved"] and snap.failed["unresolved"] == 3
+        assert q.errors_capped and not q.errors_estimated and q.errors == 3
+        assert 'data-total="failed-unresolved">3+<' in html
+    status, data = api(operator_client, "get", "/api/queues/")
+    listed = next(item for item in data["queues"] if item["name"] == queue)
+    assert status == 200 and listed["errors"] == q.errors
+    assert (listed["errors_estimated"], listed["errors_capped"]) == (q.errors_estimated, q.errors_capped)
+    settings.SLUICE_DASHBOARD_EXACT_COUNT_LIMIT = 1000
+    exact = stats.snapshot(max_age=0)
+    assert exact.failed["unresolved"] == exact.queue(queue).errors == 4
+    assert exact.failed_estimated == exact.failed_capped == [] and not exact.queue(queue).errors_capped
+
+
+# -- item 2: the statement timeout costs no round trip per page ------------------------------------------
+
+def test_the_statement_timeout_is_set_before_a_pages_first_query_and_only_then(operator_client, queue, settings):
+    from django.http import HttpResponse
+    from django.test import RequestFactory
+
+    from dashboard.timeouts import StatementTimeoutMiddleware
+
+    connection = connections[get_settings().DATABASE]
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite bounds reads with a progress handler: there is no session setting to count")
+    settings.SLUICE_DASHBOARD_STATEMENT_TIMEOUT = 4
+    with CaptureQueriesContext(connection) as page:
+        assert operator_client.get("/audit/").status_code == 200
+    assert page[0]["sql"] == "SELECT set_config('statement_timeout', '4000', false)"
+    assert "RESET statement_timeout" in [q["sql"] for q in page]  # the connection's next user is not bounded
+    assert [q["sql"] for q in page].count(page[0]["sql"]) == 1
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW statement_timeout")
+        assert cursor.fetchone()[0] == "0"
+    # A request that needs no database (a page from the snapshot cache) costs no round trip.
+    middleware = StatementTimeoutMiddleware(lambda request: HttpResponse("from the cache"))
+    with CaptureQueriesContext(connection) as cached:
+        assert middleware(RequestFactory().get("/")).content == b"from the cache"
+    assert len(cached) == 0
+
+
+def test_groups_are_shared_and_refreshed_in_the_background_until_an_action(settings):
+    import time
+
+    from tests.conftest import wait_for
+
+    settings.SLUICE_DASHBOARD_CACHE_SECONDS = 0.3
+    settings.SLUICE_DASHBOARD_REFRESH_IN_BACKGROUND = True
+    computed: list[int] = []
+
+    def groups() -> int:  # what failures.groups would compute, numbered
+        computed.append(len(computed) + 1)
+        return computed[-1]
+
+    assert stats.shared("test:groups", groups) == 1
+    assert stats.shared("test:groups", groups) == 1  # every viewer shares it
+    time.sleep(0.4)
+    assert stats.shared("test:groups", groups) == 1  # stale: answered at once, a thread computes the next
+    wait_for(lambda: stats.shared("test:groups", groups) == 2, timeout=10, what="the background refresh")
+    stats.forget_snapshot()  # an action: the next view computes, and shows its effect
+    assert stats.shared("test:groups", groups) == 3
+
+
+def test_the_audit_pages_drop_downs_read_the_newest_entries_only(operator_client, monkeypatch):
+    from dashboard.models import AuditEntry
+    from dashboard.views import audit
+
+    for name in ("ann", "bob", "cyd"):
+        AuditEntry.objects.create(username=name, action=f"act_{name}", outcome="ok")
+    monkeypatch.setattr(audit, "CHOICES_SCAN", 2)  # a log kept for years: the newest entries only
+    html = operator_client.get("/audit/").content.decode()
+    assert "<option >bob</option>" in html and "<option >cyd</option>" in html and "<option >ann<" not in html
+    assert "act_cyd" in html and "act_ann</option>" not in html
+    chosen = operator_client.get("/audit/?user=ann").content.decode()  # an older name still filters
+    assert "<option selected>ann</option>" in chosen

@@ -11,6 +11,12 @@ class DashboardSQL:
 
     #: Error codes of a statement the database stopped because :meth:`bounded`'s time ran out.
     statement_timeout_errors: frozenset[str] = frozenset()
+    #: :meth:`_capped_count` takes its cap before the WHERE clause's parameters (SQL
+    #: Server's ``TOP (%s)``) rather than after them (``LIMIT %s``).
+    capped_count_limit_first: bool = False
+    #: :meth:`estimate_rows` answers from the planner's statistics (else it returns None).
+    estimates_row_counts: bool = False
+
     def statement_timeout(self, seconds: float) -> tuple[str, list[Any]] | None:
         """A statement that makes the database cancel every later statement of the session
         that runs longer than ``seconds``; None where there is none."""
@@ -24,19 +30,34 @@ class DashboardSQL:
     def bounded(self, connection: Any, seconds: float) -> Iterator[None]:
         """On Django ``connection`` (in autocommit: no transaction to abort, so a view that
         catches a database error can go on), statements are cancelled past ``seconds`` each
-        until the block ends: a dashboard page must not hold a worker and the database for
-        minutes.  :meth:`is_statement_timeout` tells such a cancel from other errors."""
+        while the block runs: a dashboard page must not hold a worker and the database for
+        minutes.  :meth:`is_statement_timeout` tells such a cancel from other errors.
+
+        The session setting is made just before the block's first statement, so a request
+        that makes none (a page from the cache, an anonymous health check) costs no round
+        trip, and lifted at the end only when it was made: the connection's next user (an
+        action, a test's clean-up, the next request on a kept connection) is not bounded."""
         statement = self.statement_timeout(seconds)
         if statement is None:
             yield
             return
-        with connection.cursor() as cursor:
-            cursor.execute(*statement)
+        made = False
+
+        def set_first(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+            nonlocal made
+            if not made:
+                made = True  # first: the SET below passes through this wrapper too
+                with connection.cursor() as cursor:
+                    cursor.execute(*statement)
+            return execute(sql, params, many, context)
+
         try:
-            yield
-        finally:  # the connection's next user (an action, another request) is not bounded
-            with connection.cursor() as cursor:
-                cursor.execute(*self.statement_timeout_reset())
+            with connection.execute_wrapper(set_first):
+                yield
+        finally:
+            if made and connection.connection is not None:  # a closed connection forgot it anyway
+                with connection.cursor() as cursor:
+                    cursor.execute(*self.statement_timeout_reset())
 
     def is_statement_timeout(self, exc: BaseException) -> bool:
         return self._has_code(exc, self.statement_timeout_errors)
@@ -66,6 +87,35 @@ class DashboardSQL:
     def _capped_count(self, source: str, where: str) -> str:
         """A scalar subquery counting rows of ``source`` + ``where`` up to %s (then it stops)."""
         return f"(SELECT COUNT(*) FROM (SELECT 1 AS x FROM {source}{where} LIMIT %s) c)"
+
+    def failed_counts(self, table: str, statuses: int, queues: int) -> str:
+        """Failed-message records of ``table`` counted up to a cap, one row each (UNION ALL):
+        (position, count) for ``statuses`` statuses, then for ``queues`` queue names (their
+        unresolved records): index lookups of at most cap rows each, never a whole table's
+        count.  Params: :meth:`failed_counts_params`."""
+        source = f"{self.quote(table)}{self.nolock_hint}"
+        by_status = self._capped_count(source, " WHERE status = %s")
+        by_queue = self._capped_count(source, " WHERE original_queue = %s AND status = %s")
+        return " UNION ALL ".join([f"SELECT %s, {by_status}"] * statuses + [f"SELECT %s, {by_queue}"] * queues)
+
+    def failed_counts_params(self, statuses: list[str], queues: list[str], unresolved: str, cap: int) -> list[Any]:
+        params: list[Any] = []
+        wheres = [[status] for status in statuses] + [[queue, unresolved] for queue in queues]
+        for position, where in enumerate(wheres):
+            params += [position, cap, *where] if self.capped_count_limit_first else [position, *where, cap]
+        return params
+
+    def failed_rows(self, table: str, by_queue: bool) -> str:
+        """The records :meth:`failed_counts` counts for one status (params: status), or for one
+        queue (params: queue, status): what :meth:`estimate_rows` estimates above the cap."""
+        where = "original_queue = %s AND status = %s" if by_queue else "status = %s"
+        return f"SELECT 1 FROM {self.quote(table)}{self.nolock_hint} WHERE {where}"
+
+    def estimate_rows(self, cursor: Any, select: str, params: list[Any]) -> int | None:
+        """The number of rows ``select`` would return as the planner estimates it from its
+        statistics, without running it; None where the database cannot say (see
+        :attr:`estimates_row_counts`)."""
+        return None
 
     def browse_sizes(self, name: str) -> str:
         """:meth:`browse` with each Body's size in bytes in its place: a listing of 4 MiB

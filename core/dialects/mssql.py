@@ -45,6 +45,7 @@ class MSSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
 
     #: 1222: lock request time out; HYT00: the driver's query timeout.
     statement_timeout_errors = frozenset({"1222", "HYT00"})
+    capped_count_limit_first = True
 
     def statement_timeout(self, seconds: float) -> tuple[str, list[Any]]:
         # SQL Server has no server-side limit on a statement's run time (that is the driver's

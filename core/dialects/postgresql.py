@@ -2,6 +2,7 @@
 an advisory lock around DDL so concurrent start-ups do not race on the catalog."""
 from __future__ import annotations
 
+import json
 from typing import Any, Sequence
 
 from core.dialects.base import Dialect
@@ -317,6 +318,17 @@ SELECT (SELECT MAX({self.quote('id')}) FROM {table}),
 
     def statement_timeout_reset(self) -> tuple[str, list[Any]]:
         return ("RESET statement_timeout", [])
+
+    estimates_row_counts = True
+
+    def estimate_rows(self, cursor: Any, select: str, params: list[Any]) -> int | None:
+        # The planner's row estimate (pg_statistic, kept by ANALYZE / autovacuum): a few
+        # hundred microseconds however many rows match.
+        cursor.execute(f"EXPLAIN (FORMAT JSON) {select}", params)
+        plan = cursor.fetchone()[0]
+        if isinstance(plan, str):
+            plan = json.loads(plan)
+        return int(plan[0]["Plan"]["Plan Rows"])
 
     def failed_search_expression(self) -> str:
         return ('UPPER("message_id" || \' \' || "exception_type" || \' \' || "exception_message" || \' \' '

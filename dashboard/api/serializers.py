@@ -40,6 +40,7 @@ def queue_json(q: QueueStats) -> dict[str, Any]:
     return {"name": q.name, "kind": q.kind, "pending": q.pending, "expired": q.expired,
             "delayed_due": q.delayed_due, "scheduled": q.scheduled, "errors": q.errors, "total": q.total,
             "estimated": q.estimated, "expired_capped": q.expired_capped,
+            "errors_estimated": q.errors_estimated, "errors_capped": q.errors_capped,
             "oldest_age_seconds": q.oldest_age_seconds, "sent_per_minute": q.sent_per_minute,
             "ttl_seconds": q.ttl_seconds, "error": q.error or None}
 

@@ -189,6 +189,8 @@ def message_body(request: HttpRequest, name: str, row_version: int) -> HttpRespo
 @require_POST
 def delete(request: HttpRequest, name: str) -> HttpResponse:
     ids = [i for i in request.POST.getlist("ids") if i]
+    if not ids:  # "Delete selected" with no box ticked: say what to do, as /failed/ does
+        return error_response(request, "Nothing selected: tick messages first.", 400)
     return act(request, lambda: actions.delete_messages(request.user, name, ids, via="web"),
                back_to(request, reverse("dashboard:queue", args=[name])))
 
