@@ -18,12 +18,17 @@ from tests.conftest import wait_for  # noqa: F401 (the tests import it from here
 
 class WebhookReceiver:
     """Answers POSTs from a script of (status, headers) — the last one repeats — and keeps
-    every request: (monotonic time, path, headers, parsed JSON body)."""
+    every request: (monotonic time, path, headers, parsed JSON body).  A status of None
+    never answers: the request hangs until the receiver stops (a target gone silent).
+    ``on_request(body)``, when given, runs while the request is open, before the answer."""
 
-    def __init__(self, script: list[tuple[int, dict[str, str]]] | None = None) -> None:
+    def __init__(self, script: list[tuple[int | None, dict[str, str]]] | None = None,
+                 on_request: Any = None) -> None:
         self.script = list(script or [(200, {})])
         self.requests: list[tuple[float, str, dict[str, str], Any]] = []
+        self.on_request = on_request
         self._lock = threading.Lock()
+        self._stopping = threading.Event()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -32,6 +37,11 @@ class WebhookReceiver:
                 with receiver._lock:
                     receiver.requests.append((time.monotonic(), self.path, dict(self.headers), json.loads(raw)))
                     status, headers = receiver.script[min(len(receiver.requests), len(receiver.script)) - 1]
+                if receiver.on_request is not None:
+                    receiver.on_request(json.loads(raw))
+                if status is None:
+                    receiver._stopping.wait(60)
+                    return
                 self.send_response(status)
                 for k, v in headers.items():
                     self.send_header(k, v)
@@ -51,6 +61,7 @@ class WebhookReceiver:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self._stopping.set()
         self.server.shutdown()
         self.server.server_close()
 

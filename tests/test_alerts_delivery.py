@@ -5,9 +5,14 @@ Secrets never reach the delivery rows or the logs."""
 from __future__ import annotations
 
 import logging
+import sqlite3
+import time
 
 import pytest
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
+
+from core.measurements import queue_levels
 
 from core.alerts.evaluator import evaluate
 from core.alerts.models import AlertDelivery, AlertRule, AlertTarget, DeliveryStatus, RuleKind, TargetFormat
@@ -65,6 +70,58 @@ def test_webhook_retries_500_then_honours_retry_after_on_429_then_delivers(queue
     logs = caplog.text
     assert "secret-token-abc123" not in logs and "very-secret-header" not in logs
     assert "attempt 1 failed" in logs
+
+
+def test_the_target_is_called_with_no_transaction_open(own_alerts_queue, fast_retries):
+    """While the webhook request is open, another connection sees the claim committed, the
+    received message gone from the queue, and nothing locked: on PostgreSQL the delivery's
+    row can be locked at once (NOWAIT); on SQLite another connection can start writing."""
+    seen: list[dict] = []
+
+    def look(body) -> None:
+        try:
+            view = {"status": AlertDelivery.objects.get().status,
+                    "waiting": queue_levels([own_alerts_queue])[0].pending}
+            if connection.vendor == "postgresql":
+                with transaction.atomic():
+                    view["locked_at_once"] = len(AlertDelivery.objects.select_for_update(nowait=True).all()) == 1
+            else:
+                view["write_lock_free"] = _sqlite_write_lock_free(connection.settings_dict["NAME"])
+            seen.append(view)
+        except DatabaseError as exc:
+            seen.append({"error": str(exc)})
+        finally:
+            connection.close()  # this is the webhook server's thread
+
+    with WebhookReceiver(on_request=look) as hook:
+        target = AlertTarget.objects.create(name="am", url=hook.url)
+        send_test_notification(target, timezone.now())
+        host = alerts_worker()
+        try:
+            wait_for(lambda: AlertDelivery.objects.filter(status=DeliveryStatus.SENT).exists())
+        finally:
+            host.stop()
+    assert len(seen) == 1
+    assert seen[0]["status"] == DeliveryStatus.SENDING and seen[0]["waiting"] == 0, seen
+    assert seen[0].get("locked_at_once") or seen[0].get("write_lock_free"), seen
+
+
+def _sqlite_write_lock_free(path: str, within: float = 3.0) -> bool:
+    """Whether another connection can take SQLite's write lock within a few seconds (the
+    worker's other loops write now and then; a receive transaction held across the call
+    would hold it the whole time)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        other = sqlite3.connect(path, timeout=0, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            other.execute("ROLLBACK")
+            return True
+        except sqlite3.OperationalError:
+            time.sleep(0.05)
+        finally:
+            other.close()
+    return False
 
 
 def test_email_reaches_a_real_smtp_server(queue, fast_retries, settings):
