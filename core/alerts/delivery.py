@@ -140,7 +140,10 @@ def call(pk: int, n: int) -> None:
             return  # its check came first (the call waited past the deadline): the next attempt is on its way
         delivery = AlertDelivery.objects.using(using).select_related("target", "alert", "alert__rule").get(pk=pk)
         no_transaction_open()
-        result = attempt_delivery(delivery)
+        try:
+            result = attempt_delivery(delivery)
+        except Exception as exc:  # noqa: BLE001 — e.g. an address urllib refuses: this target's failure, for good
+            result = Attempt(False, False, None, f"{type(exc).__name__}: {exc}")
         with writer_turn(using), transaction.atomic(using=using):
             settle(delivery, n, result, Transport(using))
     except Exception:  # noqa: BLE001 — e.g. the database went away: the check settles this attempt
