@@ -15,6 +15,7 @@ from core.alerts.models import AlertDelivery, AlertTarget, DeliveryStatus
 from core.alerts.notify import test_notification as send_test_notification
 from tests.alerts_support import WebhookReceiver, own_alerts_queue, wait_for  # noqa: F401 (a fixture)
 from tests.conftest import start_worker
+from tests.dashboard_pages_support import make_user
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -26,7 +27,7 @@ def worker_env(queue: str) -> dict[str, str]:
             "SLUICE_ALERTS_RETRY_BASE": "0.2", "SLUICE_PEEK_DELAY": "0.05"}
 
 
-def test_a_worker_killed_mid_send_does_not_lose_the_notification(own_alerts_queue, settings):
+def test_a_worker_killed_mid_send_does_not_lose_the_notification(own_alerts_queue, settings, client):
     settings.SLUICE_ALERTS_DELIVERY_TIMEOUT = TIMEOUT
     calling = threading.Event()
     # The first request hangs (the worker is killed while it waits); the second is answered.
@@ -43,6 +44,9 @@ def test_a_worker_killed_mid_send_does_not_lose_the_notification(own_alerts_queu
                 first.kill()
         delivery.refresh_from_db()
         assert (delivery.status, delivery.attempts) == (DeliveryStatus.SENDING, 1), "the claim was committed first"
+        client.force_login(make_user("viewer"))
+        row = client.get("/alerts/").content.decode()
+        assert f'data-delivery="{delivery.pk}" data-status="sending"' in row and "until" in row
         second = start_worker("--queue", own_alerts_queue, env=worker_env(own_alerts_queue))
         try:
             wait_for(lambda: AlertDelivery.objects.filter(pk=delivery.pk, status=DeliveryStatus.SENT).exists(),
