@@ -18,12 +18,17 @@ from tests.conftest import wait_for  # noqa: F401 (the tests import it from here
 
 class WebhookReceiver:
     """Answers POSTs from a script of (status, headers) — the last one repeats — and keeps
-    every request: (monotonic time, path, headers, parsed JSON body)."""
+    every request: (monotonic time, path, headers, parsed JSON body).  A status of None
+    never answers: the request hangs until the receiver stops (a target gone silent).
+    ``on_request(body)``, when given, runs while the request is open, before the answer."""
 
-    def __init__(self, script: list[tuple[int, dict[str, str]]] | None = None) -> None:
+    def __init__(self, script: list[tuple[int | None, dict[str, str]]] | None = None,
+                 on_request: Any = None) -> None:
         self.script = list(script or [(200, {})])
         self.requests: list[tuple[float, str, dict[str, str], Any]] = []
+        self.on_request = on_request
         self._lock = threading.Lock()
+        self._stopping = threading.Event()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -32,6 +37,11 @@ class WebhookReceiver:
                 with receiver._lock:
                     receiver.requests.append((time.monotonic(), self.path, dict(self.headers), json.loads(raw)))
                     status, headers = receiver.script[min(len(receiver.requests), len(receiver.script)) - 1]
+                if receiver.on_request is not None:
+                    receiver.on_request(json.loads(raw))
+                if status is None:
+                    receiver._stopping.wait(60)
+                    return
                 self.send_response(status)
                 for k, v in headers.items():
                     self.send_header(k, v)
@@ -51,6 +61,7 @@ class WebhookReceiver:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self._stopping.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -105,12 +116,16 @@ def alerts_worker(**options: Any):
 @pytest.fixture
 def own_alerts_queue(settings, transactional_db):
     """An alerts queue of the test's own (queue tables outlive the test database's flush)."""
+    from core.models import DelayedMessageRow
     from core.queues import delete_queue
     from core.scheduling import delayed_store
 
     delayed_store().setup_infrastructure()  # delivery retries are delayed messages
     name = settings.SLUICE_ALERTS_QUEUE = f"alerts_{uuid.uuid4().hex[:10]}"
     yield name
+    # Each attempt leaves a check message due at its deadline (core.alerts.delivery); the
+    # delayed store outlives the test database's flush, and the queue goes now.
+    DelayedMessageRow.objects.filter(destination=name).delete()
     try:
         delete_queue(name)
     except Exception:  # noqa: BLE001 — never made

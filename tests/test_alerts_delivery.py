@@ -5,9 +5,14 @@ Secrets never reach the delivery rows or the logs."""
 from __future__ import annotations
 
 import logging
+import sqlite3
+import time
 
 import pytest
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
+
+from core.measurements import queue_levels
 
 from core.alerts.evaluator import evaluate
 from core.alerts.models import AlertDelivery, AlertRule, AlertTarget, DeliveryStatus, RuleKind, TargetFormat
@@ -67,6 +72,69 @@ def test_webhook_retries_500_then_honours_retry_after_on_429_then_delivers(queue
     assert "attempt 1 failed" in logs
 
 
+@pytest.mark.parametrize("mode", [
+    "sends_atomic_with_receive",
+    # Its receive runs on a second alias of the same database.
+    pytest.param("receive_only", marks=pytest.mark.django_db(transaction=True, databases="__all__")),
+    "outbox"])
+def test_the_target_is_called_with_no_transaction_open(mode, own_alerts_queue, fast_retries, settings, request):
+    """While the webhook request is open, another connection sees the claim committed, the
+    received message gone from the queue, and nothing locked: on PostgreSQL the delivery's
+    row can be locked at once (NOWAIT); on SQLite another connection can start writing.
+    In every transaction mode (receive_only receives on a connection of its own)."""
+    if mode == "receive_only" and connection.vendor == "sqlite":
+        pytest.skip("receive_only needs concurrent writers (refused on SQLite)")
+    if mode == "outbox":
+        request.getfixturevalue("outbox")
+    settings.SLUICE_TRANSACTION_MODE = mode
+    seen: list[dict] = []
+
+    def look(body) -> None:
+        try:
+            view = {"status": AlertDelivery.objects.get().status,
+                    "waiting": queue_levels([own_alerts_queue])[0].pending}
+            if connection.vendor == "postgresql":
+                with transaction.atomic():
+                    view["locked_at_once"] = len(AlertDelivery.objects.select_for_update(nowait=True).all()) == 1
+            else:
+                view["write_lock_free"] = _sqlite_write_lock_free(connection.settings_dict["NAME"])
+            seen.append(view)
+        except DatabaseError as exc:
+            seen.append({"error": str(exc)})
+        finally:
+            connection.close()  # this is the webhook server's thread
+
+    with WebhookReceiver(on_request=look) as hook:
+        target = AlertTarget.objects.create(name="am", url=hook.url)
+        send_test_notification(target, timezone.now())
+        host = alerts_worker()
+        try:
+            wait_for(lambda: AlertDelivery.objects.filter(status=DeliveryStatus.SENT).exists())
+        finally:
+            host.stop()
+    assert len(seen) == 1
+    assert seen[0]["status"] == DeliveryStatus.SENDING and seen[0]["waiting"] == 0, seen
+    assert seen[0].get("locked_at_once") or seen[0].get("write_lock_free"), seen
+
+
+def _sqlite_write_lock_free(path: str, within: float = 3.0) -> bool:
+    """Whether another connection can take SQLite's write lock within a few seconds (the
+    worker's other loops write now and then; a receive transaction held across the call
+    would hold it the whole time)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        other = sqlite3.connect(path, timeout=0, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            other.execute("ROLLBACK")
+            return True
+        except sqlite3.OperationalError:
+            time.sleep(0.05)
+        finally:
+            other.close()
+    return False
+
+
 def test_email_reaches_a_real_smtp_server(queue, fast_retries, settings):
     with SmtpReceiver() as smtp:
         settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
@@ -91,7 +159,7 @@ def test_a_target_that_never_answers_fails_for_good_and_raises_a_self_health_ale
     dead = f"http://127.0.0.1:{free_port()}/hook/secret-token-xyz987"  # nothing listens
     AlertTarget.objects.create(name="dead", url=dead)
     _queue_rule(queue)
-    AlertRule.objects.create(name="deliveries", kind=RuleKind.DELIVERY_FAILED, window_seconds=600)
+    AlertRule.objects.create(name="deliveries", kind=RuleKind.DELIVERY_FAILED, window_seconds=4, clear_after=1)
     Transport().send(queue, {"n": 1})
     Transport().send(queue, {"n": 2})
     evaluate()
@@ -105,6 +173,8 @@ def test_a_target_that_never_answers_fails_for_good_and_raises_a_self_health_ale
     evaluate()
     rule = AlertRule.objects.get(name="deliveries")
     assert rule.alerts.get().labels["target"] == "dead"
+    # Once the failure is older than the rule's window, the alert resolves.
+    wait_for(lambda: evaluate() is not None and rule.alerts.get().state == "resolved", timeout=15, interval=0.5)
 
 
 def test_slack_teams_and_pagerduty_templates(queue, fast_retries):

@@ -244,19 +244,6 @@ def test_delayed_messages_due_but_not_moved(queue, target):
     assert states(r) == [AlertState.RESOLVED]
 
 
-def test_redis_unreachable(target, settings):
-    from tests.alerts_support import free_port
-
-    r = rule(RuleKind.REDIS_DOWN)
-    good = settings.REDIS_URL
-    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
-    evaluate()
-    assert states(r) == [AlertState.FIRING]
-    settings.REDIS_URL = good
-    evaluate()
-    assert states(r) == [AlertState.RESOLVED]
-
-
 def test_processing_records_not_exported(queue, target, temp_handlers, settings, tmp_path):
     from core.records.export import export_records
 

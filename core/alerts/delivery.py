@@ -1,151 +1,198 @@
-"""Sending one notification: the Sluice handler of the alerts queue (``SLUICE_ALERTS_QUEUE``).
+"""Delivering one notification: the handler of the alerts queue (``SLUICE_ALERTS_QUEUE``)
+and what follows it.  No target is ever called while a transaction is open: the pump
+holds the received message's row locked until its transaction ends, so a call made from
+inside the handler would hold that lock for as long as a slow target takes.
 
-Each message names one :class:`AlertDelivery` and the attempt.  The handler makes one
-attempt with a timeout (``SLUICE_ALERTS_DELIVERY_TIMEOUT``); on a network error, a
-timeout, 408, 429 or 5xx it sends the next attempt to the same queue as a *delayed*
-message, ``base × 2^(n-1)`` seconds later with full jitter, or after the target's
-``Retry-After`` — both capped at ``SLUICE_ALERTS_RETRY_CAP`` — so a slow or dead target
-never holds a pump thread between attempts.  Other answers, or the last attempt, fail the
-delivery for good: the alerts page shows it and a ``delivery_failed`` rule alerts on it.
+Each message names one :class:`AlertDelivery` and an attempt number n.  An attempt:
 
-Nothing here logs or stores a target's URL, headers or routing key: errors pass through
-:func:`redact` first.
+1. **Claim** — the handler, inside the receive's transaction, moves the delivery to
+   ``sending`` (attempt n, deadline ``sending_until`` = the database's now +
+   :func:`send_window`) and sends a *check* message to the same queue, delayed to that
+   deadline.  No network.  Claim, check and receive commit together, or none does (and
+   the message comes again).
+2. **Call** — once every transaction open on the pump's thread has committed, the call
+   is handed to a small pool of threads (:data:`SENDERS`, so a slow target holds neither
+   a transaction nor a pump thread).  There, with no transaction open, it re-arms the
+   deadline (the call may have waited for a free thread), makes one HTTP or SMTP attempt
+   with a timeout (``SLUICE_ALERTS_DELIVERY_TIMEOUT``, core.alerts.sending), then
+3. **Settle** — in one short transaction: ``sent``; or, after a network error, timeout,
+   408, 429 or 5xx, ``retrying`` with the next attempt sent as a delayed message
+   (``base × 2^(n-1)`` s with full jitter, or the target's ``Retry-After``, both capped at
+   ``SLUICE_ALERTS_RETRY_CAP``); or ``failed`` for good (other answers, or the last
+   attempt): the alerts page shows it and a ``delivery_failed`` rule alerts on it.
+4. **Check** — when the check message comes due and attempt n is still ``sending`` past
+   its deadline, the call never settled: its worker was killed, or lost the database,
+   between claim and settle.  The check settles attempt n as a retryable failure, so the
+   next attempt goes out (a lost attempt counts as one).  A re-armed deadline sends the
+   check again for the new one.
+
+Why no notification is lost (at-least-once): from the moment an attempt may be under
+way, a committed message exists that will look at it (the check commits with the claim),
+and every attempt ends settled or checked.  A notification can arrive twice — the worker
+died after the target answered but before the result was stored, or an attempt outran
+its deadline — never zero times while attempts remain.  Settling is conditional (only
+attempt n, still ``sending``, moves on), so a late result never undoes a newer state;
+a late success always counts (the notification reached its target).
 """
 from __future__ import annotations
 
-import email.utils
-import json
 import logging
-import random
-import smtplib
-import urllib.error
-import urllib.request
-from dataclasses import dataclass
-from typing import Any
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Callable
 
-from django.core.mail import EmailMessage, get_connection
+from django.db import connections, transaction
+from django.db.models.functions import Now
+from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
-from core.alerts.models import AlertDelivery, AlertTarget, DeliveryStatus
-from core.alerts.payloads import email_text, notice, webhook_body
+from core.alerts.models import AlertDelivery, DeliveryStatus
+from core.alerts.notify import MESSAGE_TYPE
+from core.alerts.sending import Attempt, attempt_delivery, backoff, redact
 from core.conf import get_settings
-from core.handlers import HandlerContext, handlers
+from core.db import writer_turn
+from core.handlers import HandlerContext, Sender, handlers
 from core.messages import Message
+from core.transport import Transport
 
 log = logging.getLogger("sluice.alerts")
 
-#: Answers are read up to this many bytes (kept in the delivery's error).
-SNIPPET = 300
 DONE = (DeliveryStatus.SENT, DeliveryStatus.FAILED, DeliveryStatus.RATE_LIMITED)
+#: The type of the messages that look at an attempt once its deadline has passed.
+CHECK_TYPE = "Sluice.AlertDeliveryCheck"
+#: Calls under way at once per worker process; more wait for a free thread.
+SENDERS = 4
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
 
 
-@dataclass(frozen=True)
-class Attempt:
-    ok: bool
-    retryable: bool = False
-    retry_after: float | None = None
-    error: str = ""
+def send_window() -> float:
+    """Seconds an attempt may take before it counts as lost.  The timeout bounds each step
+    of an SMTP session (connect, greeting, each command), not the session: a few of them,
+    and a margin."""
+    return 3 * get_settings().ALERTS_DELIVERY_TIMEOUT + 2.0
 
 
-def redact(text: str, target: AlertTarget) -> str:
-    for secret in target.secrets():
-        text = text.replace(secret, "[secret]")
-    return text
+def senders() -> ThreadPoolExecutor:
+    """The process's pool of calling threads (made on first need).  Its threads are joined
+    when the interpreter exits, so a graceful stop lets calls under way finish."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=SENDERS, thread_name_prefix="sluice-alert-send")
+        return _pool
 
 
-def retry_after_seconds(value: str | None) -> float | None:
-    """``Retry-After`` as seconds: a number, or an HTTP date."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        return max(float(value), 0.0)
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max((when - timezone.now()).total_seconds(), 0.0) if when.tzinfo else None
+def after_transactions(fn: Callable[[], object]) -> None:
+    """Run ``fn`` once no transaction is open on this thread's connections: when the last
+    one commits (never, if one rolls back), at once if none is open.  The pump's receive
+    may run on a connection of its own (``receive_only``), so every connection counts,
+    not just the handler's."""
+    for connection in connections.all(initialized_only=True):
+        if connection.in_atomic_block:
+            transaction.on_commit(lambda: after_transactions(fn), using=connection.alias, robust=True)
+            return
+    fn()
 
 
-def backoff(attempt: int, retry_after: float | None) -> float:
-    """Seconds before attempt ``attempt + 1``: the target's Retry-After when it gave one,
-    else exponential with full jitter; never more than the cap."""
-    s = get_settings()
-    if retry_after is not None:
-        return min(retry_after, s.ALERTS_RETRY_CAP)
-    ceiling = min(s.ALERTS_RETRY_BASE * 2 ** (attempt - 1), s.ALERTS_RETRY_CAP)
-    return random.uniform(ceiling / 2, ceiling)
-
-
-def post_json(url: str, headers: dict[str, str], body: Any, timeout: float) -> Attempt:
-    request = urllib.request.Request(url, data=json.dumps(body).encode("utf-8"), method="POST", headers={
-        "Content-Type": "application/json", "User-Agent": "Sluice-Alerts/1", **{str(k): str(v) for k, v in headers.items()}})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            response.read(SNIPPET)
-        return Attempt(True)
-    except urllib.error.HTTPError as exc:
-        snippet = exc.read(SNIPPET).decode("utf-8", "replace") if exc.fp else ""
-        retryable = exc.code in (408, 429) or exc.code >= 500
-        return Attempt(False, retryable, retry_after_seconds(exc.headers.get("Retry-After")),
-                       f"HTTP {exc.code}: {snippet}".strip())
-    except (urllib.error.URLError, OSError) as exc:  # refused, reset, DNS, timeout
-        reason = getattr(exc, "reason", exc)
-        return Attempt(False, True, None, f"network error: {type(reason).__name__}: {reason}")
-
-
-def send_email(recipients: list[str], subject: str, body: str, timeout: float) -> Attempt:
-    try:
-        connection = get_connection(timeout=timeout)
-        EmailMessage(subject, body, to=recipients, connection=connection).send()
-        return Attempt(True)
-    except smtplib.SMTPResponseException as exc:  # 4xx: try later; 5xx: refused for good
-        return Attempt(False, 400 <= exc.smtp_code < 500, None, f"SMTP {exc.smtp_code}: {exc.smtp_error!r}")
-    except smtplib.SMTPRecipientsRefused as exc:
-        return Attempt(False, False, None, f"SMTP refused the recipients: {sorted(exc.recipients)}")
-    except (smtplib.SMTPException, OSError) as exc:
-        return Attempt(False, True, None, f"SMTP error: {type(exc).__name__}: {exc}")
-
-
-def attempt_delivery(delivery: AlertDelivery) -> Attempt:
-    target = delivery.target
-    n = notice(delivery.alert, delivery.event, timezone.now())
-    timeout = get_settings().ALERTS_DELIVERY_TIMEOUT
-    if target.is_email:
-        recipients = [r.strip() for r in target.recipients.split(",") if r.strip()]
-        if not recipients:
-            return Attempt(False, False, None, "the target has no recipients")
-        return send_email(recipients, *email_text(n), timeout)
-    return post_json(target.url, target.headers or {}, webhook_body(target, n), timeout)
+def no_transaction_open() -> None:
+    """The rule this module keeps, checked where it matters: before a target is called."""
+    open_on = [c.alias for c in connections.all(initialized_only=True) if c.in_atomic_block]
+    if open_on:
+        raise TransactionManagementError(f"alert targets are never called inside a transaction (open on {open_on})")
 
 
 def deliver(message: Message, context: HandlerContext) -> None:
-    """The alerts queue's handler (see the module doc)."""
+    """The alerts queue's handler: claim an attempt, or check one (see the module doc)."""
     body = message.json() or {}
-    delivery = (AlertDelivery.objects.select_related("target", "alert", "alert__rule")
-                .filter(pk=body.get("delivery")).first())
-    if delivery is None or delivery.status in DONE:
-        return  # deleted meanwhile, or a duplicate of a finished one
-    attempt = int(body.get("attempt", 1))
-    result = attempt_delivery(delivery)
-    delivery.attempts = attempt
-    delivery.last_error = redact(result.error, delivery.target)[:1000]
+    pk, n = body.get("delivery"), int(body.get("attempt", 1))
+    if body.get("check"):
+        check(pk, n, context)
+        return
+    window = send_window()
+    # A savepoint of the receive's transaction; its own short one where the receive runs
+    # apart (receive_only): either way the claim and its check commit together.
+    with transaction.atomic(using=context.using):
+        claimed = (AlertDelivery.objects.using(context.using).filter(pk=pk, attempts=n - 1).exclude(status__in=DONE)
+                   .update(status=DeliveryStatus.SENDING, attempts=n,
+                           sending_until=Now() + timedelta(seconds=window)))
+        if not claimed:
+            return  # finished, deleted, or a copy of an attempt claimed already
+        send_check(context, pk, n, window)
+    after_transactions(lambda: senders().submit(call, pk, n))
+
+
+def send_check(sender: Sender, pk: int, n: int, delay: float) -> None:
+    sender.send(get_settings().ALERTS_QUEUE, {"delivery": pk, "attempt": n, "check": True},
+                message_type=CHECK_TYPE, delay=delay)
+
+
+def call(pk: int, n: int) -> None:
+    """Attempt n of delivery ``pk``, on a pool thread (see the module doc)."""
+    using = get_settings().DATABASE
+    try:
+        with writer_turn(using):
+            armed = (AlertDelivery.objects.using(using).filter(pk=pk, attempts=n, status=DeliveryStatus.SENDING)
+                     .update(sending_until=Now() + timedelta(seconds=send_window())))
+        if not armed:
+            return  # its check came first (the call waited past the deadline): the next attempt is on its way
+        delivery = AlertDelivery.objects.using(using).select_related("target", "alert", "alert__rule").get(pk=pk)
+        no_transaction_open()
+        try:
+            result = attempt_delivery(delivery)
+        except Exception as exc:  # noqa: BLE001 — e.g. an address urllib refuses: this target's failure, for good
+            result = Attempt(False, False, None, f"{type(exc).__name__}: {exc}")
+        with writer_turn(using), transaction.atomic(using=using):
+            settle(delivery, n, result, Transport(using))
+    except Exception:  # noqa: BLE001 — e.g. the database went away: the check settles this attempt
+        log.exception("alert delivery #%s, attempt %d: not settled; its check will", pk, n)
+    finally:
+        connections[using].close()  # a pool thread may wait long for its next call
+
+
+def settle(delivery: AlertDelivery, n: int, result: Attempt, sender: Sender, *, lapsed_only: bool = False) -> None:
+    """Store how attempt ``n`` ended, and send the next attempt when it should be retried
+    (in the caller's transaction).  Only attempt ``n``, still ``sending`` (and with
+    ``lapsed_only`` past its deadline), moves on; a success always counts."""
+    s = get_settings()
+    rows = AlertDelivery.objects.using(sender.using)
     name = f"{delivery.event} notification #{delivery.pk} to {delivery.target.name}"
     if result.ok:
-        delivery.status, delivery.finished_at = DeliveryStatus.SENT, timezone.now()
-        log.info("%s sent (attempt %d)", name, attempt)
-    elif result.retryable and attempt < get_settings().ALERTS_DELIVERY_ATTEMPTS:
-        wait = backoff(attempt, result.retry_after)
-        delivery.status = DeliveryStatus.RETRYING
-        context.send(get_settings().ALERTS_QUEUE, {"delivery": delivery.pk, "attempt": attempt + 1},
-                     message_type="Sluice.AlertDelivery", delay=wait)
-        log.warning("%s: attempt %d failed (%s); next in %.1f s", name, attempt, delivery.last_error, wait)
-    else:
-        delivery.status, delivery.finished_at = DeliveryStatus.FAILED, timezone.now()
-        log.error("%s failed for good after %d attempt(s): %s", name, attempt, delivery.last_error)
-    delivery.save(update_fields=["attempts", "last_error", "status", "finished_at"])
+        if rows.filter(pk=delivery.pk).exclude(status__in=DONE).update(
+                status=DeliveryStatus.SENT, last_error="", finished_at=Now(), sending_until=None):
+            log.info("%s sent (attempt %d)", name, n)
+        return
+    error = redact(result.error, delivery.target)[:1000]
+    mine = rows.filter(pk=delivery.pk, attempts=n, status=DeliveryStatus.SENDING)
+    if lapsed_only:
+        mine = mine.filter(sending_until__lte=Now())
+    if result.retryable and n < s.ALERTS_DELIVERY_ATTEMPTS:
+        wait = backoff(n, result.retry_after)
+        if mine.update(status=DeliveryStatus.RETRYING, last_error=error, sending_until=None):
+            sender.send(s.ALERTS_QUEUE, {"delivery": delivery.pk, "attempt": n + 1}, message_type=MESSAGE_TYPE,
+                        delay=wait)
+            log.warning("%s: attempt %d failed (%s); next in %.1f s", name, n, error, wait)
+    elif mine.update(status=DeliveryStatus.FAILED, last_error=error, finished_at=Now(), sending_until=None):
+        log.error("%s failed for good after %d attempt(s): %s", name, n, error)
+
+
+def check(pk: int, n: int, context: HandlerContext) -> None:
+    """Attempt ``n``'s deadline came: settle it as lost if it is still under way past it;
+    look again later if its deadline was re-armed."""
+    rows = AlertDelivery.objects.using(context.using)
+    delivery = rows.select_related("target").filter(pk=pk, attempts=n, status=DeliveryStatus.SENDING).first()
+    if delivery is None:
+        return  # settled, or a later attempt began
+    lost = Attempt(False, True, None, f"attempt {n} had no result by its deadline: the worker making it "
+                                      "stopped or lost the database")
+    with transaction.atomic(using=context.using):
+        settle(delivery, n, lost, context, lapsed_only=True)
+        deadline = (rows.filter(pk=pk, attempts=n, status=DeliveryStatus.SENDING)
+                    .values_list("sending_until", flat=True).first())
+        if deadline is not None:  # re-armed by a call that started late: look again then
+            send_check(context, pk, n, max((deadline - timezone.now()).total_seconds(), 0.0) + 0.5)
 
 
 def register() -> None:

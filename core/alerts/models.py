@@ -22,7 +22,8 @@ class RuleKind(models.TextChoices):
     OUTBOX_AGE = "outbox_age", "oldest undispatched outbox record older than T seconds"
     DELAYED_NOT_MOVED = "delayed_not_moved", "delayed messages due but not moved for T seconds"
     REDIS_DOWN = "redis_down", "Redis unreachable from the evaluating worker"
-    DATABASE_DOWN = "database_down", "a worker's database breaker triggered"
+    DATABASE_DOWN = "database_down", "the database unreachable from a worker (its database breakers)"
+    WORKERS_BELOW = "workers_below", "fewer than N live workers (none at all included)"
     RECORDS_NOT_EXPORTED = "records_not_exported", "processing records not exported for T seconds"
     DELIVERY_FAILED = "delivery_failed", "an alert notification finally failed"
 
@@ -179,6 +180,8 @@ class Alert(models.Model):
 
 class DeliveryStatus(models.TextChoices):
     PENDING = "pending", "pending"
+    #: An attempt is under way (committed before the call; ``sending_until`` is its deadline).
+    SENDING = "sending", "sending"
     RETRYING = "retrying", "retrying"
     SENT = "sent", "sent"
     FAILED = "failed", "failed"
@@ -194,6 +197,9 @@ class AlertDelivery(models.Model):
     event = models.CharField(max_length=16)
     status = models.CharField(max_length=16, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING)
     attempts = models.IntegerField(default=0)
+    #: The deadline of the attempt under way (status ``sending``): past it with no result,
+    #: the attempt counts as lost (its worker stopped) and the next one is sent.
+    sending_until = models.DateTimeField(null=True, blank=True)
     #: Why the last attempt failed (secrets removed).
     last_error = models.CharField(max_length=1000, default="", blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

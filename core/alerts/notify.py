@@ -1,5 +1,5 @@
 """Turning alert events into deliveries: silences, the per-target rate limit, and one
-message on the alerts queue per target and alert (core.alerts.handler sends it).
+message on the alerts queue per target and alert (core.alerts.delivery sends it).
 
 The delivery row and its message are written in one transaction with the alert's state,
 so an evaluation that fails half-way leaves neither an announced alert without its
@@ -18,6 +18,8 @@ from core.transport import Transport
 
 log = logging.getLogger("sluice.alerts")
 
+#: The type of the alerts queue's messages (each names a delivery and an attempt).
+MESSAGE_TYPE = "Sluice.AlertDelivery"
 #: The rate-limit window per target.
 RATE_WINDOW = dt.timedelta(hours=1)
 
@@ -68,7 +70,7 @@ def alerts_queue() -> str:
 def send_delivery(delivery_id: int) -> None:
     """Put one delivery's first attempt on the alerts queue (in the caller's transaction)."""
     Transport(get_settings().DATABASE).send(alerts_queue(), {"delivery": delivery_id, "attempt": 1},
-                                            message_type="Sluice.AlertDelivery")
+                                            message_type=MESSAGE_TYPE)
 
 
 def announce_rule_events(rule: AlertRule, firing: list[Alert], resolved: list[Alert], now: dt.datetime,

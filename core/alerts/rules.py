@@ -19,8 +19,10 @@ from core.conf import get_settings
 
 #: A worker gone longer than this is forgotten (no more heartbeat alerts for it).
 FORGET_WORKER_AFTER = 24 * 3600.0
-#: Breakers (the part of their name before ":") that trip when a worker's database fails.
-DATABASE_BREAKERS = ("pump-receive", "delayed-fetch", "delayed-dispatch", "delayed-store")
+#: Breakers (the part of their name before ":") that trip when a worker's database fails:
+#: a pump's receive and processing (a handler's own errors never count there) and the
+#: delayed mover's.
+DATABASE_BREAKERS = ("pump-receive", "pump-processing", "delayed-fetch", "delayed-dispatch", "delayed-store")
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,22 @@ def _heartbeat_lost(rule: AlertRule, readings: Readings) -> list[Breach]:
             for name, age in readings.silent_workers if age > rule.threshold and m.matches(pattern, name)]
 
 
+def _workers_below(rule: AlertRule, readings: Readings) -> list[Breach]:
+    """Fewer live workers (those matching the ``worker`` filter) than the threshold, at least
+    one: "no worker at all" needs no worker to have been seen before."""
+    health = readings.health
+    if health.redis != "up":
+        return []  # unknown, not missing: the redis_down rule speaks for this
+    need = max(int(rule.threshold), 1)
+    pattern = (rule.filters or {}).get("worker")
+    live = sum(1 for name in set(health.workers) if m.matches(pattern, name))
+    if live >= need:
+        return []
+    scope = f" matching {pattern}" if pattern else ""
+    said = "no worker" if not live else f"only {live} worker{'s' if live > 1 else ''}"
+    return [Breach({"service": "workers"}, live, f"{said}{scope} sent a heartbeat (at least {need} expected)")]
+
+
 def _outbox(rule: AlertRule, readings: Readings) -> list[Breach]:
     box = readings.outbox
     if box is None:
@@ -226,6 +244,7 @@ CHECKS: dict[str, Callable[[AlertRule, Readings], list[Breach]]] = {
     RuleKind.BREAKER_OPEN: _breaker_open,
     RuleKind.DATABASE_DOWN: _database_down,
     RuleKind.HEARTBEAT_LOST: _heartbeat_lost,
+    RuleKind.WORKERS_BELOW: _workers_below,
     RuleKind.OUTBOX_BACKLOG: _outbox,
     RuleKind.OUTBOX_AGE: _outbox,
     RuleKind.DELAYED_NOT_MOVED: _delayed,

@@ -51,7 +51,8 @@ def silence_json(s: Silence) -> dict[str, Any]:
 def delivery_json(d: AlertDelivery) -> dict[str, Any]:
     return {"id": d.pk, "target": d.target.name, "event": d.event, "rule": d.alert.rule.name if d.alert else None,
             "fingerprint": d.alert.fingerprint if d.alert else None, "status": d.status, "attempts": d.attempts,
-            "last_error": d.last_error, "created_at": _iso(d.created_at), "finished_at": _iso(d.finished_at)}
+            "last_error": d.last_error, "created_at": _iso(d.created_at), "finished_at": _iso(d.finished_at),
+            "sending_until": _iso(d.sending_until)}
 
 
 # -- response shapes (the OpenAPI schema; schemathesis checks answers against them) ----------------
@@ -133,6 +134,8 @@ class DeliveryShape(f.Serializer):
     attempts = f.IntegerField()
     last_error = f.CharField(allow_blank=True)
     created_at, finished_at = _when(), _when()
+    #: The deadline of the attempt under way (status ``sending``).
+    sending_until = _when()
 
 
 class DeliveriesShape(f.Serializer):
