@@ -102,6 +102,7 @@ class BatchTrace:
                        "sluice.batch_size": received, "sluice.transaction_mode": mode}
         #: Seconds of handler time per message (by id()), from its last successful call.
         self.durations: dict[int, float] = {}
+        self._metric_attributes_by_type: dict[str, dict[str, str]] = {}
 
     def _attributes(self, message: Message) -> dict[str, Any]:
         headers = message.headers
@@ -116,8 +117,11 @@ class BatchTrace:
 
     def _start(self, message: Message) -> tuple[Span, Context]:
         base, found = parent_of(message.headers)
-        span = self.telemetry.tracer.start_span(self.name, context=base, kind=SpanKind.CONSUMER, links=found,
-                                                attributes=self._attributes(message))
+        span = self.telemetry.tracer.start_span(self.name, context=base, kind=SpanKind.CONSUMER, links=found)
+        if span.is_recording():
+            # Set after the start, and only on a sampled span: cleaning a dozen attributes
+            # was most of a span's cost, and an unsampled message should cost next to nothing.
+            span.set_attributes(self._attributes(message))
         return span, base
 
     def begin(self, messages: Sequence[Message]) -> Call:
@@ -126,8 +130,9 @@ class BatchTrace:
             span, base = self._start(messages[0])
             return Call(self, span, messages, base)
         span = self.telemetry.tracer.start_span(
-            self.name, context=Context(), kind=SpanKind.CONSUMER, links=links(m.headers for m in messages),
-            attributes={**self.common, "messaging.batch.message_count": len(messages)})
+            self.name, context=Context(), kind=SpanKind.CONSUMER, links=links(m.headers for m in messages))
+        if span.is_recording():
+            span.set_attributes({**self.common, "messaging.batch.message_count": len(messages)})
         return Call(self, span, messages, Context())
 
     def failed(self, message: Message, cause: BaseException, decision: str, call: Call | None) -> None:
@@ -188,8 +193,11 @@ class BatchTrace:
             instruments.consumed.add(count, self._metric_attributes(message_type))
 
     def _metric_attributes(self, message_type: str) -> dict[str, str]:
-        return {"messaging.system": SYSTEM, "messaging.destination.name": self.queue,
-                state.MESSAGE_TYPE: message_type}
+        found = self._metric_attributes_by_type.get(message_type)
+        if found is None:  # one dict per type per batch: the SDK hashes it on every record
+            found = self._metric_attributes_by_type[message_type] = {
+                "messaging.system": SYSTEM, "messaging.destination.name": self.queue, state.MESSAGE_TYPE: message_type}
+        return found
 
 
 def batch_trace(queue: str, mode: str, received: int) -> BatchTrace | None:

@@ -100,8 +100,12 @@ def providers() -> tuple[trace.TracerProvider, metrics.MeterProvider]:
     meter_provider = metrics.get_meter_provider()
     if not isinstance(meter_provider, MeterProvider):
         exporter = metric_exporter()
-        readers = [PeriodicExportingMetricReader(exporter)] if exporter is not None else []
-        meter_provider = MeterProvider(metric_readers=readers, resource=resource())
-        metrics.set_meter_provider(meter_provider)
+        if exporter is None:
+            # Traces only: the no-op meter makes recording free, not merely unexported.
+            meter_provider = metrics.NoOpMeterProvider()
+        else:
+            meter_provider = MeterProvider(metric_readers=[PeriodicExportingMetricReader(exporter)],
+                                           resource=resource())
+            metrics.set_meter_provider(meter_provider)
     log.info("OpenTelemetry on: traces and metrics of endpoint %s", get_settings().ENDPOINT)
     return tracer_provider, meter_provider
