@@ -375,6 +375,10 @@ class MessagePump:
             if call is not None:
                 call.raised(exc)
             raise HandlerFailed(exc, started_us, call) from exc
+        except BaseException as exc:  # the thread is stopping: its context must not keep the span
+            if call is not None:
+                call.abandoned(exc)
+            raise
         if call is not None:
             call.done()
         if outcome is MessageOutcome.DUPLICATE:

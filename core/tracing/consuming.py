@@ -89,6 +89,13 @@ class Call:
         if len(self.messages) > 1:
             self.span.end()
 
+    def abandoned(self, exc: BaseException) -> None:
+        """Something other than an Exception stopped the handler (the thread is going):
+        no decision will follow, so the span ends now."""
+        self.raised(exc)
+        if len(self.messages) == 1:
+            self.span.end()
+
 
 class BatchTrace:
     """The spans and measurements of one receive batch; made only while tracing is on."""
