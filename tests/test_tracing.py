@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from opentelemetry import trace
+from opentelemetry import baggage, context, trace
 from opentelemetry.trace import SpanKind
 
 from core.delayed import DelayedMover, SqlDelayedStore
@@ -87,6 +87,19 @@ def test_the_process_span_never_nests_under_the_span_current_in_the_pumps_thread
     assert process.context.trace_id != hosting.get_span_context().trace_id
     assert seen == [process.context]  # the handler ran with its process span current
     assert trace.get_current_span() is trace.INVALID_SPAN  # and the thread's context came back
+
+
+def test_baggage_travels_with_the_message_to_its_handler(traced, transport, queue, pump_for, temp_handlers):
+    seen = []
+    temp_handlers(queue, None, lambda m, ctx: seen.append(baggage.get_baggage("tenant")))
+    token = context.attach(baggage.set_baggage("tenant", "acme"))
+    try:
+        transport.send(queue, "x")
+    finally:
+        context.detach(token)
+    assert transport.browse(queue)[0].headers[Headers.BAGGAGE] == "tenant=acme"
+    drain(pump_for(queue))
+    assert seen == ["acme"]
 
 
 def test_a_message_sent_without_tracing_starts_a_new_trace(traced, transport, queue, pump_for, temp_handlers):

@@ -13,6 +13,7 @@ from typing import Iterable
 from django.db import DatabaseError, connections
 from opentelemetry.metrics import CallbackOptions, Observation
 
+from core.conf import get_settings
 from core.measurements import queue_levels
 from core.tracing import state
 from core.tracing.producing import SYSTEM
@@ -57,7 +58,11 @@ class Readings:
             log.warning("queue levels for the metrics could not be read: %s", exc)
             return []
         finally:
-            connections.close_all()  # the reader's thread keeps no connection between collections
+            # The reader's own thread keeps no connection between collections (a collection
+            # forced from a thread inside a transaction leaves that thread's alone).
+            alias = get_settings().DATABASE
+            if not connections[alias].in_atomic_block:
+                connections[alias].close()
         lengths = []
         for level in levels:
             attributes = {"messaging.system": SYSTEM, "messaging.destination.name": level.name}

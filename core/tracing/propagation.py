@@ -31,7 +31,7 @@ def inject(headers: MutableMapping[str, str], context: Context | None = None) ->
 
 def extract(headers: Mapping[str, str]) -> Context:
     """The context ``headers`` carry, on top of an empty one (never the current context)."""
-    if Headers.TRACEPARENT not in headers and "baggage" not in headers:
+    if Headers.TRACEPARENT not in headers and Headers.BAGGAGE not in headers:
         return Context()
     return PROPAGATOR.extract(headers, Context())
 
