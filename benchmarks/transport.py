@@ -21,7 +21,9 @@ table afterwards.  Queue ``bench``; the producer is a process of its own
    ``SLUICE_OTEL=1``: the SDK, its batch span processor and the OTLP/HTTP exporter
    sending to a receiver thread on 127.0.0.1 that accepts and discards
    (benchmarks/otlp_sink.py) → ``drain_otel_per_s``, ``otel_overhead_pct`` = drain
-   throughput lost against 3 (negative: noise in its favour), ``otel_spans_exported``.
+   throughput lost against a control drain (``drain_control_per_s``: the same refill, tracing
+   off; negative: noise in its favour), ``otel_spans_exported``; then again with 10 % of
+   traces sampled (``otel_sampled_*``).
 4. *end to end*: a worker serving and idle (one probe message handled); the producer
    sends N in batches of 100 as fast as it can → ``e2e_per_s`` = N ÷ (first send → last
    commit), ``latency_ms_p50/p99`` = commit in the worker − the send call.
@@ -219,13 +221,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         log(f"drain: {filled} in {drain_s:.2f} s = {drain_per_s or 0:.0f} msg/s (worker's own timestamps)")
 
         # 3b. the same drain with tracing on, exported over OTLP/HTTP to a local receiver: every
-        # message sampled, then a tenth (the parent-based ratio sampler busy endpoints run)
+        # message sampled, then a tenth (the parent-based ratio sampler busy endpoints run),
+        # each against a control: an untraced drain of a table refilled the same way.
         traced: dict[str, Any] = {}
         refilled = 0
         if args.otel:
+            control = traced_drain(url, worker_args, extra_env, workdir, message_type, filled, filled, timeout,
+                                   None, trouble, None, otel=False)["drain_otel_per_s"]
+            traced["drain_control_per_s"] = control
+            refilled += filled
             for ratio, key in ((None, "otel"), (SAMPLED_RATIO, "otel_sampled")):
                 found = traced_drain(url, worker_args, extra_env, workdir, message_type, filled + refilled, filled,
-                                     timeout, drain_per_s, trouble, ratio)
+                                     timeout, control, trouble, ratio)
                 traced.update({name.replace("otel", key, 1): value for name, value in found.items()})
                 refilled += filled
 
@@ -300,14 +307,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "otel_sampled_overhead_pct": traced.get("otel_sampled_overhead_pct"),
             "otel_sampled_spans_exported": traced.get("otel_sampled_spans_exported"),
             "otel_sampled_ratio": SAMPLED_RATIO if args.otel else None,
+            "drain_control_per_s": traced.get("drain_control_per_s"),
         }
 
 
 def traced_drain(url: str, worker_args: list[str], extra_env: dict[str, str], workdir: Path, message_type: str,
                  start: int, count: int, timeout: float, drain_per_s: float | None, trouble: list[str],
-                 ratio: float | None) -> dict[str, Any]:
+                 ratio: float | None, otel: bool = True) -> dict[str, Any]:
     """Phase 3b (module doc): refill with traced sends, drain with SLUICE_OTEL=1; every
-    message sampled (``ratio`` None), or that share of traces by producer and worker."""
+    message sampled (``ratio`` None), or that share of traces by producer and worker.
+    ``otel`` False: the control, the same refill and drain with tracing off."""
     from django.db import transaction
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
     from opentelemetry.sdk.trace import TracerProvider
@@ -333,13 +342,14 @@ def traced_drain(url: str, worker_args: list[str], extra_env: dict[str, str], wo
     finally:
         tracing.uninstall()
     reclaim_dead_rows()  # the drain before left dead rows; this one starts as that one did
-    drain_file = str(workdir / f"drain-otel-{ratio or 1}")
+    drain_file = str(workdir / f"drain-otel-{ratio or 1}-{otel}")
     sampler = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": str(ratio)} if ratio else {}
     with OtlpSink(keep=True) as sink:
-        env = worker_env(url, {**extra_env, "BENCH_RECORD_FILE": drain_file, "SLUICE_OTEL": "1",
+        env = worker_env(url, {**extra_env, "BENCH_RECORD_FILE": drain_file, "SLUICE_OTEL": "1" if otel else "0",
                                "OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint, "OTEL_SERVICE_NAME": "sluice-bench",
                                **sampler})
-        log(f"traced drain: worker --until-empty with SLUICE_OTEL=1 ({f'{ratio:.0%} of traces' if ratio else 'every message'} "
+        log("control drain: the same refill, tracing off" if not otel else
+            f"traced drain: worker --until-empty with SLUICE_OTEL=1 ({f'{ratio:.0%} of traces' if ratio else 'every message'} "
             "sampled), OTLP/HTTP to a local receiver")
         with Worker([*worker_args, "--until-empty"], env, "traced drain worker") as worker:
             worker.wait(timeout)
@@ -352,7 +362,7 @@ def traced_drain(url: str, worker_args: list[str], extra_env: dict[str, str], wo
     drain_s = (max(r[2] for r in drained) - min(r[1] for r in drained)) / 1e9
     traced_per_s = rate(count, drain_s)
     overhead = (100 * (1 - traced_per_s / drain_per_s)) if traced_per_s and drain_per_s else None
-    log(f"traced drain: {count} in {drain_s:.2f} s = {traced_per_s or 0:.0f} msg/s; {spans} spans exported; "
+    log(f"{'traced' if otel else 'control'} drain: {count} in {drain_s:.2f} s = {traced_per_s or 0:.0f} msg/s; {spans} spans exported; "
         f"overhead {overhead if overhead is not None else float('nan'):.1f} %")
     return {"drain_otel_per_s": traced_per_s, "otel_overhead_pct": overhead, "otel_spans_exported": spans}
 
