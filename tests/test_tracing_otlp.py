@@ -67,10 +67,6 @@ SCRIPT = textwrap.dedent("""
 
     queue = {queue!r}
     assert tracing.active() is not None, "SLUICE_OTEL=1 did not switch tracing on"
-    # Pump threads coming back from the database wait behind the exporter's encoding for
-    # at most this long (core.tracing.sdk.shorten_switch_interval).
-    import sys
-    assert sys.getswitchinterval() == 0.0005, sys.getswitchinterval()
     handlers.register(queue, None, lambda message, context: None)
     Transport().send(queue, "x", message_type="Ping")
     pump = MessagePump(queue, concurrency=1, peek_delay=0.1)

@@ -16,15 +16,11 @@ What the variables choose (the SDK's own names and defaults):
   ``http/protobuf`` (default) or ``grpc``;
 - ``OTEL_EXPORTER_OTLP_ENDPOINT`` and the exporters' other variables: read by the exporters;
 - ``OTEL_BSP_*`` (batch span processor) and ``OTEL_METRIC_EXPORT_INTERVAL``.
-
-Tracing on also shortens the interpreter's thread switch interval (:func:`shorten_switch_interval`)
-unless the application chose its own.
 """
 from __future__ import annotations
 
 import logging
 import os
-import sys
 
 from opentelemetry import metrics, trace
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetricExporter
@@ -40,9 +36,6 @@ from core.conf import get_settings
 log = logging.getLogger("sluice.tracing")
 
 EXPORTERS = ("otlp", "console", "none")
-#: CPython's default thread switch interval (sys.getswitchinterval()), and the one used while tracing.
-DEFAULT_SWITCH_INTERVAL = 0.005
-TRACING_SWITCH_INTERVAL = 0.0005
 PROTOCOLS = ("http/protobuf", "grpc")
 
 
@@ -114,21 +107,5 @@ def providers() -> tuple[trace.TracerProvider, metrics.MeterProvider]:
             meter_provider = MeterProvider(metric_readers=[PeriodicExportingMetricReader(exporter)],
                                            resource=resource())
             metrics.set_meter_provider(meter_provider)
-    shorten_switch_interval()
     log.info("OpenTelemetry on: traces and metrics of endpoint %s", get_settings().ENDPOINT)
     return tracer_provider, meter_provider
-
-
-def shorten_switch_interval() -> None:
-    """0.5 ms instead of CPython's 5 ms, unless the application set its own.
-
-    Why: a pump thread spends most of its time waiting on the database with the GIL
-    released, and needs the GIL back the moment its result arrives.  Tracing adds long
-    stretches of pure Python that release nothing: the exporter thread encoding a batch
-    of spans, a batch's metric records after its commit.  With the default interval a
-    pump thread coming back from the database waits up to 5 ms behind them, on every
-    statement; the transport benchmark's drains with 10 % of traces sampled lost 15-30 %
-    to that instead of ~0-5 % (docs/tracing.md, Cost).
-    """
-    if sys.getswitchinterval() == DEFAULT_SWITCH_INTERVAL:
-        sys.setswitchinterval(TRACING_SWITCH_INTERVAL)
