@@ -16,6 +16,14 @@ table afterwards.  Queue ``bench``; the producer is a process of its own
    records, messages ÷ (first handler start → last commit) → ``drain_per_s``
    (``receive_per_s`` and ``receive_after_ready_per_s``, the older keys, now carry the
    same figure).
+3b. *traced drains* (unless ``--no-otel``): the queue filled again with as many messages,
+   sent with tracing on (they carry ``traceparent``), and drained by a worker with
+   ``SLUICE_OTEL=1``: the SDK, its batch span processor and the OTLP/HTTP exporter
+   sending to a receiver thread on 127.0.0.1 that accepts and discards
+   (benchmarks/otlp_sink.py) → ``drain_otel_per_s``, ``otel_overhead_pct`` = drain
+   throughput lost against a control drain (``drain_control_per_s``: the same refill, tracing
+   off; negative: noise in its favour), ``otel_spans_exported``; then again with 10 % of
+   traces sampled (``otel_sampled_*``).
 4. *end to end*: a worker serving and idle (one probe message handled); the producer
    sends N in batches of 100 as fast as it can → ``e2e_per_s`` = N ÷ (first send → last
    commit), ``latency_ms_p50/p99`` = commit in the worker − the send call.
@@ -47,6 +55,7 @@ from benchmarks.common import (
     REPO_ROOT, BenchmarkError, Progress, Worker, add_database_argument, bench_database, database_version,
     log, positive_int, rate, standard_main, setup_django, worker_env,
 )
+from benchmarks.otlp_sink import OtlpSink
 from benchmarks.records import BATCH, NOOP, ORM, QUEUE, read_records
 
 HELP = "send, send_many, drain, end-to-end, latency and idle pick-up of one queue with one worker"
@@ -56,6 +65,8 @@ SEND_MANY_BATCH = 1000
 E2E_BATCH = 100
 IDLE_SENDS = 200
 IDLE_GAP = 0.02
+#: The share of traces the sampled traced drain keeps (3b).
+SAMPLED_RATIO = 0.1
 #: How often the benchmark looks at the record file (a stat, not a query) while waiting.
 FILE_POLL = 0.005
 
@@ -73,6 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="SLUICE_RECEIVE_BATCH_SIZE for the worker (default: leave the setting alone)")
     parser.add_argument("--peek-delay", type=float, default=None, metavar="S",
                         help="SLUICE_PEEK_DELAY for the worker (default: leave the setting alone)")
+    parser.add_argument("--no-otel", dest="otel", action="store_false",
+                        help="skip the traced drain (otel_overhead_pct is then null)")
     parser.add_argument("--timeout", type=float, default=None, metavar="S",
                         help="give up on a phase after S seconds (default: 60 + N/20)")
 
@@ -194,6 +207,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         send_per_s, send_many_per_s, filled = send_phases(n, message_type)
 
         # 3. drain
+        reclaim_dead_rows()
         drain_file = str(workdir / "drain")
         log(f"drain: worker --until-empty --concurrency {concurrency}")
         with Worker([*worker_args, "--until-empty"], worker_env(url, {**extra_env, "BENCH_RECORD_FILE": drain_file}),
@@ -206,6 +220,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         drain_per_s = rate(filled, drain_s)
         log(f"drain: {filled} in {drain_s:.2f} s = {drain_per_s or 0:.0f} msg/s (worker's own timestamps)")
 
+        # 3b. the same drain with tracing on, exported over OTLP/HTTP to a local receiver: every
+        # message sampled, then a tenth (the parent-based ratio sampler busy endpoints run),
+        # each against a control: an untraced drain of a table refilled the same way.
+        traced: dict[str, Any] = {}
+        refilled = 0
+        if args.otel:
+            control = traced_drain(url, worker_args, extra_env, workdir, message_type, filled, filled, timeout,
+                                   None, trouble, None, otel=False)["drain_otel_per_s"]
+            traced["drain_control_per_s"] = control
+            refilled += filled
+            for ratio, key in ((None, "otel"), (SAMPLED_RATIO, "otel_sampled")):
+                found = traced_drain(url, worker_args, extra_env, workdir, message_type, filled + refilled, filled,
+                                     timeout, control, trouble, ratio)
+                traced.update({name.replace("otel", key, 1): value for name, value in found.items()})
+                refilled += filled
+
         # 4–5. end to end and idle pick-up with one serving worker
         e2e_file = str(workdir / "e2e")
         env = worker_env(url, {**extra_env, "BENCH_RECORD_FILE": e2e_file})
@@ -215,7 +245,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             produce(env, "spaced", message_type, probe, 1, timeout, gap=0)
             wait_for_records(e2e_file, 1, worker, timeout, "probe")
             time.sleep(0.5)
-            base = filled
+            base = filled + refilled
             sent = produce(env, "batches", message_type, base, n, timeout, batch=E2E_BATCH)
             records = [r for r in wait_for_records(e2e_file, n + 1, worker, timeout, "e2e handled") if r[0] != probe]
             check_once(records, range(base, base + n), "end to end")
@@ -233,7 +263,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             worker.terminate()
             trouble += worker.trouble()
 
-        total = filled + n + 1 + IDLE_SENDS
+        total = filled + refilled + n + 1 + IDLE_SENDS
         if message_type in (ORM, BATCH):
             check_business_rows(total)
         if trouble:
@@ -269,7 +299,86 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "e2e_first_start_ms": (min(r[1] for r in records) - sent["first_send_ns"]) / 1e6,
             "drain_messages_per_call": messages_per_call(drained),
             "e2e_messages_per_call": messages_per_call(records),
+            # The traced drain (3b): null with --no-otel.
+            "drain_otel_per_s": traced.get("drain_otel_per_s"),
+            "otel_overhead_pct": traced.get("otel_overhead_pct"),
+            "otel_spans_exported": traced.get("otel_spans_exported"),
+            "drain_otel_sampled_per_s": traced.get("drain_otel_sampled_per_s"),
+            "otel_sampled_overhead_pct": traced.get("otel_sampled_overhead_pct"),
+            "otel_sampled_spans_exported": traced.get("otel_sampled_spans_exported"),
+            "otel_sampled_ratio": SAMPLED_RATIO if args.otel else None,
+            "drain_control_per_s": traced.get("drain_control_per_s"),
         }
+
+
+def traced_drain(url: str, worker_args: list[str], extra_env: dict[str, str], workdir: Path, message_type: str,
+                 start: int, count: int, timeout: float, drain_per_s: float | None, trouble: list[str],
+                 ratio: float | None, otel: bool = True) -> dict[str, Any]:
+    """Phase 3b (module doc): refill with traced sends, drain with SLUICE_OTEL=1; every
+    message sampled (``ratio`` None), or that share of traces by producer and worker.
+    ``otel`` False: the control, the same refill and drain with tracing off."""
+    from django.db import transaction
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    from core import tracing
+    from core.transport import Transport
+
+    # Sends traced as an instrumented producer's are (spans made, none exported): the
+    # messages carry traceparent, and the worker's process spans hang from it.
+    tracing.install(TracerProvider(sampler=ParentBased(TraceIdRatioBased(ratio))) if ratio else TracerProvider())
+    end = start + count
+    try:
+        transport = Transport()
+        for first in range(start, end, SEND_MANY_BATCH):
+            bodies = [{"i": i} for i in range(first, min(first + SEND_MANY_BATCH, end))]
+            with transaction.atomic():
+                if ratio:  # one send span per message: a sampling decision per trace
+                    for body in bodies:
+                        transport.send(QUEUE, body, message_type=message_type)
+                else:
+                    transport.send_many(QUEUE, bodies, message_type=message_type)
+    finally:
+        tracing.uninstall()
+    reclaim_dead_rows()  # the drain before left dead rows; this one starts as that one did
+    drain_file = str(workdir / f"drain-otel-{ratio or 1}-{otel}")
+    sampler = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": str(ratio)} if ratio else {}
+    with OtlpSink(keep=True) as sink:
+        env = worker_env(url, {**extra_env, "BENCH_RECORD_FILE": drain_file, "SLUICE_OTEL": "1" if otel else "0",
+                               "OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint, "OTEL_SERVICE_NAME": "sluice-bench",
+                               **sampler})
+        log("control drain: the same refill, tracing off" if not otel else
+            f"traced drain: worker --until-empty with SLUICE_OTEL=1 ({f'{ratio:.0%} of traces' if ratio else 'every message'} "
+            "sampled), OTLP/HTTP to a local receiver")
+        with Worker([*worker_args, "--until-empty"], env, "traced drain worker") as worker:
+            worker.wait(timeout)
+            trouble += worker.trouble()
+        spans = sum(len(scope.spans) for body in sink.bodies("/v1/traces")
+                    for resource in ExportTraceServiceRequest.FromString(body).resource_spans
+                    for scope in resource.scope_spans)
+    drained = read_records(drain_file)
+    check_once(drained, range(start, end), "traced drain")
+    drain_s = (max(r[2] for r in drained) - min(r[1] for r in drained)) / 1e9
+    traced_per_s = rate(count, drain_s)
+    overhead = (100 * (1 - traced_per_s / drain_per_s)) if traced_per_s and drain_per_s else None
+    log(f"{'traced' if otel else 'control'} drain: {count} in {drain_s:.2f} s = {traced_per_s or 0:.0f} msg/s; {spans} spans exported; "
+        f"overhead {overhead if overhead is not None else float('nan'):.1f} %")
+    return {"drain_otel_per_s": traced_per_s, "otel_overhead_pct": overhead, "otel_spans_exported": spans}
+
+
+def reclaim_dead_rows() -> None:
+    """Reclaim the queue table's deleted rows where the database leaves them to a
+    background process (PostgreSQL with autovacuum off, as on the CI machines): each drain
+    then starts from the same table, and the traced drain is compared like with like."""
+    from django.db import connection
+
+    from core.queues import dialect
+
+    statement = dialect("default").reclaim_dead_rows(QUEUE)
+    if statement is not None:
+        with connection.cursor() as cursor:
+            cursor.execute(*statement)
 
 
 def messages_per_call(records: list) -> float:

@@ -1,5 +1,7 @@
 from django.apps import AppConfig
 
+from core.tracing import configure as configure_tracing
+
 
 class CoreConfig(AppConfig):
     name = "core"
@@ -11,3 +13,5 @@ class CoreConfig(AppConfig):
         # Registers the system checks.  Here, not at the top: they reach the models
         # (through core.outbox), which cannot load before the app registry is ready.
         from core import checks  # noqa: F401
+        # SLUICE_OTEL: set up the OpenTelemetry SDK once the settings can be read.
+        configure_tracing()

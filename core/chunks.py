@@ -65,11 +65,13 @@ class ChunkSize:
 class HandlerFailed(Exception):
     """A handler raised ``cause`` (the pump records it as the message's failure)."""
 
-    def __init__(self, cause: BaseException, started_us: int | None = None) -> None:
+    def __init__(self, cause: BaseException, started_us: int | None = None, call: Any = None) -> None:
         super().__init__(str(cause))
         self.cause = cause
         self.started_us = started_us  # when its handler started (the processing record's start)
         self.index = -1
+        #: The call's open span while tracing (core.tracing.consuming.Call), else None.
+        self.call = call
 
 
 class SendsRefused(Exception):

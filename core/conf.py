@@ -221,6 +221,10 @@ class SluiceSettings:
     ALERTS_CONFIG: str = ""
     #: The dashboard's address, for links in notifications (generatorURL); "" leaves them out.
     ALERTS_DASHBOARD_URL: str = ""
+    #: OpenTelemetry traces and metrics (core.tracing): ``send``/``process`` spans, W3C
+    #: trace context in message headers, Sluice's meters.  Needs ``pip install 'sluice[otel]'``;
+    #: the exporter, endpoint, service name and sampler come from the standard ``OTEL_*`` variables.
+    OTEL: bool = False
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

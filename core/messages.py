@@ -37,6 +37,8 @@ class Headers:
     MESSAGE_INTENT = NSB + "MessageIntent"
     #: W3C trace context (OpenTelemetry): carried as message headers across queues.
     TRACEPARENT = "traceparent"
+    TRACESTATE = "tracestate"
+    BAGGAGE = "baggage"
     # Failure headers (error queue).
     EXCEPTION_TYPE = NSB + "ExceptionInfo.ExceptionType"
     EXCEPTION_MESSAGE = NSB + "ExceptionInfo.Message"

@@ -47,7 +47,7 @@ from core.breakers import RepeatedFailuresOverTimeCircuitBreaker
 from core.chunks import ChunkSize, HandlerFailed, Unit, run_in_savepoints, units
 from core.conf import MIN_PEEK_DELAY, get_settings
 from core.db import writer_turn
-from core.errors import ConfigurationError, NoHandler
+from core.errors import ConfigurationError, NoHandler, PoisonMessage
 from core.expiry import on_expired_receive
 from core.failures import RETRY_OF, mark_resolved
 from core.handlers import HandlerRegistry, as_single, handlers as default_handlers
@@ -56,6 +56,7 @@ from core.messages import Message
 from core.outcomes import MessageOutcome
 from core.queues import dialect, missing_indexes
 from core.recoverability import FailureOutcome, Recoverability
+from core.tracing.consuming import BatchTrace, batch_trace
 from core.transaction_modes import BatchScope, OutboxMode, mode_for
 from core.records.writer import NoRecords, RecordBatch, now_us, start_batch
 from core.transport import Transport
@@ -268,17 +269,20 @@ class MessagePump:
         with writer_turn(self.receive_alias), transaction.atomic(using=self.receive_alias):
             messages = self.receiver.receive_batch(self.queue, limit)
             batch = self.strategy.batch(messages)
+            traced = batch_trace(self.queue, self.mode, len(messages)) if messages else None
             resolved: dict[str | None, tuple[Any, bool]] = {}  # one registry look-up per type per batch
             if getattr(batch, "chunked", False):
-                outcomes = self._process_chunked(messages, batch, records, resolved)
+                outcomes = self._process_chunked(messages, batch, records, resolved, traced)
             else:
-                outcomes = [self._process(message, batch, records, resolved) for message in messages]
+                outcomes = [self._process(message, batch, records, resolved, traced) for message in messages]
             for outcome in outcomes:
                 stats.count(outcome)  # the one place each message's outcome is counted
             records.write(self.receive_alias)  # processing records: one INSERT per batch, this transaction
         stats.received = len(messages)
         with self._stats_lock:
             self.stats.add(stats)
+        if traced is not None:
+            traced.finish(messages, outcomes)  # committed: the metrics count it
         batch.after_commit()
         return len(messages)
 
@@ -290,7 +294,8 @@ class MessagePump:
         return found
 
     def _process_chunked(self, messages: list[Message], batch: Any, records: RecordBatch | NoRecords,
-                         resolved: dict[str | None, tuple[Any, bool]]) -> list[MessageOutcome]:
+                         resolved: dict[str | None, tuple[Any, bool]],
+                         traced: BatchTrace | None) -> list[MessageOutcome]:
         """Chunk by chunk, each chunk as large as :class:`ChunkSize` says (the whole batch
         while nothing fails) and in one savepoint, so that a failure is recorded in this
         transaction without giving the batch back."""
@@ -303,58 +308,79 @@ class MessagePump:
         while start < len(messages):
             chunk = messages[start:start + self.chunk_size.current]
             failures = run_in_savepoints(units(chunk, lookup), self.receive_alias, batch, records, done,
-                                         run=lambda unit: self._run(unit, batch, records),
-                                         fail=lambda message, failed: self._failed(message, failed, records))
+                                         run=lambda unit: self._run(unit, batch, records, traced),
+                                         fail=lambda message, failed: self._failed(message, failed, records, traced))
             self.chunk_size.after(len(chunk), failures)
             start += len(chunk)
         return [done[id(m)] for m in messages]
 
     def _process(self, message: Message, batch: BatchScope, records: RecordBatch | NoRecords,
-                 resolved: dict[str | None, tuple[Any, bool]]) -> MessageOutcome:
+                 resolved: dict[str | None, tuple[Any, bool]], traced: BatchTrace | None) -> MessageOutcome:
         """What one received message comes to, on its own (modes without chunks), inside
         the receive's transaction (and its processing record, written with the batch)."""
         fn, is_batch = (None, False) if message.poison or message.expired else self._lookup(message, resolved)
         if is_batch:
             fn = as_single(fn)
         try:
-            return self._run(Unit(fn, [message], False), batch, records)
+            return self._run(Unit(fn, [message], False), batch, records, traced)
         except HandlerFailed as failed:
-            return self._failed(message, failed, records)
+            return self._failed(message, failed, records, traced)
 
-    def _failed(self, message: Message, failed: HandlerFailed, records: RecordBatch | NoRecords) -> MessageOutcome:
+    def _failed(self, message: Message, failed: HandlerFailed, records: RecordBatch | NoRecords,
+                traced: BatchTrace | None) -> MessageOutcome:
         failure = self.recoverability.on_failure(message, failed.cause)
         records.handler_failed(message, failure, failed.started_us)
+        if traced is not None:
+            traced.failed(message, failed.cause, failure.value, failed.call)
         return MessageOutcome.ERRORED if failure is FailureOutcome.ERROR else MessageOutcome.RETRIED
 
-    def _settle(self, message: Message, records: RecordBatch | NoRecords) -> MessageOutcome:
+    def _settle(self, message: Message, records: RecordBatch | NoRecords, traced: BatchTrace | None) -> MessageOutcome:
         """A message no handler sees: poison, expired, or no handler for its type."""
         if message.poison:
             self.recoverability.move_poison(message)
             records.to_error_queue(message)
+            if traced is not None:
+                traced.settled(message, "sluice.moved_to_error_queue", PoisonMessage(message.poison))
             return MessageOutcome.POISON
         if message.expired:
-            records.expired(message, on_expired_receive(self.receiver, message))
+            action = on_expired_receive(self.receiver, message)
+            records.expired(message, action)
+            if traced is not None:
+                traced.settled(message, "sluice.expired", **{"sluice.expiry.action": action})
             return MessageOutcome.EXPIRED
-        self.recoverability.move_to_error(
-            message, NoHandler(f"no handler on {self.queue} for message type {message.message_type!r}"))
+        missing = NoHandler(f"no handler on {self.queue} for message type {message.message_type!r}")
+        self.recoverability.move_to_error(message, missing)
         records.to_error_queue(message)
+        if traced is not None:
+            traced.settled(message, "sluice.moved_to_error_queue", missing)
         return MessageOutcome.ERRORED
 
-    def _run(self, unit: Unit, batch: BatchScope, records: RecordBatch | NoRecords) -> MessageOutcome:
+    def _run(self, unit: Unit, batch: BatchScope, records: RecordBatch | NoRecords,
+             traced: BatchTrace | None) -> MessageOutcome:
         """One handler call (or a settled message); a handler's exception comes out as
-        :class:`HandlerFailed` (its failure is recorded by the caller)."""
+        :class:`HandlerFailed` (its failure is recorded by the caller).  Traced, the call's
+        process span is current while the handler runs (core.tracing.consuming)."""
         if unit.fn is None:
-            return self._settle(unit.messages[0], records)
+            return self._settle(unit.messages[0], records, traced)
         debug = log.isEnabledFor(logging.DEBUG)
         started = time.monotonic() if debug else 0.0
         started_us = now_us()
+        call = traced.begin(unit.messages) if traced is not None else None
         try:
             if unit.batch:
                 outcome = batch.handle_batch(unit.messages, unit.fn)  # type: ignore[attr-defined]
             else:
                 outcome = batch.handle(unit.messages[0], unit.fn)
         except Exception as exc:  # the handler's failure is data, not a crash
-            raise HandlerFailed(exc, started_us) from exc
+            if call is not None:
+                call.raised(exc)
+            raise HandlerFailed(exc, started_us, call) from exc
+        except BaseException as exc:  # the thread is stopping: its context must not keep the span
+            if call is not None:
+                call.abandoned(exc)
+            raise
+        if call is not None:
+            call.done()
         if outcome is MessageOutcome.DUPLICATE:
             if debug:
                 log.debug("message %s on %s is a duplicate: handler skipped", unit.messages[0].id, self.queue)

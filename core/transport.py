@@ -27,6 +27,8 @@ from core.messages import (Headers, Message, decode_headers, encode_headers, par
 from core.outgoing import (ID_NAMESPACE, MAX_MESSAGE_ID_LENGTH, OutgoingMessage, encode_body, like_first,  # noqa: F401
                            row_id_for, validate_columns, validate_message_id)
 from core.queues import QueueInfo, create_queue, registry, validate_name, validate_ttl
+from core.tracing import producing as tracing, state as tracing_state
+from core.tracing.propagation import inject as inject_trace_context
 from core.scheduling import DelayedMessage, DelayedMessageStore, delayed_store, resolve_due
 from core.wakeups import notify_queue, on_commit_wake, queue_key, wake_hub
 
@@ -121,6 +123,10 @@ class Transport:
         if reply_to is not None:
             all_headers[Headers.REPLY_TO_ADDRESS] = reply_to
         all_headers.pop(Headers.TIME_TO_BE_RECEIVED, None)  # the TTL argument decides
+        if tracing_state.current is not None:
+            # The current context (a send span: send(), send_many(), the outbox's collector)
+            # travels with the message; send_many's others copy the first's headers.
+            inject_trace_context(all_headers)
         validate_columns(all_headers)
         return self.outgoing(queue, message_id, all_headers, data, ttl=validate_ttl(ttl))
 
@@ -300,11 +306,14 @@ class Transport:
         A zero delay or a time in the past sends at once.
         """
         wait, when = resolve_due(delay, deliver_at)
-        message = self.build(queue, body, **options)
-        if wait is None and when is None:
-            self.enqueue([message])
-        else:
-            self.schedule(message, wait, when)
+        with tracing.send_span(queue, delayed=wait is not None or when is not None) as span:
+            message = self.build(queue, body, **options)
+            if wait is None and when is None:
+                self.enqueue([message])
+            else:
+                self.schedule(message, wait, when)
+            if span is not None:
+                tracing.sent(span, [message])
         return message.message_id
 
     def send_many(self, queue: str, bodies: Sequence[Any], *, delay: Any = None, deliver_at: Any = None,
@@ -315,11 +324,14 @@ class Transport:
         batch) put them in the delayed store instead, as :meth:`send` does.  Inside
         ``transaction.atomic()`` the batch commits as a whole."""
         wait, when = resolve_due(delay, deliver_at)
-        messages = self.build_many(queue, bodies, **options)
-        if wait is None and when is None:
-            self.enqueue(messages)
-        else:
-            self.schedule_many(messages, wait, when)
+        with tracing.send_span(queue, delayed=wait is not None or when is not None) as span:
+            messages = self.build_many(queue, bodies, **options)
+            if wait is None and when is None:
+                self.enqueue(messages)
+            else:
+                self.schedule_many(messages, wait, when)
+            if span is not None:
+                tracing.sent(span, messages)
         return [m.message_id for m in messages]
 
     # -- receiving -------------------------------------------------------------

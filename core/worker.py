@@ -17,6 +17,7 @@ from core.loops import ThreadRunner
 from core.outbox import OutboxDispatcher, worker_loops
 from core.pump import MessagePump
 from core.queues import registry
+from core.tracing import gauges
 
 log = logging.getLogger("sluice.worker")
 
@@ -44,6 +45,7 @@ class WorkerHost:
         for name in self.queues:
             registry.get(name)  # UnknownQueue → a clear error before any thread starts
         self.pumps = [MessagePump(name, concurrency=concurrency) for name in self.queues]
+        gauges.observe(self.queues)  # tracing on: their length and oldest age as metrics
         loops: list[Any] = list(self.pumps)
         if mover:
             loops.append(DelayedMover())

@@ -228,7 +228,8 @@ def test_every_named_statement_is_covered():
                "ttl_params", "browse_params", "now_sql", "expires_after_ttl_sql", "expired_sql",
                "delayed_insert_params", "delayed_insert_many_params", "insert_rows_per_statement", "delayed_fetch_params", "delayed_claim_params", "notify", "error_codes", "is_transient", "is_missing_table",
                    # PostgreSQL only (capability flags): no SQL Server statement to check.
-                   "server_cursor", "table_upkeep", "table_upkeep_active", "insert_arrays", "horizon_settled"}
+                   "server_cursor", "table_upkeep", "table_upkeep_active", "insert_arrays", "horizon_settled",
+               "reclaim_dead_rows"}
     public = {n for cls in (Dialect, DelayedSQL) for n, v in vars(cls).items()
               if callable(v) and not n.startswith("_")} - helpers
     # The outbox's statements are checked by tests/test_outbox_mssql_sql.py, the dashboard's

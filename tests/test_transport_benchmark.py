@@ -35,6 +35,11 @@ def test_the_transport_benchmark_prints_its_figures():
         assert data[key] > 0, key
     # Polling every 50 ms (SQLite: no cross-process wake-up): a pick-up within a few polls.
     assert 0 <= data["idle_pickup_ms_p99"] < 1000
+    # The traced drains: every span of the first exported to the local OTLP receiver, and
+    # the overhead against the control drain (a figure, whatever its sign on a busy machine).
+    assert data["otel_spans_exported"] == 120 and data["drain_otel_per_s"] > 0 and data["drain_control_per_s"] > 0
+    assert isinstance(data["otel_overhead_pct"], float) and isinstance(data["otel_sampled_overhead_pct"], float)
+    assert 0 <= data["otel_sampled_spans_exported"] < 120 and data["otel_sampled_ratio"] == 0.1
 
 
 def test_the_delayed_benchmark_reports_lateness_at_the_handler_and_the_movers():

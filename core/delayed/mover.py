@@ -43,6 +43,7 @@ from core.errors import InvalidMessage
 from core.lease import Lease
 from core.messages import Headers, failure_headers, wire_time
 from core.scheduling import DelayedMessage, DelayedMessageStore, delayed_store
+from core.tracing import producing as tracing
 from core.transport import OutgoingMessage, Transport
 
 log = logging.getLogger("sluice.delayed")
@@ -314,12 +315,13 @@ class DelayedMover:
         ``removed``).  Any failure sends the caller to the per-message path."""
         delivered_at = wire_time(dt.datetime.now(dt.timezone.utc))
         outgoing = [self._outgoing(m, delivered_at) for m in batch]
-        try:
-            self.transport.enqueue(outgoing)
-            if not removed:
-                self.clearing.forwarded(batch)
-        except DatabaseError as exc:
-            raise _DispatchFailed(exc) from exc
+        with tracing.forward_span(self.table, (m.headers for m in batch)):
+            try:
+                self.transport.enqueue(outgoing)
+                if not removed:
+                    self.clearing.forwarded(batch)
+            except DatabaseError as exc:
+                raise _DispatchFailed(exc) from exc
         self.moved += len(batch)
 
     def _forward(self, message: DelayedMessage) -> None:
@@ -328,11 +330,12 @@ class DelayedMover:
             outgoing = self._outgoing(message, wire_time(dt.datetime.now(dt.timezone.utc)))
         except DatabaseError as exc:
             raise _DispatchFailed(exc) from exc
-        try:
-            self.transport.enqueue([outgoing])
-            self.clearing.forwarded([message])
-        except DatabaseError as exc:
-            raise _DispatchFailed(exc) from exc
+        with tracing.forward_span(self.table, (message.headers,)):
+            try:
+                self.transport.enqueue([outgoing])
+                self.clearing.forwarded([message])
+            except DatabaseError as exc:
+                raise _DispatchFailed(exc) from exc
         self.moved += 1
 
     def _forward_failed(self, message: DelayedMessage, exc: BaseException) -> None:

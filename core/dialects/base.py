@@ -222,6 +222,13 @@ class Dialect(abc.ABC):
         act on :meth:`table_upkeep`'s settings (None: nothing to check)."""
         return None
 
+    def reclaim_dead_rows(self, name: str) -> tuple[str, list[Any]] | None:
+        """A statement (run outside a transaction) that reclaims the space of a queue
+        table's deleted rows now, where the database leaves that to a background process
+        which may be off (PostgreSQL's VACUUM); None where deleted rows go at once.  The
+        benchmarks run it between phases, so that each drain starts from the same table."""
+        return None
+
     @abc.abstractmethod
     def drop_queue_table(self, name: str) -> list[tuple[str, list[Any]]]:
         """Idempotent statements that drop the table."""

@@ -110,6 +110,9 @@ class PostgreSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
         # Per-table settings cannot turn autovacuum on when the server has it off.
         return ("SELECT current_setting('autovacuum') = 'on'", [])
 
+    def reclaim_dead_rows(self, name: str) -> tuple[str, list[Any]]:
+        return (f"VACUUM (ANALYZE) {self.table(name)}", [])
+
     def drop_queue_table(self, name: str) -> list[tuple[str, list[Any]]]:
         return [(f"DROP TABLE IF EXISTS {self.table(name)}", [])]
 

@@ -36,13 +36,14 @@ import time
 import uuid
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ContextManager
 
 from django.db import transaction
 
 from core.outbox.destinations import destination, require_alias
 from core.outbox.operations import QUEUE, UnreadableOperations, decode_operations, is_delayed
 from core.outbox.store import OutboxStore
+from core.tracing import producing as tracing
 from core.transport import OutgoingMessage, Transport
 
 log = logging.getLogger("sluice.outbox")
@@ -105,10 +106,19 @@ class Phase2:
                 records = self._claim(chunk, lease, include_quarantined, report)
                 if not any(record.external for record in records):
                     # Nothing leaves the database: claim, insert and mark in one transaction.
-                    self._mark(records, lease, report)
+                    with self._span(records):
+                        self._mark(records, lease, report)
                     continue
             # The lease is committed: publish with no transaction open here, then mark.
-            self._mark(self._publish_all(records, lease, report), lease, report)
+            with self._span(records):
+                self._mark(self._publish_all(records, lease, report), lease, report)
+
+    def _span(self, records: list[_Record]) -> ContextManager[Any]:
+        """The dispatch's span, linked to the context each queue operation captured when
+        its record was written (nothing while tracing is off)."""
+        return tracing.dispatch_span(self.store.table, len(records),
+                                     (op["headers"] for record in records for op in record.local + record.external
+                                      if op.get("kind") == QUEUE))
 
     # -- 1. claim --
     def _claim(self, ids: list[str], lease: _Lease, include_quarantined: bool,

@@ -9,6 +9,7 @@ from core.outbox.destinations import destination, parse_address
 from core.outbox.operations import encode_operations, queue_operation, serialize_operation
 from core.savepoints import SavepointHeld, innermost_savepoint
 from core.scheduling import resolve_due
+from core.tracing import producing as tracing
 from core.transport import Transport
 
 
@@ -46,8 +47,13 @@ class OutboxSender:
         Returns the message id."""
         name, alias = parse_address(queue)
         delay, deliver_at = resolve_due(options.pop("delay", None), options.pop("deliver_at", None))
-        message = Transport(alias or self.using).build(name, body, **options)  # unknown queue, bad headers, …
-        self._append(queue_operation(message, alias if alias != self.using else None, delay, deliver_at))
+        # The send span: its context, captured in the operation's headers now, is what the
+        # dispatch links to and the receiver's process span hangs from.
+        with tracing.send_span(name, delayed=delay is not None or deliver_at is not None) as span:
+            message = Transport(alias or self.using).build(name, body, **options)  # unknown queue, bad headers, …
+            self._append(queue_operation(message, alias if alias != self.using else None, delay, deliver_at))
+            if span is not None:
+                tracing.sent(span, [message])
         return message.message_id
 
     def add(self, kind: str, op: dict[str, Any]) -> None:

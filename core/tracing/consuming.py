@@ -1,0 +1,213 @@
+"""Consumer-side spans and metrics: one ``process {queue}`` span (CONSUMER) per handler
+call, and the measurements of a receive batch once it has committed.
+
+Where a process span hangs from is decided by the message alone, never by the span
+current in the pump's thread (a Celery task hosting the loop lives for hours):
+
+- a message's first delivery (and its immediate retries): a child of its ``send`` span;
+- a delayed send, a delayed retry, an operator's retry: a new trace with a link to the
+  sender (the send may be days old: one trace should not span them);
+- a batch handler's call: a new trace with a link to every message's sender.
+
+While the handler runs, its span is the current one (with the message's baggage), so
+what the handler sends — and what instrumented libraries do inside it — nests under it.
+
+A failed call's span stays open until the pump has decided what becomes of the message
+(an immediate retry, a delayed retry, the error queue): that decision is an event on it.
+
+Metrics are recorded from the batch's final outcomes after its commit
+(:meth:`BatchTrace.finish`): a chunk that rolled back and ran again is counted once,
+and a batch that rolled back not at all.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import INVALID_SPAN, Link, Span, SpanKind, StatusCode
+
+from core.messages import Headers, Message
+from core.outcomes import MessageOutcome
+from core.records.writer import sent_us
+from core.tracing import state
+from core.tracing.producing import SYSTEM, error_type
+from core.tracing.propagation import extract, links
+
+#: The event on a failed message's process span for each of the pump's decisions
+#: (core.recoverability.FailureOutcome values).
+FAILURE_EVENTS = {"retry": "sluice.retry.immediate", "delayed-retry": "sluice.retry.delayed",
+                  "error": "sluice.moved_to_error_queue"}
+
+
+def starts_new_trace(headers: dict[str, str]) -> bool:
+    """A delivery that is not its sender's direct consequence: a delayed send, a delayed
+    retry or an operator's retry."""
+    return (Headers.DELIVER_AT in headers or Headers.RETRY_OF in headers
+            or headers.get(Headers.DELAYED_RETRIES, "0") not in ("", "0"))
+
+
+def parent_of(headers: dict[str, str]) -> tuple[Context, list[Link]]:
+    """The context a message's process span starts from, and its links."""
+    carried = extract(headers)
+    if not starts_new_trace(headers):
+        return carried, []
+    sender = trace.get_current_span(carried).get_span_context()
+    # The carried baggage stays; the span is dropped, so the new span roots a new trace.
+    return trace.set_span_in_context(INVALID_SPAN, carried), ([Link(sender)] if sender.is_valid else [])
+
+
+class Call:
+    """One handler call's span, current while the handler runs."""
+
+    __slots__ = ("batch", "span", "messages", "started", "_token")
+
+    def __init__(self, batch: "BatchTrace", span: Span, messages: Sequence[Message], base: Context) -> None:
+        self.batch = batch
+        self.span = span
+        self.messages = messages
+        self.started = time.perf_counter()
+        self._token = otel_context.attach(trace.set_span_in_context(span, base))
+
+    def done(self) -> None:
+        """The handler returned."""
+        otel_context.detach(self._token)
+        took = time.perf_counter() - self.started
+        share = took / len(self.messages)
+        for message in self.messages:
+            self.batch.durations[id(message)] = share  # a re-run after a rollback overwrites
+        self.span.end()
+
+    def raised(self, exc: BaseException) -> None:
+        """The handler raised: a single message's span waits for the pump's decision
+        (:meth:`BatchTrace.failed`); a batch call's ends (it runs again message by message)."""
+        otel_context.detach(self._token)
+        self.span.set_attribute("error.type", error_type(exc))
+        self.span.set_status(StatusCode.ERROR, str(exc)[:200])
+        if len(self.messages) > 1:
+            self.span.end()
+
+    def abandoned(self, exc: BaseException) -> None:
+        """Something other than an Exception stopped the handler (the thread is going):
+        no decision will follow, so the span ends now."""
+        self.raised(exc)
+        if len(self.messages) == 1:
+            self.span.end()
+
+
+class BatchTrace:
+    """The spans and measurements of one receive batch; made only while tracing is on."""
+
+    def __init__(self, telemetry: state.Telemetry, queue: str, mode: str, received: int) -> None:
+        self.telemetry = telemetry
+        self.queue = queue
+        self.name = f"process {queue}"
+        self.common = {"messaging.system": SYSTEM, "messaging.operation.type": "process",
+                       "messaging.operation.name": "process", "messaging.destination.name": queue,
+                       "sluice.batch_size": received, "sluice.transaction_mode": mode}
+        #: Seconds of handler time per message (by id()), from its last successful call.
+        self.durations: dict[int, float] = {}
+        self._metric_attributes_by_type: dict[str, dict[str, str]] = {}
+
+    def _attributes(self, message: Message) -> dict[str, Any]:
+        headers = message.headers
+        attributes = {**self.common, "messaging.message.id": headers.get(Headers.MESSAGE_ID, message.id),
+                      "sluice.attempt": message.total_failed_attempts + 1}
+        conversation = headers.get(Headers.CONVERSATION_ID)
+        if conversation:
+            attributes["messaging.message.conversation_id"] = conversation
+        if message.message_type:
+            attributes["sluice.message.type"] = message.message_type
+        return attributes
+
+    def _start(self, message: Message) -> tuple[Span, Context]:
+        base, found = parent_of(message.headers)
+        span = self.telemetry.tracer.start_span(self.name, context=base, kind=SpanKind.CONSUMER, links=found)
+        if span.is_recording():
+            # Set after the start, and only on a sampled span: cleaning a dozen attributes
+            # was most of a span's cost, and an unsampled message should cost next to nothing.
+            span.set_attributes(self._attributes(message))
+        return span, base
+
+    def begin(self, messages: Sequence[Message]) -> Call:
+        """The span of a handler call for ``messages`` (one, or a batch handler's list)."""
+        if len(messages) == 1:
+            span, base = self._start(messages[0])
+            return Call(self, span, messages, base)
+        span = self.telemetry.tracer.start_span(
+            self.name, context=Context(), kind=SpanKind.CONSUMER, links=links(m.headers for m in messages))
+        if span.is_recording():
+            span.set_attributes({**self.common, "messaging.batch.message_count": len(messages)})
+        return Call(self, span, messages, Context())
+
+    def failed(self, message: Message, cause: BaseException, decision: str, call: Call | None) -> None:
+        """The pump's decision for a failed message, as an event on its span (a span of
+        its own when the failure had none: the database refused its sends)."""
+        if call is not None and len(call.messages) == 1:
+            span = call.span
+        else:
+            span, _ = self._start(message)
+            span.set_attribute("error.type", error_type(cause))
+            span.set_status(StatusCode.ERROR, str(cause)[:200])
+        span.add_event(FAILURE_EVENTS.get(decision, f"sluice.{decision}"),
+                       {"sluice.attempt": message.total_failed_attempts + 1, "error.type": error_type(cause)})
+        span.end()
+
+    def settled(self, message: Message, event: str, cause: BaseException | None = None,
+                **attributes: Any) -> None:
+        """A message no handler saw (expired, poison, no handler): its span and an event."""
+        span, _ = self._start(message)
+        if cause is not None:
+            span.set_attribute("error.type", error_type(cause))
+            span.set_status(StatusCode.ERROR, str(cause)[:200])
+        span.add_event(event, attributes)
+        span.end()
+
+    def finish(self, messages: Sequence[Message], outcomes: Sequence[MessageOutcome]) -> None:
+        """After the batch committed: its metrics, from each message's final outcome."""
+        instruments = self.telemetry.instruments
+        counts: dict[tuple[MessageOutcome, str], int] = {}
+        now_us = time.time_ns() // 1000
+        for message, outcome in zip(messages, outcomes):
+            message_type = message.message_type or ""
+            counts[(outcome, message_type)] = counts.get((outcome, message_type), 0) + 1
+            if outcome is MessageOutcome.SUCCEEDED:
+                attributes = self._metric_attributes(message_type)
+                took = self.durations.get(id(message))
+                if took is not None:
+                    instruments.process_duration.record(took, attributes)
+                headers = message.headers
+                sent = sent_us(headers.get(Headers.DELIVER_AT) or headers.get(Headers.TIME_SENT))
+                if sent is not None:
+                    instruments.critical_time.record(max(now_us - sent, 0) / 1e6, attributes)
+        by_type: dict[str, int] = {}
+        for (outcome, message_type), count in counts.items():
+            attributes = self._metric_attributes(message_type)
+            by_type[message_type] = by_type.get(message_type, 0) + count
+            if outcome is MessageOutcome.SUCCEEDED:
+                instruments.processed.add(count, attributes)
+            elif outcome is MessageOutcome.RETRIED:
+                instruments.failed.add(count, attributes)
+                instruments.retried.add(count, attributes)
+            elif outcome is MessageOutcome.ERRORED:
+                instruments.failed.add(count, attributes)
+                instruments.moved_to_error.add(count, attributes)
+            elif outcome is MessageOutcome.POISON:
+                instruments.moved_to_error.add(count, attributes)
+        for message_type, count in by_type.items():
+            instruments.consumed.add(count, self._metric_attributes(message_type))
+
+    def _metric_attributes(self, message_type: str) -> dict[str, str]:
+        found = self._metric_attributes_by_type.get(message_type)
+        if found is None:  # one dict per type per batch: the SDK hashes it on every record
+            found = self._metric_attributes_by_type[message_type] = {
+                "messaging.system": SYSTEM, "messaging.destination.name": self.queue, state.MESSAGE_TYPE: message_type}
+        return found
+
+
+def batch_trace(queue: str, mode: str, received: int) -> BatchTrace | None:
+    """A receive batch's :class:`BatchTrace`, or None while tracing is off."""
+    telemetry = state.current
+    return None if telemetry is None else BatchTrace(telemetry, queue, mode, received)

@@ -1,0 +1,111 @@
+"""The OpenTelemetry SDK set-up, from the standard ``OTEL_*`` variables.
+
+Imported only when ``SLUICE_OTEL`` is on (core.tracing.state.configure): the SDK and the
+exporters are the ``[otel]`` extra.  Providers the application set up already (its own
+code, or ``opentelemetry-instrument``) are used as they are; otherwise Sluice makes SDK
+ones and sets them as the process's global providers, so that instrumented libraries
+(Django, Celery, psycopg) report into the same traces.
+
+What the variables choose (the SDK's own names and defaults):
+
+- ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES``: the resource (service name
+  defaults to ``sluice-<SLUICE_ENDPOINT>`` here, not the SDK's ``unknown_service``);
+- ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG``: the sampler;
+- ``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER``: ``otlp`` (default), ``console`` or ``none``;
+- ``OTEL_EXPORTER_OTLP_PROTOCOL`` (or the ``_TRACES_`` / ``_METRICS_`` variants):
+  ``http/protobuf`` (default) or ``grpc``;
+- ``OTEL_EXPORTER_OTLP_ENDPOINT`` and the exporters' other variables: read by the exporters;
+- ``OTEL_BSP_*`` (batch span processor) and ``OTEL_METRIC_EXPORT_INTERVAL``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+from opentelemetry import metrics, trace
+from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpMetricExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpSpanExporter
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, MetricExporter, PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+
+from core.conf import get_settings
+
+log = logging.getLogger("sluice.tracing")
+
+EXPORTERS = ("otlp", "console", "none")
+PROTOCOLS = ("http/protobuf", "grpc")
+
+
+def resource() -> Resource:
+    """The SDK's resource from the environment, named after the endpoint unless told otherwise."""
+    found = Resource.create()
+    if "OTEL_SERVICE_NAME" in os.environ or "service.name=" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", ""):
+        return found
+    return found.merge(Resource.create({SERVICE_NAME: f"sluice-{get_settings().ENDPOINT}"}))
+
+
+def _choice(names: tuple[str, ...], allowed: tuple[str, ...], default: str) -> str:
+    for name in names:
+        value = os.environ.get(name, "").strip().lower()
+        if value:
+            if value not in allowed:
+                raise ValueError(f"{name}={value!r} is not supported here (one of {', '.join(allowed)})")
+            return value
+    return default
+
+
+def _protocol(signal: str) -> str:
+    return _choice((f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"), PROTOCOLS,
+                   "http/protobuf")
+
+
+def span_exporter() -> SpanExporter | None:
+    kind = _choice(("OTEL_TRACES_EXPORTER",), EXPORTERS, "otlp")
+    if kind == "none":
+        return None
+    if kind == "console":
+        return ConsoleSpanExporter()
+    if _protocol("TRACES") == "grpc":
+        # Imported only when asked for: loading gRPC costs a second and most collectors take HTTP.
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter  # noqa: PLC0415
+        return OTLPSpanExporter()
+    return HttpSpanExporter()
+
+
+def metric_exporter() -> MetricExporter | None:
+    kind = _choice(("OTEL_METRICS_EXPORTER",), EXPORTERS, "otlp")
+    if kind == "none":
+        return None
+    if kind == "console":
+        return ConsoleMetricExporter()
+    if _protocol("METRICS") == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter  # noqa: PLC0415 — as above
+        return OTLPMetricExporter()
+    return HttpMetricExporter()
+
+
+def providers() -> tuple[trace.TracerProvider, metrics.MeterProvider]:
+    """The process's SDK providers: the application's when it made them, else new ones,
+    set as global."""
+    tracer_provider = trace.get_tracer_provider()
+    if not isinstance(tracer_provider, TracerProvider):
+        tracer_provider = TracerProvider(resource=resource())
+        exporter = span_exporter()
+        if exporter is not None:
+            tracer_provider.add_span_processor(BatchSpanProcessor(exporter))
+        trace.set_tracer_provider(tracer_provider)
+    meter_provider = metrics.get_meter_provider()
+    if not isinstance(meter_provider, MeterProvider):
+        exporter = metric_exporter()
+        if exporter is None:
+            # Traces only: the no-op meter makes recording free, not merely unexported.
+            meter_provider = metrics.NoOpMeterProvider()
+        else:
+            meter_provider = MeterProvider(metric_readers=[PeriodicExportingMetricReader(exporter)],
+                                           resource=resource())
+            metrics.set_meter_provider(meter_provider)
+    log.info("OpenTelemetry on: traces and metrics of endpoint %s", get_settings().ENDPOINT)
+    return tracer_provider, meter_provider

@@ -1,0 +1,258 @@
+"""OpenTelemetry spans, links and metrics along a message's way: send → process, handler
+sends, delayed delivery, immediate and delayed retries, the error queue, an operator's
+retry, the outbox, batch handlers; and nothing at all while tracing is off."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from opentelemetry import baggage, context, trace
+from opentelemetry.trace import SpanKind
+
+from core.delayed import DelayedMover, SqlDelayedStore
+from core.failures import ingest_errors, retry, run_retry
+from core.handlers import handlers
+from core.messages import Headers
+from core.tracing import gauges
+from core.tracing.propagation import span_context
+from tests.conftest import drain
+from tests.tracing_support import ids, linked, parent_id, traced  # noqa: F401 — the fixture
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def store(transactional_db) -> SqlDelayedStore:
+    s = SqlDelayedStore()
+    s.setup_infrastructure()
+    for message in s.list(100_000)[0]:
+        s.delete(message.id)
+    return s
+
+
+def move_due(store: SqlDelayedStore, wait: float = 0.15) -> int:
+    time.sleep(wait)
+    mover = DelayedMover(store, max_sleep=0.2, elect=False)
+    try:
+        return mover.move_due()
+    finally:
+        mover.close()
+
+
+def test_the_process_span_is_a_child_of_the_send_and_the_handlers_sends_nest_under_it(
+        traced, transport, make_queue, pump_for, temp_handlers):
+    source, target = make_queue(), make_queue()
+    temp_handlers(source, "PlaceOrder", lambda m, ctx: ctx.send(target, {"bill": 1}, message_type="BillOrder"))
+    message_id = transport.send(source, {"order": 1}, message_type="PlaceOrder")
+    drain(pump_for(source, concurrency=1))
+
+    send = traced.one(f"send {source}")
+    process = traced.one(f"process {source}")
+    onward = traced.one(f"send {target}")
+    assert send.kind is SpanKind.PRODUCER and process.kind is SpanKind.CONSUMER
+    assert parent_id(process) == send.context.span_id and process.context.trace_id == send.context.trace_id
+    assert parent_id(onward) == process.context.span_id
+    assert send.attributes["messaging.system"] == "sluice"
+    assert send.attributes["messaging.message.id"] == message_id
+    attributes = process.attributes
+    assert attributes["messaging.operation.type"] == "process"
+    assert attributes["messaging.destination.name"] == source
+    assert attributes["messaging.message.id"] == message_id
+    assert attributes["messaging.message.conversation_id"]
+    assert attributes["sluice.attempt"] == 1
+    assert attributes["sluice.batch_size"] == 1
+    assert attributes["sluice.transaction_mode"] == "sends_atomic_with_receive"
+    assert "error.type" not in attributes
+    # The sent message carries the handler's send span: the next process span hangs from it.
+    sent = transport.browse(target)[0]
+    assert ids(onward) == (span_context(sent.headers).trace_id, span_context(sent.headers).span_id)
+
+    assert traced.total("sluice.messages.processed", messaging_destination_name=source) == 1
+    assert traced.total("messaging.client.consumed.messages", messaging_destination_name=source) == 1
+    assert traced.total("messaging.process.duration", messaging_destination_name=source) == 1
+    assert traced.total("sluice.message.critical_time", messaging_destination_name=source) == 1
+    assert traced.total("messaging.client.sent.messages", messaging_destination_name=target) == 1
+
+
+def test_the_process_span_never_nests_under_the_span_current_in_the_pumps_thread(
+        traced, transport, queue, pump_for, temp_handlers):
+    seen = []
+    temp_handlers(queue, None, lambda m, ctx: seen.append(trace.get_current_span().get_span_context()))
+    transport.send(queue, "x")
+    tracer = traced.provider.get_tracer("celery-like")
+    with tracer.start_as_current_span("run_worker_loops (a Celery task that lives for hours)") as hosting:
+        drain(pump_for(queue))
+    send, process = traced.one(f"send {queue}"), traced.one(f"process {queue}")
+    assert parent_id(process) == send.context.span_id
+    assert process.context.trace_id != hosting.get_span_context().trace_id
+    assert seen == [process.context]  # the handler ran with its process span current
+    assert trace.get_current_span() is trace.INVALID_SPAN  # and the thread's context came back
+
+
+def test_baggage_travels_with_the_message_to_its_handler(traced, transport, queue, pump_for, temp_handlers):
+    seen = []
+    temp_handlers(queue, None, lambda m, ctx: seen.append(baggage.get_baggage("tenant")))
+    token = context.attach(baggage.set_baggage("tenant", "acme"))
+    try:
+        transport.send(queue, "x")
+    finally:
+        context.detach(token)
+    assert transport.browse(queue)[0].headers[Headers.BAGGAGE] == "tenant=acme"
+    drain(pump_for(queue))
+    assert seen == ["acme"]
+
+
+def test_a_message_sent_without_tracing_starts_a_new_trace(traced, transport, queue, pump_for, temp_handlers):
+    temp_handlers(queue, None, lambda m, ctx: None)
+    from core import tracing  # the switch, turned off for the send only
+
+    telemetry = tracing.active()
+    tracing.uninstall()
+    transport.send(queue, "x")
+    tracing.state.current = telemetry
+    with traced.provider.get_tracer("host").start_as_current_span("ambient"):
+        drain(pump_for(queue))
+    process = traced.one(f"process {queue}")
+    assert process.parent is None and not process.links
+
+
+def test_a_delayed_send_starts_a_new_trace_linked_to_the_sender(traced, transport, queue, pump_for, temp_handlers,
+                                                                store):
+    temp_handlers(queue, None, lambda m, ctx: None)
+    transport.send(queue, "later", delay=0.05)
+    send = traced.one(f"send {queue}")
+    assert send.attributes["sluice.delayed"] is True
+    assert move_due(store) == 1
+    forward = traced.one("forward delayed")
+    assert forward.parent is None and linked(forward) == {ids(send)}
+    drain(pump_for(queue))
+    process = traced.one(f"process {queue}")
+    assert process.parent is None and process.context.trace_id != send.context.trace_id
+    assert linked(process) == {ids(send)}
+
+
+def test_retries_the_error_queue_and_an_operators_retry_keep_the_senders_context(
+        traced, transport, queue, pump_for, temp_handlers, store, error_queue):
+    fail = {"on": True}
+
+    def handler(message, context):
+        if fail["on"]:
+            raise ValueError("out of stock")
+
+    temp_handlers(queue, None, handler)
+    message_id = transport.send(queue, "x", message_type="PlaceOrder")
+    send = traced.one(f"send {queue}")
+    pump = pump_for(queue, immediate_retries=1, delayed_retries=1, concurrency=1)
+    pump.recoverability.delayed_retry_increase = 0.05
+    drain(pump)  # attempt 1 → immediate retry; attempt 2 → delayed retry
+    first, second = sorted(traced.spans(f"process {queue}"), key=lambda s: s.start_time)
+    for span, event in ((first, "sluice.retry.immediate"), (second, "sluice.retry.delayed")):
+        assert parent_id(span) == send.context.span_id  # the first round: children of the send
+        assert span.attributes["error.type"] == "ValueError"
+        assert [e.name for e in span.events] == [event]
+        assert span.status.status_code is trace.StatusCode.ERROR
+    assert [s.attributes["sluice.attempt"] for s in (first, second)] == [1, 2]
+
+    assert move_due(store) == 1  # the delayed retry comes back...
+    drain(pump)  # ...attempt 3 → immediate retry; attempt 4 → the error queue
+    third, fourth = sorted(traced.spans(f"process {queue}"), key=lambda s: s.start_time)[2:]
+    for span, event in ((third, "sluice.retry.immediate"), (fourth, "sluice.moved_to_error_queue")):
+        assert span.parent is None and linked(span) == {ids(send)}  # a new trace, linked to the sender
+        assert [e.name for e in span.events] == [event]
+    assert traced.total("sluice.messages.failed", messaging_destination_name=queue) == 4
+    assert traced.total("sluice.messages.retried", messaging_destination_name=queue) == 3
+    assert traced.total("sluice.messages.moved_to_error", messaging_destination_name=queue) == 1
+    in_error = transport.browse(error_queue)[0]
+    assert span_context(in_error.headers).span_id == send.context.span_id  # kept in the error queue
+
+    # An operator's retry keeps the context too: a new trace, linked to the sender.
+    assert ingest_errors() == 1
+    run_retry(retry([message_id]).pk)
+    assert span_context(transport.browse(queue)[0].headers).span_id == send.context.span_id
+    fail["on"] = False
+    drain(pump)
+    fifth = sorted(traced.spans(f"process {queue}"), key=lambda s: s.start_time)[4]
+    assert fifth.parent is None and linked(fifth) == {ids(send)}
+    assert "error.type" not in fifth.attributes
+    assert traced.total("sluice.messages.processed", messaging_destination_name=queue) == 1
+
+
+def test_outbox_dispatch_links_to_the_context_captured_when_the_record_was_written(
+        traced, transport, make_queue, pump_for, temp_handlers, outbox):
+    source, target = make_queue(), make_queue()
+    temp_handlers(source, None, lambda m, ctx: ctx.send(target, "onward"))
+    temp_handlers(target, None, lambda m, ctx: None)
+    transport.send(source, "in")
+    drain(pump_for(source, transaction_mode="outbox"))
+    process = traced.one(f"process {source}")
+    assert process.attributes["sluice.transaction_mode"] == "outbox"
+    captured = traced.one(f"send {target}")
+    assert parent_id(captured) == process.context.span_id
+    dispatch = traced.one("dispatch outbox")
+    assert dispatch.parent is None and linked(dispatch) == {ids(captured)}
+    drain(pump_for(target))
+    assert parent_id(traced.one(f"process {target}")) == captured.context.span_id
+
+
+def test_a_batch_handlers_span_links_every_message(traced, transport, queue, pump_for):
+    got = []
+    handlers.register(queue, "Ping", lambda messages, ctx: got.append(len(messages)), batch=True)
+    try:
+        for _ in range(3):
+            transport.send(queue, "p", message_type="Ping")
+        drain(pump_for(queue, concurrency=1))
+    finally:
+        handlers.unregister(queue, "Ping")
+    assert got == [3]
+    process = traced.one(f"process {queue}")
+    assert process.parent is None and process.attributes["messaging.batch.message_count"] == 3
+    assert linked(process) == {ids(s) for s in traced.spans(f"send {queue}")}
+    assert traced.total("messaging.process.duration", messaging_destination_name=queue) == 3
+
+
+def test_an_expired_message_and_a_message_nobody_handles_get_a_span_and_an_event(
+        traced, transport, make_queue, pump_for, temp_handlers, error_queue):
+    expiring, unhandled = make_queue(), make_queue()
+    temp_handlers(expiring, None, lambda m, ctx: None)
+    transport.send(expiring, "x", ttl=0.01)
+    transport.send(unhandled, "y", message_type="Nobody")
+    time.sleep(0.05)
+    drain(pump_for(expiring))
+    drain(pump_for(unhandled))
+    assert [e.name for e in traced.one(f"process {expiring}").events] == ["sluice.expired"]
+    nobody = traced.one(f"process {unhandled}")
+    assert [e.name for e in nobody.events] == ["sluice.moved_to_error_queue"]
+    assert nobody.attributes["error.type"] == "core.errors.NoHandler"
+
+
+def test_queue_length_and_oldest_age_are_gauges(traced, transport, queue):
+    transport.send_many(queue, ["a", "b", "c"])
+    gauges.observe([queue])
+    assert traced.total("sluice.queue.length", messaging_destination_name=queue) == 3
+    ages = [p.value for p in traced.metrics()["sluice.queue.oldest_message_age"]
+            if p.attributes["messaging.destination.name"] == queue]
+    assert len(ages) == 1 and 0 <= ages[0] < 60
+    send = traced.one(f"send {queue}")
+    assert send.attributes["messaging.batch.message_count"] == 3
+    assert len({m.headers[Headers.TRACEPARENT] for m in transport.browse(queue)}) == 1
+
+
+def test_tracing_off_makes_no_spans_and_adds_no_headers(transport, queue, pump_for, temp_handlers, store):
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from core import tracing
+
+    assert tracing.active() is None
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    temp_handlers(queue, None, lambda m, ctx: None)
+    with provider.get_tracer("app").start_as_current_span("the application's own span"):
+        transport.send(queue, "x")
+        transport.send(queue, "later", delay=0.05)
+        assert Headers.TRACEPARENT not in transport.browse(queue)[0].headers
+        move_due(store)
+        drain(pump_for(queue))
+    assert [s.name for s in exporter.get_finished_spans()] == ["the application's own span"]
