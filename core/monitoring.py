@@ -1,0 +1,439 @@
+"""What the live monitoring tab shows, per queue and period: throughput, retries, failures,
+processing and critical time (p50/p95/p99) and queue length, bucketed for sparklines;
+the same queue by message type and by worker; workers whose heartbeat is stale or whose
+clock disagrees with the database's.  A sibling of :mod:`core.measurements` (which alert
+rules read), built on the same tables and the same bounded reads.
+
+Where the figures come from, so that a chart has no seam:
+
+- recent times from the processing records, on the (queue, ended_us) index: counts per
+  bucket and outcome for every queue in one grouped statement, and per queue the newest
+  :data:`SAMPLE` records of the period for the percentiles (a read that stops there
+  however busy the queue: ``sampled`` < ``records`` says so);
+- times older than a queue's oldest record still in the database (exported and deleted
+  after SLUICE_RECORDS_RETENTION) from the pipeline's metric windows (one minute or one
+  hour, whichever divides the bucket), up to where the windows end;
+- queue length from the queue samples (core.queue_samples), the last sample of each bucket.
+
+Critical time is NServiceBus's: ProcessingEnded − (DeliverAt ?? TimeSent).  A record
+that ended before it was sent (the sender's clock ahead of the worker's) is counted as
+``skewed`` and left out of the percentiles, not drawn as a negative time.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from django.db.models import BigIntegerField, Count, ExpressionWrapper, F, Max, Value
+
+from core.conf import get_settings
+from core.health import INTERVAL_SECONDS, TTL_SECONDS, read_health
+from core.monitoring_models import QueueSample
+from core.queue_samples import database_now_us
+from core.records.models import MetricWindow, ProcessingRecord
+from pipeline import schema
+
+#: The periods the tab offers (name → seconds) and how many buckets a chart has.
+PERIODS = {"1m": 60, "5m": 300, "15m": 900, "1h": 3600}
+BUCKETS = 30
+#: Newest records per queue the percentiles are computed from (the overview; one queue's page reads more).
+SAMPLE = 400
+DETAIL_SAMPLE = 5000
+#: The longest from–to range (31 days) and the most slices a breakdown lists.
+MAX_RANGE = dt.timedelta(days=31)
+BREAKDOWN_LIMIT = 50
+#: A heartbeat this much older than the database's clock is stale (three missed beats).
+STALE_SECONDS = 3 * INTERVAL_SECONDS
+#: A heartbeat from further in the future than this means the worker's clock runs ahead.
+AHEAD_TOLERANCE = 1.0
+US = 1_000_000
+
+
+@dataclass(frozen=True)
+class Period:
+    """A monitoring period: ``buckets`` buckets of ``bucket_seconds`` from ``start_us``."""
+
+    name: str
+    start_us: int
+    end_us: int
+    bucket_seconds: int
+    #: The period ends now (the page refreshes once a bucket).
+    live: bool
+    #: The database's clock when it was made.
+    now_us: int
+
+    @property
+    def bucket_us(self) -> int:
+        return self.bucket_seconds * US
+
+    @property
+    def buckets(self) -> int:
+        return (self.end_us - self.start_us) // self.bucket_us
+
+    @property
+    def refresh_seconds(self) -> int | None:
+        """How often a live page refreshes: once a bucket, at least every 5 s; never for a past range."""
+        return max(5, self.bucket_seconds) if self.live else None
+
+    def bucket_starts(self) -> list[dt.datetime]:
+        return [when(self.start_us + i * self.bucket_us) for i in range(self.buckets)]
+
+    @property
+    def start(self) -> dt.datetime:
+        return when(self.start_us)
+
+    @property
+    def end(self) -> dt.datetime:
+        return when(self.end_us)
+
+
+def when(us: int) -> dt.datetime:
+    return dt.datetime.fromtimestamp(us / US, dt.timezone.utc)
+
+
+def _micros(value: dt.datetime) -> int:
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=dt.timezone.utc)
+    return int(value.timestamp() * US)
+
+
+def make_period(name: str = "5m", start: dt.datetime | None = None, end: dt.datetime | None = None,
+                now_us: int | None = None) -> Period:
+    """A period by name (``1m``, ``5m``, ``15m``, ``1h``) ending now, or ``range`` from
+    ``start`` to ``end`` (default now).  Raises ValueError with the reason for bad input."""
+    now = database_now_us() if now_us is None else now_us
+    if name in PERIODS:
+        bucket = PERIODS[name] // BUCKETS
+        end_us = -(-now // (bucket * US)) * bucket * US  # the bucket now lies in is the last one
+        return Period(name, end_us - BUCKETS * bucket * US, end_us, bucket, True, now)
+    if name != "range":
+        raise ValueError(f"period must be one of {', '.join([*PERIODS, 'range'])}, not {name[:20]!r}")
+    if start is None:
+        raise ValueError("a range needs a start (from)")
+    start_us = _micros(start)
+    end_us = min(_micros(end), now) if end is not None else now
+    if end_us <= start_us:
+        raise ValueError("the range's end must be after its start (and its start in the past)")
+    if end_us - start_us > MAX_RANGE.total_seconds() * US:
+        raise ValueError(f"a range is at most {MAX_RANGE.days} days")
+    # Whole minutes (or whole hours for long ranges) per bucket: pipeline windows fit in them.
+    raw = (end_us - start_us) / US / BUCKETS
+    unit = 3600 if raw > 3600 else 60
+    bucket = max(1, math.ceil(raw / unit)) * unit
+    first = start_us // (bucket * US) * bucket * US
+    count = -(-(end_us - first) // (bucket * US))
+    return Period("range", first, first + count * bucket * US, bucket, end_us >= now - bucket * US, now)
+
+
+# -- per-queue series --------------------------------------------------------------------------
+
+@dataclass
+class Bucket:
+    start: dt.datetime
+    #: Every handled attempt (every outcome), retried attempts, failures (pipeline.schema.FAILURES).
+    records: int = 0
+    retried: int = 0
+    failures: int = 0
+    throughput_per_s: float | None = None
+    processing_ms: dict[int, float | None] = field(default_factory=dict)
+    critical_ms: dict[int, float | None] = field(default_factory=dict)
+    #: The queue's length at the bucket's last sample (None: no sample in it).
+    length: int | None = None
+    #: The figures came (partly) from the pipeline's windows.
+    from_windows: bool = False
+
+
+@dataclass
+class QueueSeries:
+    queue: str
+    buckets: list[Bucket]
+    records: int = 0
+    retried: int = 0
+    failures: int = 0
+    throughput_per_s: float = 0.0
+    processing_ms: dict[int, float | None] = field(default_factory=dict)
+    critical_ms: dict[int, float | None] = field(default_factory=dict)
+    #: Records the percentiles were computed from (the newest of the period).
+    sampled: int = 0
+    #: Of those, records that ended before they were sent or due: a clock skew.
+    skewed: int = 0
+    length_last: int | None = None
+    length_average: float | None = None
+    length_estimated: bool = False
+
+
+def percentiles(values: list[float]) -> dict[int, float | None]:
+    """p50, p95 and p99 of ``values`` (nearest rank), None each when there are none."""
+    if not values:
+        return {50: None, 95: None, 99: None}
+    ordered = sorted(values)
+    return {p: ordered[min(len(ordered) - 1, max(0, math.ceil(p / 100 * len(ordered)) - 1))] for p in (50, 95, 99)}
+
+
+def _bucket_of(period: Period):
+    return ExpressionWrapper((F("ended_us") - Value(period.start_us)) / Value(period.bucket_us),
+                             output_field=BigIntegerField())
+
+
+def queue_series(queues: list[str], period: Period, sample: int = SAMPLE) -> dict[str, QueueSeries]:
+    """Each queue's buckets and period figures (see the module doc)."""
+    using = get_settings().DATABASE
+    series = {q: QueueSeries(q, [Bucket(t) for t in period.bucket_starts()]) for q in queues}
+    records_from = _records_from(queues, period) if not period.live or period.name == "range" else {}
+    records = ProcessingRecord.objects.using(using)
+    # Counts: one statement for the queues whose records cover the period (an index range per
+    # queue on (queue, ended_us)), one for each queue whose older part comes from windows.
+    groups: dict[int, list[str]] = defaultdict(list)
+    for queue in queues:
+        groups[max(period.start_us, records_from.get(queue, 0))].append(queue)
+    for since, group in groups.items():
+        counts = (records.filter(queue__in=group, ended_us__gte=since, ended_us__lt=period.end_us)
+                  .annotate(bucket=_bucket_of(period)).order_by()
+                  .values_list("queue", "bucket", "outcome").annotate(n=Count("pk")))
+        for queue, index, outcome, n in counts:
+            if 0 <= index < len(series[queue].buckets):
+                _count(series[queue].buckets[index], outcome, n)
+    for queue in queues:
+        s = series[queue]
+        rows = list(records.filter(queue=queue, ended_us__gte=max(period.start_us, records_from.get(queue, 0)),
+                                   ended_us__lt=period.end_us).order_by("-ended_us")
+                    .values_list("ended_us", "started_us", "time_sent_us", "deliver_at_us", "outcome")[:sample])
+        _percentiles_from_records(s, rows, period)
+        if records_from.get(queue, 0) > period.start_us:
+            _add_windows(s, period, records_from[queue])
+    _fill_lengths(series, period)
+    for s in series.values():
+        _totals(s, period)
+    return series
+
+
+def _count(b: Bucket, outcome: str, n: int) -> None:
+    b.records += n
+    b.retried += n if outcome == schema.RETRIED else 0
+    b.failures += n if outcome in schema.FAILURES else 0
+
+
+def _records_from(queues: list[str], period: Period) -> dict[str, int]:
+    """Per queue, from when the records are used: where the pipeline's windows end, or the
+    whole minute/hour after the queue's oldest record if the windows reach past it."""
+    using = get_settings().DATABASE
+    unit = 3600 if period.bucket_seconds % 3600 == 0 else 60
+    found: dict[str, int] = {}
+    for queue in queues:
+        oldest = (ProcessingRecord.objects.using(using).filter(queue=queue).order_by("ended_us")
+                  .values_list("ended_us", flat=True).first())
+        newest = (MetricWindow.objects.using(using).filter(queue=queue, window_seconds=unit)
+                  .aggregate(last=Max("window_start"))["last"])
+        if newest is None or oldest is not None and oldest <= period.start_us:
+            continue
+        windows_end = _micros(newest) + unit * US
+        oldest_whole = -(-(oldest if oldest is not None else windows_end) // (unit * US)) * unit * US
+        found[queue] = min(windows_end, oldest_whole)
+    return found
+
+
+def _add_windows(s: QueueSeries, period: Period, until_us: int) -> None:
+    """Buckets before ``until_us`` from the pipeline's windows (percentiles weighted by messages)."""
+    unit = 3600 if period.bucket_seconds % 3600 == 0 else 60
+    windows = (MetricWindow.objects.using(get_settings().DATABASE)
+               .filter(queue=s.queue, window_seconds=unit, window_start__gte=when(period.start_us),
+                       window_start__lt=when(min(until_us, period.end_us))))
+    weights: dict[int, list[MetricWindow]] = defaultdict(list)
+    for w in windows:
+        index = (_micros(w.window_start) - period.start_us) // period.bucket_us
+        if 0 <= index < len(s.buckets):
+            weights[index].append(w)
+    for index, ws in weights.items():
+        b = s.buckets[index]
+        b.from_windows = True
+        b.records += sum(w.messages for w in ws)
+        b.retried += sum(w.retries for w in ws)
+        b.failures += sum(w.failures for w in ws)
+        for p in (50, 95, 99):
+            if b.processing_ms.get(p) is None:
+                b.processing_ms[p] = _weighted(ws, f"processing_ms_p{p}")
+            if b.critical_ms.get(p) is None:
+                b.critical_ms[p] = _weighted(ws, f"critical_ms_p{p}")
+
+
+def _weighted(windows: list[MetricWindow], name: str) -> float | None:
+    pairs = [(getattr(w, name), w.messages) for w in windows if getattr(w, name) is not None]
+    total = sum(n for _, n in pairs)
+    return sum(v * n for v, n in pairs) / total if total else None
+
+
+def _times(rows: Iterable[tuple]) -> tuple[list[float], list[float], int]:
+    """(processing ms of attempts whose handler ran, critical ms of processed ones, skewed count)."""
+    processing, critical, skewed = [], [], 0
+    for ended, started, sent, deliver_at, outcome in rows:
+        if outcome in schema.HANDLER_RAN:
+            processing.append(max(ended - started, 0) / 1000)
+        origin = deliver_at if deliver_at is not None else sent
+        if origin is not None and ended < origin:
+            skewed += 1
+        elif origin is not None and outcome == schema.PROCESSED:
+            critical.append((ended - origin) / 1000)
+    return processing, critical, skewed
+
+
+def _percentiles_from_records(s: QueueSeries, rows: list[tuple], period: Period) -> None:
+    s.sampled = len(rows)
+    processing, critical, s.skewed = _times(rows)
+    s.processing_ms, s.critical_ms = percentiles(processing), percentiles(critical)
+    per_bucket: dict[int, list[tuple]] = defaultdict(list)
+    for row in rows:
+        per_bucket[(row[0] - period.start_us) // period.bucket_us].append(row)
+    for index, bucket_rows in per_bucket.items():
+        if 0 <= index < len(s.buckets):
+            p, c, _ = _times(bucket_rows)
+            s.buckets[index].processing_ms, s.buckets[index].critical_ms = percentiles(p), percentiles(c)
+
+
+def _fill_lengths(series: dict[str, QueueSeries], period: Period) -> None:
+    """The last queue-length sample of each bucket, one statement for every queue."""
+    rows = (QueueSample.objects.using(get_settings().DATABASE)
+            .filter(queue__in=list(series), at_us__gte=period.start_us, at_us__lt=period.end_us)
+            .order_by("queue", "at_us").values_list("queue", "at_us", "length", "estimated"))
+    seen: dict[str, list[int]] = defaultdict(list)
+    for queue, at, length, estimated in rows:
+        s = series[queue]
+        index = (at - period.start_us) // period.bucket_us
+        if 0 <= index < len(s.buckets):
+            s.buckets[index].length = length
+        seen[queue].append(length)
+        s.length_last, s.length_estimated = length, estimated
+    for queue, lengths in seen.items():
+        series[queue].length_average = sum(lengths) / len(lengths)
+
+
+def _totals(s: QueueSeries, period: Period) -> None:
+    elapsed = max(1.0, (min(period.end_us, period.now_us) - period.start_us) / US)
+    for i, b in enumerate(s.buckets):
+        s.records += b.records
+        s.retried += b.retried
+        s.failures += b.failures
+        bucket_end = min(period.start_us + (i + 1) * period.bucket_us, period.now_us)
+        seconds = (bucket_end - (period.start_us + i * period.bucket_us)) / US
+        b.throughput_per_s = b.records / seconds if seconds > 0 else None
+    s.throughput_per_s = s.records / elapsed
+    if all(v is None for v in s.processing_ms.values()):  # no records left: the windows' figures
+        for p in (50, 95, 99):
+            s.processing_ms[p] = _average(b.processing_ms.get(p) for b in s.buckets)
+            s.critical_ms[p] = _average(b.critical_ms.get(p) for b in s.buckets)
+
+
+def _average(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else None
+
+
+# -- one queue by message type or by worker -----------------------------------------------------
+
+@dataclass
+class Slice:
+    key: str
+    records: int
+    retried: int
+    failures: int
+    throughput_per_s: float
+    processing_ms: dict[int, float | None]
+    critical_ms: dict[int, float | None]
+    skewed: int = 0
+
+
+BREAKDOWNS = ("message_type", "worker")
+
+
+def breakdown(queue: str, period: Period, by: str, sample: int = DETAIL_SAMPLE) -> list[Slice]:
+    """The queue's records of the period per message type or worker (the busiest
+    :data:`BREAKDOWN_LIMIT`): exact counts over the period, percentiles from its newest
+    ``sample`` records."""
+    if by not in BREAKDOWNS:
+        raise ValueError(f"by must be one of {', '.join(BREAKDOWNS)}, not {by[:20]!r}")
+    records = ProcessingRecord.objects.using(get_settings().DATABASE).filter(
+        queue=queue, ended_us__gte=period.start_us, ended_us__lt=period.end_us)
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for key, outcome, n in records.order_by().values_list(by, "outcome").annotate(n=Count("pk")):
+        c = counts[key or ""]
+        c[0] += n
+        c[1] += n if outcome == schema.RETRIED else 0
+        c[2] += n if outcome in schema.FAILURES else 0
+    rows: dict[str, list[tuple]] = defaultdict(list)
+    for key, *row in records.order_by("-ended_us").values_list(
+            by, "ended_us", "started_us", "time_sent_us", "deliver_at_us", "outcome")[:sample]:
+        rows[key or ""].append(tuple(row))
+    elapsed = max(1.0, (min(period.end_us, period.now_us) - period.start_us) / US)
+    slices = []
+    for key, (n, retried, failures) in sorted(counts.items(), key=lambda kv: -kv[1][0])[:BREAKDOWN_LIMIT]:
+        processing, critical, skewed = _times(rows.get(key, []))
+        slices.append(Slice(key, n, retried, failures, n / elapsed, percentiles(processing), percentiles(critical),
+                            skewed))
+    return slices
+
+
+# -- workers: stale heartbeats, clocks that disagree with the database's -------------------------
+
+@dataclass(frozen=True)
+class WorkerState:
+    name: str
+    last_seen: dt.datetime | None
+    #: Database clock − the heartbeat's time (seconds; negative: the worker's clock is ahead).
+    age_seconds: float | None
+    stale: bool
+    #: Why the worker's clock looks wrong ("" when it does not).
+    clock_skew: str = ""
+    #: Loops whose thread died.
+    dead_loops: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Workers:
+    redis: str
+    workers: list[WorkerState]
+    error: str = ""
+
+
+def worker_states(redis_url: str, now_us: int | None = None) -> Workers:
+    """Every worker's heartbeat checked against the database's clock.  A heartbeat lives
+    :data:`core.health.TTL_SECONDS` in Redis: one older than that that is still there was
+    written by a clock running behind; one from the future, by a clock running ahead."""
+    raw = read_health(redis_url)
+    if raw.get("redis") != "up":
+        return Workers("down", [], str(raw.get("error", "")))
+    now = database_now_us() if now_us is None else now_us
+    states = []
+    for w in raw.get("workers", []):
+        try:
+            seen = dt.datetime.fromisoformat(str(w.get("last_seen") or ""))
+        except ValueError:
+            seen = None
+        age = (now - _micros(seen)) / US if seen is not None else None
+        skew = ""
+        if age is not None and age < -AHEAD_TOLERANCE:
+            skew = f"clock {-age:.1f} s ahead of the database's"
+        elif age is not None and age > TTL_SECONDS + INTERVAL_SECONDS:
+            skew = f"clock {age:.1f} s behind the database's"
+        dead = tuple(str(loop.get("name")) for loop in w.get("loops", []) if loop.get("alive") is False)
+        states.append(WorkerState(str(w.get("name", "?")), seen, age,
+                                  age is None or (age > STALE_SECONDS and not skew), skew, dead))
+    return Workers("up", sorted(states, key=lambda s: s.name))
+
+
+def series_json(s: QueueSeries) -> dict[str, Any]:
+    """A queue's figures as the JSON API shows them."""
+    def pct(values: dict[int, float | None]) -> dict[str, float | None]:
+        return {f"p{p}": values.get(p) for p in (50, 95, 99)}
+
+    return {
+        "queue": s.queue, "records": s.records, "retried": s.retried, "failures": s.failures,
+        "throughput_per_s": s.throughput_per_s, "processing_ms": pct(s.processing_ms),
+        "critical_ms": pct(s.critical_ms), "sampled": s.sampled, "skewed": s.skewed,
+        "length": s.length_last, "length_average": s.length_average, "length_estimated": s.length_estimated,
+        "buckets": [{"start": b.start.isoformat(), "records": b.records, "retried": b.retried,
+                     "failures": b.failures, "throughput_per_s": b.throughput_per_s, "length": b.length,
+                     "processing_ms": pct(b.processing_ms), "critical_ms": pct(b.critical_ms),
+                     "from_windows": b.from_windows} for b in s.buckets],
+    }
