@@ -42,7 +42,8 @@ BUCKETS = 30
 #: Newest records per queue the percentiles are computed from (the overview; one queue's page reads more).
 SAMPLE = 400
 DETAIL_SAMPLE = 5000
-#: The longest from–to range (31 days) and the most slices a breakdown lists.
+#: The longest from–to range (31 days: a longer one keeps its newest part) and the most
+#: slices a breakdown lists.
 MAX_RANGE = dt.timedelta(days=31)
 BREAKDOWN_LIMIT = 50
 #: A heartbeat this much older than the database's clock is stale (three missed beats).
@@ -64,6 +65,8 @@ class Period:
     live: bool
     #: The database's clock when it was made.
     now_us: int
+    #: How a requested range was made to fit ("" when it was taken as it was).
+    note: str = ""
 
     @property
     def bucket_us(self) -> int:
@@ -103,7 +106,10 @@ def _micros(value: dt.datetime) -> int:
 def make_period(name: str = "5m", start: dt.datetime | None = None, end: dt.datetime | None = None,
                 now_us: int | None = None) -> Period:
     """A period by name (``1m``, ``5m``, ``15m``, ``1h``) ending now, or ``range`` from
-    ``start`` to ``end`` (default now).  Raises ValueError with the reason for bad input."""
+    ``start`` (default an hour before the end) to ``end`` (default now).  A range is made
+    to fit rather than refused: its ends swapped when reversed, its end at most now, at most
+    :data:`MAX_RANGE` long (the newest part); ``note`` says what was changed.  Raises
+    ValueError for an unknown name."""
     now = database_now_us() if now_us is None else now_us
     if name in PERIODS:
         bucket = PERIODS[name] // BUCKETS
@@ -111,21 +117,29 @@ def make_period(name: str = "5m", start: dt.datetime | None = None, end: dt.date
         return Period(name, end_us - BUCKETS * bucket * US, end_us, bucket, True, now)
     if name != "range":
         raise ValueError(f"period must be one of {', '.join([*PERIODS, 'range'])}, not {name[:20]!r}")
-    if start is None:
-        raise ValueError("a range needs a start (from)")
-    start_us = _micros(start)
-    end_us = min(_micros(end), now) if end is not None else now
-    if end_us <= start_us:
-        raise ValueError("the range's end must be after its start (and its start in the past)")
+    notes = []
+    end_us = _micros(end) if end is not None else now
+    start_us = _micros(start) if start is not None else end_us - 3600 * US
+    if end_us < start_us:
+        start_us, end_us = end_us, start_us
+        notes.append("from and to swapped")
+    if end_us > now:
+        end_us = now
+        notes.append("ends now")
     if end_us - start_us > MAX_RANGE.total_seconds() * US:
-        raise ValueError(f"a range is at most {MAX_RANGE.days} days")
+        start_us = end_us - int(MAX_RANGE.total_seconds()) * US
+        notes.append(f"shortened to the last {MAX_RANGE.days} days of it")
+    if end_us - start_us < 60 * US:
+        start_us = end_us - 60 * US
+        notes.append("widened to a minute")
     # Whole minutes (or whole hours for long ranges) per bucket: pipeline windows fit in them.
     raw = (end_us - start_us) / US / BUCKETS
     unit = 3600 if raw > 3600 else 60
     bucket = max(1, math.ceil(raw / unit)) * unit
     first = start_us // (bucket * US) * bucket * US
     count = -(-(end_us - first) // (bucket * US))
-    return Period("range", first, first + count * bucket * US, bucket, end_us >= now - bucket * US, now)
+    return Period("range", first, first + count * bucket * US, bucket, end_us >= now - bucket * US, now,
+                  "; ".join(notes))
 
 
 # -- per-queue series --------------------------------------------------------------------------

@@ -24,21 +24,23 @@ from dashboard.models import DeployMarker
 DEFAULT_PERIOD = "5m"
 #: Queues the overview shows at most (a filter narrows them).
 MAX_QUEUES = 50
+EARLIEST = dt.datetime(1971, 1, 1, tzinfo=dt.timezone.utc)
 
 
 def parse_time(raw: str | None, name: str) -> dt.datetime | None:
     """An ISO 8601 time (a form's ``datetime-local`` value has no offset: UTC, as every
-    time on the dashboard)."""
+    time on the dashboard); times before 1971 read as 1971 (a range keeps its last 31 days)."""
     if not raw:
         return None
     try:
-        value = dt.datetime.fromisoformat(raw.strip().replace("Z", "+00:00"))
+        value = dt.datetime.fromisoformat(raw.strip().upper().replace("Z", "+00:00"))
     except ValueError:
         raise ActionError(f"{name} must be an ISO 8601 time such as 2026-01-31T14:00, not {raw[:40]!r}") from None
     value = value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
-    if not dt.datetime(1971, 1, 1, tzinfo=dt.timezone.utc) <= value <= dt.datetime(9999, 1, 1, tzinfo=dt.timezone.utc):
-        raise ActionError(f"{name} is out of range")
-    return value.astimezone(dt.timezone.utc)
+    try:
+        return max(value.astimezone(dt.timezone.utc), EARLIEST)
+    except OverflowError:  # 0001-01-01 with a positive offset
+        return EARLIEST
 
 
 def period_from(params: Mapping[str, str]) -> Period:
@@ -105,7 +107,7 @@ def queue_detail(name: str, params: Mapping[str, str]) -> QueueDetail:
 
 def period_json(p: Period) -> dict[str, Any]:
     return {"name": p.name, "start": p.start.isoformat(), "end": p.end.isoformat(),
-            "bucket_seconds": p.bucket_seconds, "live": p.live, "refresh_seconds": p.refresh_seconds,
+            "bucket_seconds": p.bucket_seconds, "live": p.live, "refresh_seconds": p.refresh_seconds, "note": p.note,
             "now": monitoring.when(p.now_us).isoformat()}
 
 

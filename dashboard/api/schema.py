@@ -220,6 +220,8 @@ class MonitoringPeriod(f.Serializer):
     live = f.BooleanField(help_text="The period ends now.")
     refresh_seconds = f.IntegerField(allow_null=True, help_text="How often the page refreshes (null: a past range).")
     now = f.DateTimeField(help_text="The database's clock.")
+    note = f.CharField(allow_blank=True, help_text="How a requested range was made to fit (swapped, cut to now "
+                                                   "or to 31 days); empty when taken as asked.")
 
 
 class MonitoringBucket(f.Serializer):
