@@ -103,7 +103,7 @@ def test_a_past_range_does_not_refresh_and_bad_input_gets_a_clear_error(viewer_c
                         ("", "")]:
         period = viewer_client.get(f"/api/monitoring/?period=range&{query}").json()["period"]
         assert note in period["note"] and bool(period["note"]) == bool(note), query
-        assert (f"Range {note}" in viewer_client.get(f"/monitoring/?period=range&{query}").content.decode()) == bool(note)
+        assert (f"Range {period['note']}" in viewer_client.get(f"/monitoring/?period=range&{query}").content.decode()) == bool(note)
 
 
 def test_drill_down_by_message_type_and_worker(viewer_client, busy_queue):
