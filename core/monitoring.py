@@ -1,7 +1,7 @@
 """What the live monitoring tab shows, per queue and period: throughput, retries, failures,
 processing and critical time (p50/p95/p99) and queue length, bucketed for sparklines;
-the same queue by message type and by worker; workers whose heartbeat is stale or whose
-clock disagrees with the database's.  A sibling of :mod:`core.measurements` (which alert
+the same queue by message type and by worker (core.monitoring_slices); workers whose
+heartbeat is stale or whose clock disagrees with the database's (core.monitoring_workers).  A sibling of :mod:`core.measurements` (which alert
 rules read), built on the same tables and the same bounded reads.
 
 Where the figures come from, so that a chart has no seam:
@@ -27,10 +27,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from django.db.models import BigIntegerField, Count, ExpressionWrapper, F, Max, Value
+from django.db.models import BigIntegerField, Count, ExpressionWrapper, F, Max, QuerySet, Value
 
 from core.conf import get_settings
-from core.health import INTERVAL_SECONDS, TTL_SECONDS, read_health
 from core.monitoring_models import QueueSample
 from core.queue_samples import database_now_us
 from core.records.models import MetricWindow, ProcessingRecord
@@ -42,14 +41,8 @@ BUCKETS = 30
 #: Newest records per queue the percentiles are computed from (the overview; one queue's page reads more).
 SAMPLE = 400
 DETAIL_SAMPLE = 5000
-#: The longest from–to range (31 days: a longer one keeps its newest part) and the most
-#: slices a breakdown lists.
+#: The longest from–to range (31 days: a longer one keeps its newest part).
 MAX_RANGE = dt.timedelta(days=31)
-BREAKDOWN_LIMIT = 50
-#: A heartbeat this much older than the database's clock is stale (three missed beats).
-STALE_SECONDS = 3 * INTERVAL_SECONDS
-#: A heartbeat from further in the future than this means the worker's clock runs ahead.
-AHEAD_TOLERANCE = 1.0
 US = 1_000_000
 
 
@@ -97,7 +90,7 @@ def when(us: int) -> dt.datetime:
     return dt.datetime.fromtimestamp(us / US, dt.timezone.utc)
 
 
-def _micros(value: dt.datetime) -> int:
+def micros(value: dt.datetime) -> int:
     if value.tzinfo is None:
         value = value.replace(tzinfo=dt.timezone.utc)
     return int(value.timestamp() * US)
@@ -118,8 +111,8 @@ def make_period(name: str = "5m", start: dt.datetime | None = None, end: dt.date
     if name != "range":
         raise ValueError(f"period must be one of {', '.join([*PERIODS, 'range'])}, not {name[:20]!r}")
     notes = []
-    end_us = _micros(end) if end is not None else now
-    start_us = _micros(start) if start is not None else end_us - 3600 * US
+    end_us = micros(end) if end is not None else now
+    start_us = micros(start) if start is not None else end_us - 3600 * US
     if end_us < start_us:
         start_us, end_us = end_us, start_us
         notes.append("from and to swapped")
@@ -194,27 +187,20 @@ def _bucket_of(period: Period):
 
 def queue_series(queues: list[str], period: Period, sample: int = SAMPLE) -> dict[str, QueueSeries]:
     """Each queue's buckets and period figures (see the module doc)."""
-    using = get_settings().DATABASE
     series = {q: QueueSeries(q, [Bucket(t) for t in period.bucket_starts()]) for q in queues}
     records_from = _records_from(queues, period) if not period.live or period.name == "range" else {}
-    records = ProcessingRecord.objects.using(using)
     # Counts: one statement for the queues whose records cover the period (an index range per
     # queue on (queue, ended_us)), one for each queue whose older part comes from windows.
     groups: dict[int, list[str]] = defaultdict(list)
     for queue in queues:
         groups[max(period.start_us, records_from.get(queue, 0))].append(queue)
     for since, group in groups.items():
-        counts = (records.filter(queue__in=group, ended_us__gte=since, ended_us__lt=period.end_us)
-                  .annotate(bucket=_bucket_of(period)).order_by()
-                  .values_list("queue", "bucket", "outcome").annotate(n=Count("pk")))
-        for queue, index, outcome, n in counts:
+        for queue, index, outcome, n in counts_query(group, since, period):
             if 0 <= index < len(series[queue].buckets):
                 _count(series[queue].buckets[index], outcome, n)
     for queue in queues:
         s = series[queue]
-        rows = list(records.filter(queue=queue, ended_us__gte=max(period.start_us, records_from.get(queue, 0)),
-                                   ended_us__lt=period.end_us).order_by("-ended_us")
-                    .values_list("ended_us", "started_us", "time_sent_us", "deliver_at_us", "outcome")[:sample])
+        rows = list(sample_query(queue, max(period.start_us, records_from.get(queue, 0)), period, sample))
         _percentiles_from_records(s, rows, period)
         if records_from.get(queue, 0) > period.start_us:
             _add_windows(s, period, records_from[queue])
@@ -222,6 +208,31 @@ def queue_series(queues: list[str], period: Period, sample: int = SAMPLE) -> dic
     for s in series.values():
         _totals(s, period)
     return series
+
+
+def counts_query(queues: list[str], since_us: int, period: Period) -> QuerySet:
+    """(queue, bucket index, outcome, records) of the queues' records from ``since_us`` to the
+    period's end: an index range per queue on (queue, ended_us)."""
+    return (ProcessingRecord.objects.using(get_settings().DATABASE)
+            .filter(queue__in=queues, ended_us__gte=since_us, ended_us__lt=period.end_us)
+            .annotate(bucket=_bucket_of(period)).order_by()
+            .values_list("queue", "bucket", "outcome").annotate(n=Count("pk")))
+
+
+def sample_query(queue: str, since_us: int, period: Period, limit: int) -> QuerySet:
+    """The queue's newest ``limit`` records from ``since_us`` to the period's end (their
+    times): the (queue, ended_us) index read backwards, stopping at ``limit``."""
+    return (ProcessingRecord.objects.using(get_settings().DATABASE)
+            .filter(queue=queue, ended_us__gte=since_us, ended_us__lt=period.end_us)
+            .order_by("-ended_us")
+            .values_list("ended_us", "started_us", "time_sent_us", "deliver_at_us", "outcome")[:limit])
+
+
+def lengths_query(queues: list[str], period: Period) -> QuerySet:
+    """The queues' length samples in the period, on the (queue, at_us) index."""
+    return (QueueSample.objects.using(get_settings().DATABASE)
+            .filter(queue__in=queues, at_us__gte=period.start_us, at_us__lt=period.end_us)
+            .order_by("queue", "at_us").values_list("queue", "at_us", "length", "estimated"))
 
 
 def _count(b: Bucket, outcome: str, n: int) -> None:
@@ -243,7 +254,7 @@ def _records_from(queues: list[str], period: Period) -> dict[str, int]:
                   .aggregate(last=Max("window_start"))["last"])
         if newest is None or oldest is not None and oldest <= period.start_us:
             continue
-        windows_end = _micros(newest) + unit * US
+        windows_end = micros(newest) + unit * US
         oldest_whole = -(-(oldest if oldest is not None else windows_end) // (unit * US)) * unit * US
         found[queue] = min(windows_end, oldest_whole)
     return found
@@ -257,7 +268,7 @@ def _add_windows(s: QueueSeries, period: Period, until_us: int) -> None:
                        window_start__lt=when(min(until_us, period.end_us))))
     weights: dict[int, list[MetricWindow]] = defaultdict(list)
     for w in windows:
-        index = (_micros(w.window_start) - period.start_us) // period.bucket_us
+        index = (micros(w.window_start) - period.start_us) // period.bucket_us
         if 0 <= index < len(s.buckets):
             weights[index].append(w)
     for index, ws in weights.items():
@@ -279,7 +290,7 @@ def _weighted(windows: list[MetricWindow], name: str) -> float | None:
     return sum(v * n for v, n in pairs) / total if total else None
 
 
-def _times(rows: Iterable[tuple]) -> tuple[list[float], list[float], int]:
+def times_of(rows: Iterable[tuple]) -> tuple[list[float], list[float], int]:
     """(processing ms of attempts whose handler ran, critical ms of processed ones, skewed count)."""
     processing, critical, skewed = [], [], 0
     for ended, started, sent, deliver_at, outcome in rows:
@@ -295,22 +306,20 @@ def _times(rows: Iterable[tuple]) -> tuple[list[float], list[float], int]:
 
 def _percentiles_from_records(s: QueueSeries, rows: list[tuple], period: Period) -> None:
     s.sampled = len(rows)
-    processing, critical, s.skewed = _times(rows)
+    processing, critical, s.skewed = times_of(rows)
     s.processing_ms, s.critical_ms = percentiles(processing), percentiles(critical)
     per_bucket: dict[int, list[tuple]] = defaultdict(list)
     for row in rows:
         per_bucket[(row[0] - period.start_us) // period.bucket_us].append(row)
     for index, bucket_rows in per_bucket.items():
         if 0 <= index < len(s.buckets):
-            p, c, _ = _times(bucket_rows)
+            p, c, _ = times_of(bucket_rows)
             s.buckets[index].processing_ms, s.buckets[index].critical_ms = percentiles(p), percentiles(c)
 
 
 def _fill_lengths(series: dict[str, QueueSeries], period: Period) -> None:
     """The last queue-length sample of each bucket, one statement for every queue."""
-    rows = (QueueSample.objects.using(get_settings().DATABASE)
-            .filter(queue__in=list(series), at_us__gte=period.start_us, at_us__lt=period.end_us)
-            .order_by("queue", "at_us").values_list("queue", "at_us", "length", "estimated"))
+    rows = lengths_query(list(series), period)
     seen: dict[str, list[int]] = defaultdict(list)
     for queue, at, length, estimated in rows:
         s = series[queue]
@@ -342,98 +351,6 @@ def _totals(s: QueueSeries, period: Period) -> None:
 def _average(values: Iterable[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return sum(present) / len(present) if present else None
-
-
-# -- one queue by message type or by worker -----------------------------------------------------
-
-@dataclass
-class Slice:
-    key: str
-    records: int
-    retried: int
-    failures: int
-    throughput_per_s: float
-    processing_ms: dict[int, float | None]
-    critical_ms: dict[int, float | None]
-    skewed: int = 0
-
-
-BREAKDOWNS = ("message_type", "worker")
-
-
-def breakdown(queue: str, period: Period, by: str, sample: int = DETAIL_SAMPLE) -> list[Slice]:
-    """The queue's records of the period per message type or worker (the busiest
-    :data:`BREAKDOWN_LIMIT`): exact counts over the period, percentiles from its newest
-    ``sample`` records."""
-    if by not in BREAKDOWNS:
-        raise ValueError(f"by must be one of {', '.join(BREAKDOWNS)}, not {by[:20]!r}")
-    records = ProcessingRecord.objects.using(get_settings().DATABASE).filter(
-        queue=queue, ended_us__gte=period.start_us, ended_us__lt=period.end_us)
-    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
-    for key, outcome, n in records.order_by().values_list(by, "outcome").annotate(n=Count("pk")):
-        c = counts[key or ""]
-        c[0] += n
-        c[1] += n if outcome == schema.RETRIED else 0
-        c[2] += n if outcome in schema.FAILURES else 0
-    rows: dict[str, list[tuple]] = defaultdict(list)
-    for key, *row in records.order_by("-ended_us").values_list(
-            by, "ended_us", "started_us", "time_sent_us", "deliver_at_us", "outcome")[:sample]:
-        rows[key or ""].append(tuple(row))
-    elapsed = max(1.0, (min(period.end_us, period.now_us) - period.start_us) / US)
-    slices = []
-    for key, (n, retried, failures) in sorted(counts.items(), key=lambda kv: -kv[1][0])[:BREAKDOWN_LIMIT]:
-        processing, critical, skewed = _times(rows.get(key, []))
-        slices.append(Slice(key, n, retried, failures, n / elapsed, percentiles(processing), percentiles(critical),
-                            skewed))
-    return slices
-
-
-# -- workers: stale heartbeats, clocks that disagree with the database's -------------------------
-
-@dataclass(frozen=True)
-class WorkerState:
-    name: str
-    last_seen: dt.datetime | None
-    #: Database clock − the heartbeat's time (seconds; negative: the worker's clock is ahead).
-    age_seconds: float | None
-    stale: bool
-    #: Why the worker's clock looks wrong ("" when it does not).
-    clock_skew: str = ""
-    #: Loops whose thread died.
-    dead_loops: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Workers:
-    redis: str
-    workers: list[WorkerState]
-    error: str = ""
-
-
-def worker_states(redis_url: str, now_us: int | None = None) -> Workers:
-    """Every worker's heartbeat checked against the database's clock.  A heartbeat lives
-    :data:`core.health.TTL_SECONDS` in Redis: one older than that that is still there was
-    written by a clock running behind; one from the future, by a clock running ahead."""
-    raw = read_health(redis_url)
-    if raw.get("redis") != "up":
-        return Workers("down", [], str(raw.get("error", "")))
-    now = database_now_us() if now_us is None else now_us
-    states = []
-    for w in raw.get("workers", []):
-        try:
-            seen = dt.datetime.fromisoformat(str(w.get("last_seen") or ""))
-        except ValueError:
-            seen = None
-        age = (now - _micros(seen)) / US if seen is not None else None
-        skew = ""
-        if age is not None and age < -AHEAD_TOLERANCE:
-            skew = f"clock {-age:.1f} s ahead of the database's"
-        elif age is not None and age > TTL_SECONDS + INTERVAL_SECONDS:
-            skew = f"clock {age:.1f} s behind the database's"
-        dead = tuple(str(loop.get("name")) for loop in w.get("loops", []) if loop.get("alive") is False)
-        states.append(WorkerState(str(w.get("name", "?")), seen, age,
-                                  age is None or (age > STALE_SECONDS and not skew), skew, dead))
-    return Workers("up", sorted(states, key=lambda s: s.name))
 
 
 def series_json(s: QueueSeries) -> dict[str, Any]:

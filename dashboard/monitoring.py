@@ -15,7 +15,9 @@ from typing import Any, Mapping
 from django.conf import settings
 
 from core import monitoring
-from core.monitoring import Period, QueueSeries, Slice, Workers
+from core.monitoring import Period, QueueSeries
+from core.monitoring_slices import Slice, breakdown
+from core.monitoring_workers import Workers, worker_states
 from dashboard import deploys, stats
 from dashboard.actions import ActionError
 from dashboard.actions import validate
@@ -87,7 +89,7 @@ def overview(params: Mapping[str, str]) -> Overview:
     shown = matching[:MAX_QUEUES]
     series = monitoring.queue_series([q.name for q in shown], period)
     return Overview(period, [series[q.name] for q in shown], {q.name: q.errors for q in shown},
-                    {q.name: q.kind for q in shown}, monitoring.worker_states(settings.REDIS_URL, period.now_us),
+                    {q.name: q.kind for q in shown}, worker_states(settings.REDIS_URL, period.now_us),
                     deploys.markers_between(period.start, period.end), len(snap.queues) - len(shown), query)
 
 
@@ -97,10 +99,10 @@ def queue_detail(name: str, params: Mapping[str, str]) -> QueueDetail:
     series = monitoring.queue_series([info.name], period, monitoring.DETAIL_SAMPLE)[info.name]
     q = stats.snapshot().queue(info.name)
     return QueueDetail(period, series, q.errors if q else 0,
-                       monitoring.breakdown(info.name, period, "message_type"),
-                       monitoring.breakdown(info.name, period, "worker"),
+                       breakdown(info.name, period, "message_type"),
+                       breakdown(info.name, period, "worker"),
                        deploys.markers_between(period.start, period.end),
-                       monitoring.worker_states(settings.REDIS_URL, period.now_us))
+                       worker_states(settings.REDIS_URL, period.now_us))
 
 
 # -- JSON ------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from core.records.models import MetricWindow, ProcessingRecord
 from dashboard.models import AuditEntry, DeployMarker
 from tests.conftest import drain
 from tests.dashboard_pages_support import (  # noqa: F401 — fixtures
-    _fresh_dashboard_cache, make_user, operator, operator_client, viewer, viewer_client,
+    _fresh_dashboard_cache, make_user, viewer, viewer_client,
 )
 
 US = 1_000_000
