@@ -6,10 +6,11 @@ rules read), built on the same tables and the same bounded reads.
 
 Where the figures come from, so that a chart has no seam:
 
-- recent times from the processing records, on the (queue, ended_us) index: counts per
-  bucket and outcome for every queue in one grouped statement, and per queue the newest
-  :data:`SAMPLE` records of the period for the percentiles (a read that stops there
-  however busy the queue: ``sampled`` < ``records`` says so);
+- recent times from the processing records, on an ended_us index: counts, processing and
+  critical time sums (so averages) per bucket and outcome for every queue in one grouped
+  statement; for one queue's page also the newest :data:`DETAIL_SAMPLE` records of the
+  period for p50/p95/p99 (a read that stops there however busy the queue: ``sampled`` <
+  ``records`` says so);
 - times older than a queue's oldest record still in the database (exported and deleted
   after SLUICE_RECORDS_RETENTION) from the pipeline's metric windows (one minute or one
   hour, whichever divides the bucket), up to where the windows end;
@@ -27,10 +28,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from django.db.models import BigIntegerField, Count, ExpressionWrapper, F, Max, QuerySet, Value
+from django.db.models import BigIntegerField, Count, ExpressionWrapper, F, Max, Q, QuerySet, Sum, Value
+from django.db.models.functions import Coalesce
 
 from core.conf import get_settings
-from core.monitoring_models import QueueSample
+from core.monitoring_models import GRAINS, QueueSample
 from core.queue_samples import database_now_us
 from core.records.models import MetricWindow, ProcessingRecord
 from pipeline import schema
@@ -38,8 +40,7 @@ from pipeline import schema
 #: The periods the tab offers (name → seconds) and how many buckets a chart has.
 PERIODS = {"1m": 60, "5m": 300, "15m": 900, "1h": 3600}
 BUCKETS = 30
-#: Newest records per queue the percentiles are computed from (the overview; one queue's page reads more).
-SAMPLE = 400
+#: Newest records of a queue its page's percentiles are computed from.
 DETAIL_SAMPLE = 5000
 #: The longest from–to range (31 days: a longer one keeps its newest part).
 MAX_RANGE = dt.timedelta(days=31)
@@ -145,12 +146,28 @@ class Bucket:
     retried: int = 0
     failures: int = 0
     throughput_per_s: float | None = None
+    #: Sums and counts behind the averages: processing time of attempts whose handler ran,
+    #: critical time of processed messages (skewed ones left out).
+    processing_sum_ms: float = 0.0
+    processing_n: int = 0
+    critical_sum_ms: float = 0.0
+    critical_n: int = 0
+    skewed: int = 0
+    #: Percentiles, from the newest records (one queue's page) or the pipeline's windows.
     processing_ms: dict[int, float | None] = field(default_factory=dict)
     critical_ms: dict[int, float | None] = field(default_factory=dict)
     #: The queue's length at the bucket's last sample (None: no sample in it).
     length: int | None = None
     #: The figures came (partly) from the pipeline's windows.
     from_windows: bool = False
+
+    @property
+    def processing_avg_ms(self) -> float | None:
+        return self.processing_sum_ms / self.processing_n if self.processing_n else None
+
+    @property
+    def critical_avg_ms(self) -> float | None:
+        return self.critical_sum_ms / self.critical_n if self.critical_n else None
 
 
 @dataclass
@@ -161,11 +178,15 @@ class QueueSeries:
     retried: int = 0
     failures: int = 0
     throughput_per_s: float = 0.0
+    #: Averages over every record of the period (hours from windows: their medians).
+    processing_avg_ms: float | None = None
+    critical_avg_ms: float | None = None
+    #: Percentiles from the newest records (asked for one queue), or the windows'.
     processing_ms: dict[int, float | None] = field(default_factory=dict)
     critical_ms: dict[int, float | None] = field(default_factory=dict)
-    #: Records the percentiles were computed from (the newest of the period).
+    #: Records the percentiles were computed from (the newest of the period; 0: not asked).
     sampled: int = 0
-    #: Of those, records that ended before they were sent or due: a clock skew.
+    #: Records that ended before they were sent or due: a clock skew (left out of critical time).
     skewed: int = 0
     length_last: int | None = None
     length_average: float | None = None
@@ -185,8 +206,9 @@ def _bucket_of(period: Period):
                              output_field=BigIntegerField())
 
 
-def queue_series(queues: list[str], period: Period, sample: int = SAMPLE) -> dict[str, QueueSeries]:
-    """Each queue's buckets and period figures (see the module doc)."""
+def queue_series(queues: list[str], period: Period, sample: int = 0) -> dict[str, QueueSeries]:
+    """Each queue's buckets and period figures (see the module doc); percentiles only with a
+    ``sample`` (one read per queue: a queue's page asks, the overview of every queue does not)."""
     series = {q: QueueSeries(q, [Bucket(t) for t in period.bucket_starts()]) for q in queues}
     records_from = _records_from(queues, period) if not period.live or period.name == "range" else {}
     # Counts: one statement for the queues whose records cover the period (an index range per
@@ -195,13 +217,14 @@ def queue_series(queues: list[str], period: Period, sample: int = SAMPLE) -> dic
     for queue in queues:
         groups[max(period.start_us, records_from.get(queue, 0))].append(queue)
     for since, group in groups.items():
-        for queue, index, outcome, n in counts_query(group, since, period):
+        for queue, index, outcome, *sums in counts_query(group, since, period):
             if 0 <= index < len(series[queue].buckets):
-                _count(series[queue].buckets[index], outcome, n)
+                _count(series[queue].buckets[index], outcome, *sums)
     for queue in queues:
         s = series[queue]
-        rows = list(sample_query(queue, max(period.start_us, records_from.get(queue, 0)), period, sample))
-        _percentiles_from_records(s, rows, period)
+        if sample:
+            rows = list(sample_query(queue, max(period.start_us, records_from.get(queue, 0)), period, sample))
+            _percentiles_from_records(s, rows, period)
         if records_from.get(queue, 0) > period.start_us:
             _add_windows(s, period, records_from[queue])
     _fill_lengths(series, period)
@@ -211,12 +234,23 @@ def queue_series(queues: list[str], period: Period, sample: int = SAMPLE) -> dic
 
 
 def counts_query(queues: list[str], since_us: int, period: Period) -> QuerySet:
-    """(queue, bucket index, outcome, records) of the queues' records from ``since_us`` to the
-    period's end: an index range per queue on (queue, ended_us)."""
+    """(queue, bucket index, outcome, records, processing µs sum, critical records, critical µs
+    sum, skewed records) of the queues' records from ``since_us`` to the period's end: an index
+    range on ended_us, every record counted, nothing read twice."""
+    origin = Coalesce(F("deliver_at_us"), F("time_sent_us"))
+    timed = Q(outcome=schema.PROCESSED, deliver_at_us__isnull=False) | Q(outcome=schema.PROCESSED,
+                                                                          time_sent_us__isnull=False)
+    on_time = timed & Q(ended_us__gte=origin)
     return (ProcessingRecord.objects.using(get_settings().DATABASE)
             .filter(queue__in=queues, ended_us__gte=since_us, ended_us__lt=period.end_us)
             .annotate(bucket=_bucket_of(period)).order_by()
-            .values_list("queue", "bucket", "outcome").annotate(n=Count("pk")))
+            .values_list("queue", "bucket", "outcome")
+            .annotate(n=Count("pk"),
+                      processing=Sum(F("ended_us") - F("started_us"), filter=Q(outcome__in=schema.HANDLER_RAN)),
+                      critical_n=Count("pk", filter=on_time),
+                      critical=Sum(F("ended_us") - origin, filter=on_time),
+                      skewed=Count("pk", filter=(Q(deliver_at_us__isnull=False) | Q(time_sent_us__isnull=False))
+                                   & Q(ended_us__lt=origin))))
 
 
 def sample_query(queue: str, since_us: int, period: Period, limit: int) -> QuerySet:
@@ -229,16 +263,34 @@ def sample_query(queue: str, since_us: int, period: Period, limit: int) -> Query
 
 
 def lengths_query(queues: list[str], period: Period) -> QuerySet:
-    """The queues' length samples in the period, on the (queue, at_us) index."""
-    return (QueueSample.objects.using(get_settings().DATABASE)
-            .filter(queue__in=queues, at_us__gte=period.start_us, at_us__lt=period.end_us)
-            .order_by("queue", "at_us").values_list("queue", "at_us", "length", "estimated"))
+    """The queues' length samples in the period, on an index range: every sample for short
+    buckets, for long ones only those that begin a step at least a tenth of a bucket long
+    (a few per bucket however long the period)."""
+    samples = (QueueSample.objects.using(get_settings().DATABASE)
+               .filter(queue__in=queues, at_us__gte=period.start_us, at_us__lt=period.end_us))
+    grains = _grains(period)
+    if grains != [0, *range(1, len(GRAINS) + 1)]:
+        samples = samples.filter(grain__in=grains)
+    return samples.order_by("queue", "at_us").values_list("queue", "at_us", "length", "estimated")
 
 
-def _count(b: Bucket, outcome: str, n: int) -> None:
+def _grains(period: Period) -> list[int]:
+    """The sample grains a period reads: those of steps at most half a bucket long and coarser."""
+    coarse = [level for level, seconds in enumerate(GRAINS, start=1) if seconds * 2 <= period.bucket_seconds]
+    return list(range(coarse[-1], len(GRAINS) + 1)) if coarse else [0, *range(1, len(GRAINS) + 1)]
+
+
+def _count(b: Bucket, outcome: str, n: int, processing_us: Any, critical_n: int, critical_us: Any,
+           skewed: int) -> None:
     b.records += n
     b.retried += n if outcome == schema.RETRIED else 0
     b.failures += n if outcome in schema.FAILURES else 0
+    if outcome in schema.HANDLER_RAN:
+        b.processing_sum_ms += float(processing_us or 0) / 1000
+        b.processing_n += n
+    b.critical_sum_ms += float(critical_us or 0) / 1000
+    b.critical_n += critical_n
+    b.skewed += skewed
 
 
 def _records_from(queues: list[str], period: Period) -> dict[str, int]:
@@ -277,6 +329,14 @@ def _add_windows(s: QueueSeries, period: Period, until_us: int) -> None:
         b.records += sum(w.messages for w in ws)
         b.retried += sum(w.retries for w in ws)
         b.failures += sum(w.failures for w in ws)
+        # Windows keep percentiles, not means: their medians stand in for the average.
+        for w in ws:
+            if w.processing_ms_p50 is not None:
+                b.processing_sum_ms += w.processing_ms_p50 * w.messages
+                b.processing_n += w.messages
+            if w.critical_ms_p50 is not None:
+                b.critical_sum_ms += w.critical_ms_p50 * (w.messages - w.failures)
+                b.critical_n += w.messages - w.failures
         for p in (50, 95, 99):
             if b.processing_ms.get(p) is None:
                 b.processing_ms[p] = _weighted(ws, f"processing_ms_p{p}")
@@ -306,7 +366,7 @@ def times_of(rows: Iterable[tuple]) -> tuple[list[float], list[float], int]:
 
 def _percentiles_from_records(s: QueueSeries, rows: list[tuple], period: Period) -> None:
     s.sampled = len(rows)
-    processing, critical, s.skewed = times_of(rows)
+    processing, critical, _ = times_of(rows)
     s.processing_ms, s.critical_ms = percentiles(processing), percentiles(critical)
     per_bucket: dict[int, list[tuple]] = defaultdict(list)
     for row in rows:
@@ -319,7 +379,14 @@ def _percentiles_from_records(s: QueueSeries, rows: list[tuple], period: Period)
 
 def _fill_lengths(series: dict[str, QueueSeries], period: Period) -> None:
     """The last queue-length sample of each bucket, one statement for every queue."""
-    rows = lengths_query(list(series), period)
+    rows = list(lengths_query(list(series), period))
+    if not all(grain == 0 for grain in _grains(period)):
+        # Coarse samples begin their steps: the newest few make the last bucket's value current.
+        recent = min(period.end_us, period.now_us) - int(2 * get_settings().MONITORING_SAMPLE_INTERVAL * US)
+        rows += list(QueueSample.objects.using(get_settings().DATABASE)
+                     .filter(queue__in=list(series), at_us__gte=max(recent, period.start_us), at_us__lt=period.end_us)
+                     .order_by("queue", "at_us").values_list("queue", "at_us", "length", "estimated"))
+        rows.sort(key=lambda row: (row[0], row[1]))
     seen: dict[str, list[int]] = defaultdict(list)
     for queue, at, length, estimated in rows:
         s = series[queue]
@@ -338,11 +405,15 @@ def _totals(s: QueueSeries, period: Period) -> None:
         s.records += b.records
         s.retried += b.retried
         s.failures += b.failures
+        s.skewed += b.skewed
         bucket_end = min(period.start_us + (i + 1) * period.bucket_us, period.now_us)
         seconds = (bucket_end - (period.start_us + i * period.bucket_us)) / US
         b.throughput_per_s = b.records / seconds if seconds > 0 else None
     s.throughput_per_s = s.records / elapsed
-    if all(v is None for v in s.processing_ms.values()):  # no records left: the windows' figures
+    processing_n, critical_n = sum(b.processing_n for b in s.buckets), sum(b.critical_n for b in s.buckets)
+    s.processing_avg_ms = sum(b.processing_sum_ms for b in s.buckets) / processing_n if processing_n else None
+    s.critical_avg_ms = sum(b.critical_sum_ms for b in s.buckets) / critical_n if critical_n else None
+    if all(v is None for v in s.processing_ms.values()):  # no records read: the windows' figures
         for p in (50, 95, 99):
             s.processing_ms[p] = _average(b.processing_ms.get(p) for b in s.buckets)
             s.critical_ms[p] = _average(b.critical_ms.get(p) for b in s.buckets)
@@ -360,11 +431,13 @@ def series_json(s: QueueSeries) -> dict[str, Any]:
 
     return {
         "queue": s.queue, "records": s.records, "retried": s.retried, "failures": s.failures,
-        "throughput_per_s": s.throughput_per_s, "processing_ms": pct(s.processing_ms),
+        "throughput_per_s": s.throughput_per_s, "processing_avg_ms": s.processing_avg_ms,
+        "critical_avg_ms": s.critical_avg_ms, "processing_ms": pct(s.processing_ms),
         "critical_ms": pct(s.critical_ms), "sampled": s.sampled, "skewed": s.skewed,
         "length": s.length_last, "length_average": s.length_average, "length_estimated": s.length_estimated,
         "buckets": [{"start": b.start.isoformat(), "records": b.records, "retried": b.retried,
                      "failures": b.failures, "throughput_per_s": b.throughput_per_s, "length": b.length,
+                     "processing_avg_ms": b.processing_avg_ms, "critical_avg_ms": b.critical_avg_ms,
                      "processing_ms": pct(b.processing_ms), "critical_ms": pct(b.critical_ms),
                      "from_windows": b.from_windows} for b in s.buckets],
     }

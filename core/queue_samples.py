@@ -21,7 +21,7 @@ from core.conf import get_settings
 from core.dialects import dialect_for
 from core.lease import Lease
 from core.measurements import queue_levels
-from core.monitoring_models import QueueSample
+from core.monitoring_models import QueueSample, grain_of
 
 log = logging.getLogger("sluice.monitoring")
 
@@ -41,14 +41,16 @@ def database_now_us(using: str | None = None) -> int:
     return int(now.timestamp() * 1_000_000)
 
 
-def sample_now(using: str | None = None) -> int:
-    """Write one sample per registered queue now; returns how many were written."""
+def sample_now(using: str | None = None, previous_us: int | None = None) -> tuple[int, int]:
+    """Write one sample per registered queue now, ``previous_us`` the time of the previous
+    sample (for its grain); returns (how many were written, their time)."""
     using = using or get_settings().DATABASE
     at = database_now_us(using)
-    rows = [QueueSample(queue=level.name, at_us=at, length=level.pending, estimated=level.estimated)
+    grain = grain_of(at, previous_us)
+    rows = [QueueSample(queue=level.name, at_us=at, length=level.pending, estimated=level.estimated, grain=grain)
             for level in queue_levels() if level.pending is not None]
     QueueSample.objects.using(using).bulk_create(rows)
-    return len(rows)
+    return len(rows), at
 
 
 def delete_old_samples(retention_seconds: float, using: str | None = None) -> int:
@@ -73,12 +75,14 @@ class QueueSampler:
         self.retention = s.MONITORING_SAMPLE_RETENTION
         self.lease = Lease(LEASE_NAME, lease_seconds or max(30.0, self.interval * 3), s.DATABASE)
         self.written = 0
+        self._previous_us: int | None = None
 
     def step(self) -> float:
         if not self.lease.acquire():
             return min(self.interval, self.lease.follower_wait())
         started = time.monotonic()
-        self.written += sample_now(self.lease.using)
+        written, self._previous_us = sample_now(self.lease.using, self._previous_us)
+        self.written += written
         delete_old_samples(self.retention, self.lease.using)
         # The next sample one interval after this one began, however long the step took.
         return max(0.0, self.interval - (time.monotonic() - started))

@@ -16,7 +16,7 @@ from django.core.management.base import CommandError
 from core import monitoring
 from core.health import KEY_PREFIX
 from core.lease import Lease
-from core.monitoring_models import QueueSample
+from core.monitoring_models import QueueSample, grain_of
 from core.queue_samples import QueueSampler, database_now_us, delete_old_samples, sample_now
 from core.records.models import MetricWindow, ProcessingRecord
 from dashboard.models import AuditEntry, DeployMarker
@@ -69,9 +69,16 @@ def test_the_tab_shows_each_queue_with_sparklines_failed_badge_and_length(viewer
     q = next(x for x in figures["queues"] if x["queue"] == busy_queue)
     # 5 processed + 3 processed + (1 retried, 1 failed) = 10 records, every one in the period.
     assert (q["records"], q["retried"], q["failed_unresolved"], q["length"]) == (10, 1, 1, 1)
-    assert q["failures"] == 2 and q["sampled"] == 10 and q["skewed"] == 0
+    assert q["failures"] == 2 and q["skewed"] == 0
     assert len(q["buckets"]) == monitoring.BUCKETS and sum(b["records"] for b in q["buckets"]) == 10
-    assert q["processing_ms"]["p50"] is not None and q["critical_ms"]["p99"] >= q["critical_ms"]["p50"] > 0
+    # Averages over every record: 10 attempts whose handler ran, 8 processed (critical time).
+    records = ProcessingRecord.objects.filter(queue=busy_queue)
+    assert q["processing_avg_ms"] == pytest.approx(sum(r.ended_us - r.started_us for r in records) / 10 / 1000)
+    processed = [r for r in records if r.outcome == "processed"]
+    assert q["critical_avg_ms"] == pytest.approx(sum(r.ended_us - r.time_sent_us for r in processed) / 8 / 1000)
+    assert q["sampled"] == 0 and q["processing_ms"]["p50"] is None  # percentiles: the queue's own page
+    detail = viewer_client.get(f"/api/monitoring/{busy_queue}/").json()["queue"]
+    assert detail["sampled"] == 10 and detail["critical_ms"]["p99"] >= detail["critical_ms"]["p50"] > 0
     assert figures["period"]["name"] == "5m" and figures["period"]["bucket_seconds"] == 10
 
 
@@ -128,7 +135,9 @@ def test_records_that_ended_before_they_were_sent_are_flagged_as_clock_skew(view
                                     time_sent_us=now + 5 * US, started_us=now - 1000, ended_us=now,
                                     outcome="processed", worker="elsewhere:1")
     q = next(x for x in viewer_client.get("/api/monitoring/").json()["queues"] if x["queue"] == busy_queue)
-    assert q["skewed"] == 1 and q["critical_ms"]["p50"] >= 0  # left out of the critical time, not negative
+    assert q["skewed"] == 1 and q["critical_avg_ms"] >= 0  # left out of the critical time, not negative
+    detail = viewer_client.get(f"/api/monitoring/{busy_queue}/").json()["queue"]
+    assert detail["skewed"] == 1 and detail["critical_ms"]["p50"] >= 0
     assert 'data-flag="records-skew"' in viewer_client.get("/monitoring/").content.decode()
     by_worker = viewer_client.get(f"/api/monitoring/{busy_queue}/").json()["workers"]
     assert next(s for s in by_worker if s["key"] == "elsewhere:1")["skewed"] == 1
@@ -151,7 +160,7 @@ def test_older_times_come_from_the_pipeline_windows_without_a_seam(viewer_client
              if x["queue"] == busy_queue)
     from_windows = [b for b in q["buckets"] if b["from_windows"]]
     assert sum(b["records"] for b in from_windows) == 300 and q["records"] == 310 and q["retried"] == 1 + 3
-    assert from_windows[0]["processing_ms"]["p95"] == 9.0
+    assert from_windows[0]["processing_ms"]["p95"] == 9.0 and from_windows[0]["processing_avg_ms"] == 5.0
     detail = viewer_client.get(f"/monitoring/{busy_queue}/?period=range&from={start}")
     assert detail.status_code == 200 and detail.content.decode().count("<polyline") >= 3  # the windows' hours
 
@@ -160,7 +169,7 @@ def test_the_sampler_writes_one_length_per_queue_one_writer_at_a_time(busy_queue
     QueueSample.objects.all().delete()
     first, second = QueueSampler(interval=60), QueueSampler(interval=60)
     try:
-        assert first.step() > 50 and first.written >= 1
+        assert first.step() > 50 and first.written >= 1 and QueueSample.objects.get(queue=busy_queue).grain == 3
         assert second.step() <= 5 and second.written == 0  # the lease is held: it stands by
         sample = QueueSample.objects.get(queue=busy_queue)
         assert sample.length == 1 and abs(sample.at_us - database_now_us()) < 5 * US
@@ -238,3 +247,22 @@ def test_a_queue_filter_and_the_htmx_refresh_render_the_region_only(viewer_clien
     assert f'data-queue="{busy_queue}"' in html and f'data-queue="{other}"' not in html
     region = viewer_client.get("/monitoring/?period=1m", HTTP_HX_REQUEST="true").content.decode()
     assert "<html" not in region and 'id="monitoring-queues"' in region
+
+
+def test_a_long_period_reads_only_the_coarse_samples(busy_queue):
+    """Samples every 10 s for two hours: 5 minutes read all 30 of theirs, an hour (2-minute
+    buckets) only the minutes' first, a day's range (48-minute buckets) the ten minutes' first."""
+    QueueSample.objects.all().delete()
+    now = database_now_us()
+    previous = None
+    for i in range(720, 0, -1):
+        at = now - i * 10 * US
+        QueueSample.objects.create(queue=busy_queue, at_us=at, length=i, grain=grain_of(at, previous))
+        previous = at
+    read = {name: len(monitoring.lengths_query([busy_queue], monitoring.make_period(name, now_us=now)))
+            for name in ("5m", "1h")}
+    assert 28 <= read["5m"] <= 31 and 57 <= read["1h"] <= 61
+    day = monitoring.make_period("range", monitoring.when(now - 24 * 3600 * US), now_us=now)
+    assert day.bucket_seconds == 2880 and 12 <= len(monitoring.lengths_query([busy_queue], day)) <= 13
+    series = monitoring.queue_series([busy_queue], monitoring.make_period("1h", now_us=now))[busy_queue]
+    assert series.length_last == 1 and sum(b.length is not None for b in series.buckets) >= 29

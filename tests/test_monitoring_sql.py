@@ -41,8 +41,9 @@ def records(transactional_db):
             "%s - g * 600000000, 'processed', 1, 'host:1' FROM generate_series(1::bigint, 30) AS g",
             [QUIET, now, now, now])
         cursor.execute(
-            "INSERT INTO sluice_queue_sample (queue, at_us, length, estimated) "
-            "SELECT 'explain_q' || lpad((g %% 20)::text, 2, '0'), %s - g * 1000000, g %% 100, false "
+            "INSERT INTO sluice_queue_sample (queue, at_us, length, estimated, grain) "
+            "SELECT 'explain_q' || lpad((g %% 20)::text, 2, '0'), %s - g * 1000000, g %% 100, false, "
+            "CASE WHEN g %% 3600 = 0 THEN 3 WHEN g %% 600 = 0 THEN 2 WHEN g %% 60 = 0 THEN 1 ELSE 0 END "
             "FROM generate_series(1::bigint, 40000) AS g", [now])
         cursor.execute("ANALYZE sluice_processing_record")
         cursor.execute("ANALYZE sluice_queue_sample")
@@ -73,10 +74,10 @@ def test_counts_for_every_queue_are_index_ranges(records, period):
 
 def test_the_newest_records_of_a_queue_are_read_backwards_on_an_index_and_stop_at_the_limit(records):
     p = monitoring.make_period("1h", now_us=records)
-    busy = plan(monitoring.sample_query(QUEUES[3], p.start_us, p, monitoring.SAMPLE))
+    busy = plan(monitoring.sample_query(QUEUES[3], p.start_us, p, monitoring.DETAIL_SAMPLE))
     assert_index_range(busy, EITHER, "sluice_processing_record")
     assert "Limit" in busy and "Sort" not in busy, busy  # the index's order: no sort of the period's rows
-    quiet = plan(monitoring.sample_query(QUIET, p.start_us, p, monitoring.SAMPLE))
+    quiet = plan(monitoring.sample_query(QUIET, p.start_us, p, monitoring.DETAIL_SAMPLE))
     assert_index_range(quiet, "sluice_prec_queue_ended", "sluice_processing_record")
 
 
@@ -85,5 +86,7 @@ def test_a_breakdown_and_the_lengths_are_index_ranges(records):
     for by in ("message_type", "worker"):
         assert_index_range(plan(breakdown_query(QUEUES[0], p, by)), EITHER, "sluice_processing_record")
         assert_index_range(plan(breakdown_query(QUIET, p, by)), "sluice_prec_queue_ended", "sluice_processing_record")
-    assert_index_range(plan(monitoring.lengths_query(QUEUES, p)), ("sluice_qsample_queue_at", "sluice_qsample_at"),
-                       "sluice_queue_sample", "at_us")
+    for period in (p, monitoring.make_period("1h", now_us=records)):  # every sample; the minutes' first
+        assert_index_range(plan(monitoring.lengths_query(QUEUES, period)),
+                           ("sluice_qsample_queue_at", "sluice_qsample_at", "sluice_qsample_grain"),
+                           "sluice_queue_sample", "at_us")

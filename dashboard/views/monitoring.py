@@ -53,8 +53,8 @@ def _sparks(p: Period, s: QueueSeries, markers) -> list[dict[str, Any]]:
     figures = [
         ("throughput", "Throughput", rate(s.throughput_per_s), lambda b: b.throughput_per_s),
         ("retries", "Retries", f"{s.retried}", lambda b: b.retried if b.records or b.from_windows else None),
-        ("processing", "Processing p95", ms(s.processing_ms.get(95)), lambda b: b.processing_ms.get(95)),
-        ("critical", "Critical p95", ms(s.critical_ms.get(95)), lambda b: b.critical_ms.get(95)),
+        ("processing", "Processing time", ms(s.processing_avg_ms), lambda b: b.processing_avg_ms),
+        ("critical", "Critical time", ms(s.critical_avg_ms), lambda b: b.critical_avg_ms),
         ("length", "Queue length", "—" if s.length_last is None else
          f"{'≈ ' if s.length_estimated else ''}{s.length_last}", lambda b: b.length),
     ]
@@ -86,9 +86,8 @@ def monitoring(request: HttpRequest) -> HttpResponse:
     suffix = "?" + request.GET.urlencode() if request.GET else ""
     rows = [{"name": s.queue, "kind": o.kinds.get(s.queue, ""), "href": queue_url.format(quote(s.queue)) + suffix,
              "failed": o.failed.get(s.queue, 0), "failed_href": failed_url.format(quote(s.queue)),
-             "sparks": _sparks(o.period, s, o.markers), "records": s.records, "sampled": s.sampled,
-             "skewed": s.skewed, "processing": {p: ms(v) for p, v in s.processing_ms.items()},
-             "critical": {p: ms(v) for p, v in s.critical_ms.items()}} for s in o.series]
+             "sparks": _sparks(o.period, s, o.markers), "records": s.records, "skewed": s.skewed}
+            for s in o.series]
     template = "dashboard/partials/monitoring_body.html" if request.htmx else "dashboard/monitoring.html"
     return page(request, template, {"section": "monitoring", "o": o, "p": o.period, "rows": rows,
                                     "workers": o.workers, **_links(request, o.period)})
@@ -108,16 +107,18 @@ def monitoring_queue(request: HttpRequest, name: str) -> HttpResponse:
         return line_chart(f"{s.queue}: {title}", series, fmt, span=span, markers=marks)
 
     def pct(kind: str) -> list[Series]:
-        return [Series(f"p{q}", COLORS[f"p{q}"], _points(p, s.buckets, lambda b, q=q: getattr(b, kind).get(q)))
-                for q in (50, 95, 99)]
+        """The average (every record) and p50/p95/p99 (the newest records, or the windows')."""
+        return [Series("average", COLORS["length"], _points(p, s.buckets, lambda b: getattr(b, f"{kind}_avg_ms"))),
+                *[Series(f"p{q}", COLORS[f"p{q}"], _points(p, s.buckets, lambda b, q=q: getattr(b, f"{kind}_ms").get(q)))
+                  for q in (50, 95, 99)]]
 
     charts = [
         chart("throughput and retries (per second)", [
             Series("handled/s", COLORS["throughput"], _points(p, s.buckets, lambda b: b.throughput_per_s)),
             Series("retries/s", COLORS["retries"], _points(p, s.buckets, lambda b: b.retried / p.bucket_seconds
                                                             if b.records or b.from_windows else None))]),
-        chart("processing time (ms)", pct("processing_ms")),
-        chart("critical time (ms)", pct("critical_ms")),
+        chart("processing time (ms)", pct("processing")),
+        chart("critical time (ms)", pct("critical")),
         chart("queue length", [Series("messages", COLORS["length"], _points(p, s.buckets, lambda b: b.length))],
               lambda v: f"{v:.0f}"),
     ]
@@ -129,6 +130,7 @@ def monitoring_queue(request: HttpRequest, name: str) -> HttpResponse:
         "failed_href": reverse("dashboard:failed") + "?queue=" + quote(s.queue),
         "processing": {q: ms(v) for q, v in s.processing_ms.items()},
         "critical": {q: ms(v) for q, v in s.critical_ms.items()}, "throughput": rate(s.throughput_per_s),
+        "processing_avg": ms(s.processing_avg_ms), "critical_avg": ms(s.critical_avg_ms),
         "by_type": [_slice_row(x) for x in d.by_type], "by_worker": [_slice_row(x) for x in d.by_worker],
         "back": reverse("dashboard:monitoring") + ("?" + request.GET.urlencode() if request.GET else ""),
         **_links(request, p),
