@@ -17,43 +17,15 @@ from core import monitoring
 from core.health import KEY_PREFIX
 from core.lease import Lease
 from core.monitoring_models import QueueSample, grain_of
-from core.queue_samples import QueueSampler, database_now_us, delete_old_samples, sample_now
+from core.queue_samples import QueueSampler, database_now_us, delete_old_samples
 from core.records.models import MetricWindow, ProcessingRecord
 from dashboard.models import AuditEntry, DeployMarker
-from tests.conftest import drain
 from tests.dashboard_pages_support import (  # noqa: F401 — fixtures
     _fresh_dashboard_cache, make_user, viewer, viewer_client,
 )
+from tests.monitoring_support import busy_queue  # noqa: F401 — a fixture
 
 US = 1_000_000
-
-
-@pytest.fixture
-def busy_queue(make_queue, pump_for, temp_handlers, error_queue):
-    """A queue a real pump handled: 6 PlaceOrder (one of them always fails: retried once, then
-    to the error queue and ingested) and 3 ShipOrder; its length sampled."""
-    from core import failures
-    from core.transport import Transport
-
-    queue = make_queue("mon")
-
-    def handle(message, context):
-        if message.json().get("fail"):
-            raise ValueError("bad order")
-
-    temp_handlers(queue, "PlaceOrder", handle)
-    temp_handlers(queue, "ShipOrder", handle)
-    transport = Transport()
-    for i in range(5):
-        transport.send(queue, {"order": i}, message_type="PlaceOrder")
-    transport.send(queue, {"fail": True}, message_type="PlaceOrder")
-    for i in range(3):
-        transport.send(queue, {"order": i}, message_type="ShipOrder")
-    drain(pump_for(queue, immediate_retries=1))
-    failures.ingest_errors()
-    transport.send(queue, {"order": 99}, message_type="PlaceOrder")  # one waiting: the sampled length
-    sample_now()
-    return queue
 
 
 def test_the_tab_shows_each_queue_with_sparklines_failed_badge_and_length(viewer_client, busy_queue):
