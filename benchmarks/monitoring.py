@@ -2,8 +2,8 @@
 
 :func:`fill` writes ``--monitoring-records`` processing records (default 10,000,000) over the
 last 24 hours (SLUICE_RECORDS_RETENTION's day) across the benchmark's queues, two days of
-queue-length samples every 10 s per queue, seven days of hourly metric windows and a few
-deploy markers, with ``INSERT … SELECT`` over a generated series (PostgreSQL
+queue-length samples every 10 s per queue, the day's records summed per queue and minute (as
+the sampler leaves them), seven days of hourly metric windows and a few deploy markers, with ``INSERT … SELECT`` over a generated series (PostgreSQL
 ``generate_series``, SQLite a recursive CTE), untimed.  :func:`measure` then times, through
 the logged-in test client:
 
@@ -53,7 +53,9 @@ def fill(records: int, queues: list[str]) -> None:
     """Records, samples, windows and markers (see the module doc); nothing when ``records`` is 0."""
     from django.db import connection, transaction
 
-    from core.queue_samples import database_now_us
+    from core.db_clock import database_now_us
+    from core.monitoring_models import RollupMark
+    from core.queue_samples import roll_up_minutes
     from core.records.models import MetricWindow
     from dashboard.models import DeployMarker
 
@@ -89,6 +91,13 @@ def fill(records: int, queues: list[str]) -> None:
             f"CASE WHEN (g / {q}) %% 360 = 0 THEN 3 WHEN (g / {q}) %% 60 = 0 THEN 2 WHEN (g / {q}) %% 6 = 0 THEN 1 "
             f"ELSE 0 END FROM {series}",
             [now, SAMPLE_SECONDS * 1_000_000, False, 0, samples - 1])
+    # The day's minutes summed, as a sampler running all day leaves them (untimed).
+    RollupMark.objects.create(name="queue-minutes", until_us=start // 60_000_000 * 60_000_000)
+    minutes = rolled = roll_up_minutes(now_us=now)
+    while rolled:
+        rolled = roll_up_minutes(now_us=now)
+        minutes += rolled
+    log(f"monitoring: {minutes:,} queue minutes rolled up")
     first_hour = dt.datetime.fromtimestamp(now // 3_600_000_000 * 3600, dt.timezone.utc)
     windows = [MetricWindow(queue=name, message_type=f"Bench.Type{t}", window_seconds=3600, messages=1000,
                             window_start=first_hour - dt.timedelta(hours=h), throughput_per_s=1000 / 3600,

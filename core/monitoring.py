@@ -32,8 +32,8 @@ from django.db.models import BigIntegerField, Count, ExpressionWrapper, F, Max, 
 from django.db.models.functions import Coalesce
 
 from core.conf import get_settings
-from core.monitoring_models import GRAINS, QueueSample
-from core.queue_samples import database_now_us
+from core.monitoring_models import GRAINS, QueueMinute, QueueSample, RollupMark
+from core.db_clock import database_now_us
 from core.records.models import MetricWindow, ProcessingRecord
 from pipeline import schema
 
@@ -216,8 +216,15 @@ def queue_series(queues: list[str], period: Period, sample: int = 0) -> dict[str
     groups: dict[int, list[str]] = defaultdict(list)
     for queue in queues:
         groups[max(period.start_us, records_from.get(queue, 0))].append(queue)
+    rolled = _rolled_up_until(period)
     for since, group in groups.items():
-        for queue, index, outcome, *sums in counts_query(group, since, period):
+        # Whole minutes already summed (core.queue_samples) come from the minutes, the rest from the records.
+        minutes_end = min(max(rolled, since), period.end_us)
+        if minutes_end > since:
+            for queue, index, *sums in minutes_query(group, since, minutes_end, period):
+                if 0 <= index < len(series[queue].buckets):
+                    _add_minutes(series[queue].buckets[index], *sums)
+        for queue, index, outcome, *sums in counts_query(group, max(since, minutes_end), period):
             if 0 <= index < len(series[queue].buckets):
                 _count(series[queue].buckets[index], outcome, *sums)
     for queue in queues:
@@ -233,7 +240,7 @@ def queue_series(queues: list[str], period: Period, sample: int = 0) -> dict[str
     return series
 
 
-def counts_query(queues: list[str], since_us: int, period: Period) -> QuerySet:
+def counts_query(queues: list[str] | None, since_us: int, period: Period) -> QuerySet:
     """(queue, bucket index, outcome, records, processing µs sum, critical records, critical µs
     sum, skewed records) of the queues' records from ``since_us`` to the period's end: an index
     range on ended_us, every record counted, nothing read twice."""
@@ -241,9 +248,11 @@ def counts_query(queues: list[str], since_us: int, period: Period) -> QuerySet:
     timed = Q(outcome=schema.PROCESSED, deliver_at_us__isnull=False) | Q(outcome=schema.PROCESSED,
                                                                           time_sent_us__isnull=False)
     on_time = timed & Q(ended_us__gte=origin)
-    return (ProcessingRecord.objects.using(get_settings().DATABASE)
-            .filter(queue__in=queues, ended_us__gte=since_us, ended_us__lt=period.end_us)
-            .annotate(bucket=_bucket_of(period)).order_by()
+    records = ProcessingRecord.objects.using(get_settings().DATABASE).filter(
+        ended_us__gte=since_us, ended_us__lt=period.end_us)
+    if queues is not None:  # None: every queue (the minutes' roll-up)
+        records = records.filter(queue__in=queues)
+    return (records.annotate(bucket=_bucket_of(period)).order_by()
             .values_list("queue", "bucket", "outcome")
             .annotate(n=Count("pk"),
                       processing=Sum(F("ended_us") - F("started_us"), filter=Q(outcome__in=schema.HANDLER_RAN)),
@@ -251,6 +260,38 @@ def counts_query(queues: list[str], since_us: int, period: Period) -> QuerySet:
                       critical=Sum(F("ended_us") - origin, filter=on_time),
                       skewed=Count("pk", filter=(Q(deliver_at_us__isnull=False) | Q(time_sent_us__isnull=False))
                                    & Q(ended_us__lt=origin))))
+
+
+def minutes_query(queues: list[str], since_us: int, until_us: int, period: Period) -> QuerySet:
+    """(queue, bucket index, records, retried, failures, processing µs, processing n, critical µs,
+    critical n, skewed) of the queues' rolled-up minutes from ``since_us`` to ``until_us``."""
+    return (QueueMinute.objects.using(get_settings().DATABASE)
+            .filter(queue__in=queues, minute_us__gte=since_us, minute_us__lt=until_us)
+            .annotate(bucket=ExpressionWrapper((F("minute_us") - Value(period.start_us)) / Value(period.bucket_us),
+                                               output_field=BigIntegerField()))
+            .order_by().values_list("queue", "bucket")
+            .annotate(Sum("records"), Sum("retried"), Sum("failures"), Sum("processing_sum_us"), Sum("processing_n"),
+                      Sum("critical_sum_us"), Sum("critical_n"), Sum("skewed")))
+
+
+def _rolled_up_until(period: Period) -> int:
+    """Up to when the minutes hold the records (0: none, or the buckets are not whole minutes)."""
+    if period.bucket_seconds % 60:
+        return 0
+    mark = RollupMark.objects.using(get_settings().DATABASE).filter(name="queue-minutes").first()
+    return mark.until_us if mark is not None else 0
+
+
+def _add_minutes(b: Bucket, records: Any, retried: Any, failures: Any, processing_us: Any, processing_n: Any,
+                 critical_us: Any, critical_n: Any, skewed: Any) -> None:
+    b.records += int(records)
+    b.retried += int(retried)
+    b.failures += int(failures)
+    b.processing_sum_ms += float(processing_us) / 1000
+    b.processing_n += int(processing_n)
+    b.critical_sum_ms += float(critical_us) / 1000
+    b.critical_n += int(critical_n)
+    b.skewed += int(skewed)
 
 
 def sample_query(queue: str, since_us: int, period: Period, limit: int) -> QuerySet:

@@ -39,3 +39,34 @@ def grain_of(at_us: int, previous_us: int | None) -> int:
         if previous_us is None or at_us // (seconds * 1_000_000) != previous_us // (seconds * 1_000_000):
             grain = level
     return grain
+
+
+class QueueMinute(models.Model):
+    """One queue's processing records of one minute, summed (core.queue_minutes rolls them up):
+    what an hour or a range reads instead of every record."""
+
+    queue = models.CharField(max_length=64)
+    minute_us = models.BigIntegerField()
+    records = models.BigIntegerField()
+    retried = models.BigIntegerField()
+    failures = models.BigIntegerField()
+    processing_sum_us = models.BigIntegerField()
+    processing_n = models.BigIntegerField()
+    critical_sum_us = models.BigIntegerField()
+    critical_n = models.BigIntegerField()
+    skewed = models.BigIntegerField()
+
+    class Meta:
+        db_table = "sluice_queue_minute"
+        constraints = [models.UniqueConstraint(fields=["queue", "minute_us"], name="sluice_qminute_key")]
+        indexes = [models.Index(fields=["minute_us"], name="sluice_qminute_at")]
+
+
+class RollupMark(models.Model):
+    """How far the minutes are rolled up (µs, exclusive): one row, ``name`` "queue-minutes"."""
+
+    name = models.CharField(max_length=64, primary_key=True)
+    until_us = models.BigIntegerField()
+
+    class Meta:
+        db_table = "sluice_rollup_mark"

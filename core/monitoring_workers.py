@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from core.health import INTERVAL_SECONDS, TTL_SECONDS, read_health
 from core.monitoring import US, micros
-from core.queue_samples import database_now_us
+from core.db_clock import database_now_us
 
 #: A heartbeat this much older than the database's clock is stale (three missed beats).
 STALE_SECONDS = 3 * INTERVAL_SECONDS

@@ -16,8 +16,9 @@ from django.core.management.base import CommandError
 from core import monitoring
 from core.health import KEY_PREFIX
 from core.lease import Lease
-from core.monitoring_models import QueueSample, grain_of
-from core.queue_samples import QueueSampler, database_now_us, delete_old_samples
+from core.monitoring_models import QueueMinute, QueueSample, grain_of
+from core.db_clock import database_now_us
+from core.queue_samples import QueueSampler, delete_old_samples, roll_up_minutes
 from core.records.models import MetricWindow, ProcessingRecord
 from dashboard.models import AuditEntry, DeployMarker
 from tests.dashboard_pages_support import (  # noqa: F401 — fixtures
@@ -238,3 +239,26 @@ def test_a_long_period_reads_only_the_coarse_samples(busy_queue):
     assert day.bucket_seconds == 2880 and 12 <= len(monitoring.lengths_query([busy_queue], day)) <= 13
     series = monitoring.queue_series([busy_queue], monitoring.make_period("1h", now_us=now))[busy_queue]
     assert series.length_last == 1 and sum(b.length is not None for b in series.buckets) >= 29
+
+
+def test_minutes_rolled_up_give_the_same_figures_as_the_records(viewer_client, busy_queue):
+    """An hour's points come from the minutes the sampler summed and the records after them:
+    the figures are the same before and after the roll-up, nothing counted twice."""
+    ten_minutes = 600 * US
+    records = ProcessingRecord.objects.filter(queue=busy_queue)
+    for r in records:  # handled ten minutes ago (the roll-up leaves the last two minutes to the records)
+        ProcessingRecord.objects.filter(pk=r.pk).update(
+            ended_us=r.ended_us - ten_minutes, started_us=r.started_us - ten_minutes,
+            time_sent_us=r.time_sent_us - ten_minutes)
+
+    def figures() -> dict:
+        q = next(x for x in viewer_client.get("/api/monitoring/?period=1h").json()["queues"] if x["queue"] == busy_queue)
+        return {k: q[k] for k in ("records", "retried", "failures", "skewed")} | {
+            "processing": round(q["processing_avg_ms"], 6), "critical": round(q["critical_avg_ms"], 6),
+            "per_bucket": [b["records"] for b in q["buckets"]]}
+
+    before = figures()
+    assert roll_up_minutes() >= 1 and roll_up_minutes() == 0  # the second finds nothing due
+    minutes = QueueMinute.objects.filter(queue=busy_queue)
+    assert sum(m.records for m in minutes) == 10 and sum(m.retried for m in minutes) == 1
+    assert figures() == before and before["records"] == 10

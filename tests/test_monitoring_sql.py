@@ -12,7 +12,7 @@ from django.db import connection
 
 from core import monitoring
 from core.monitoring_slices import breakdown_query
-from core.queue_samples import database_now_us
+from core.db_clock import database_now_us
 
 pytestmark = pytest.mark.skipif("connection.vendor != 'postgresql'")
 
@@ -90,3 +90,16 @@ def test_a_breakdown_and_the_lengths_are_index_ranges(records):
         assert_index_range(plan(monitoring.lengths_query(QUEUES, period)),
                            ("sluice_qsample_queue_at", "sluice_qsample_at", "sluice_qsample_grain"),
                            "sluice_queue_sample", "at_us")
+
+
+def test_the_rolled_up_minutes_are_an_index_range(records):
+    with connection.cursor() as cursor:  # two days of minutes of the 20 queues (what the sampler leaves)
+        cursor.execute(
+            "INSERT INTO sluice_queue_minute (queue, minute_us, records, retried, failures, processing_sum_us, "
+            "processing_n, critical_sum_us, critical_n, skewed) "
+            "SELECT 'explain_q' || lpad((g %% 20)::text, 2, '0'), (%s / 60000000 - g / 20) * 60000000, "
+            "10, 1, 0, 5000, 10, 9000, 9, 0 FROM generate_series(0::bigint, 57599) AS g", [records])
+        cursor.execute("ANALYZE sluice_queue_minute")
+    p = monitoring.make_period("1h", now_us=records)
+    assert_index_range(plan(monitoring.minutes_query(QUEUES[:5], p.start_us, p.end_us, p)),
+                       ("sluice_qminute_key", "sluice_qminute_at"), "sluice_queue_minute", "minute_us")
