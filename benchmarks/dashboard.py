@@ -20,7 +20,8 @@ warm-ups) of:
 Also measured: one uncached statistics snapshot (``snapshot_uncached_ms``, what a refresh
 costs once per SLUICE_DASHBOARD_CACHE_SECONDS), the first, uncached groups request
 (``groups_uncached_ms``) and the API endpoints when timing pages.
-``alerts_eval_ms_p95``: one evaluation of 50 alert rules over the Q queues (core.alerts),
+``monitoring_ms_p95`` and more: the monitoring tab over ``--monitoring-records`` processing
+records (default 10,000,000; benchmarks/monitoring.py).  ``alerts_eval_ms_p95``: one evaluation of 50 alert rules over the Q queues (core.alerts),
 on the same data.  Result: ``<page>_ms_p95`` / ``<page>_ms_p50`` for each,
 ``api_<page>_ms_p95``, ``messages``, ``failed``, ``groups``, ``outbox`` and more.  Aim: every
 p95 under 150 ms.

@@ -262,3 +262,16 @@ def test_minutes_rolled_up_give_the_same_figures_as_the_records(viewer_client, b
     minutes = QueueMinute.objects.filter(queue=busy_queue)
     assert sum(m.records for m in minutes) == 10 and sum(m.retried for m in minutes) == 1
     assert figures() == before and before["records"] == 10
+
+
+def test_pools_without_loops_sample_from_beat(busy_queue, settings):
+    from workers.celery import beat_schedule
+    from workers.tasks import sample_queues
+
+    settings.SLUICE_CELERY_HOST_LOOPS = False
+    entry = beat_schedule()["sample-queues"]
+    assert entry["task"] == "sluice.sample_queues" and entry["schedule"] == 10.0
+    QueueSample.objects.all().delete()
+    assert sample_queues()["written"] >= 1 and QueueSample.objects.filter(queue=busy_queue).exists()
+    settings.SLUICE_CELERY_HOST_LOOPS = True
+    assert "sample-queues" not in beat_schedule()
