@@ -188,6 +188,8 @@ class QueueSeries:
     sampled: int = 0
     #: Records that ended before they were sent or due: a clock skew (left out of critical time).
     skewed: int = 0
+    #: The newest records read for the percentiles (:func:`sample_query`'s rows).
+    newest: list[tuple] = field(default_factory=list, repr=False)
     length_last: int | None = None
     length_average: float | None = None
     length_estimated: bool = False
@@ -296,11 +298,12 @@ def _add_minutes(b: Bucket, records: Any, retried: Any, failures: Any, processin
 
 def sample_query(queue: str, since_us: int, period: Period, limit: int) -> QuerySet:
     """The queue's newest ``limit`` records from ``since_us`` to the period's end (their
-    times): the (queue, ended_us) index read backwards, stopping at ``limit``."""
+    times, outcome, message type and worker): an index read backwards, stopping at ``limit``."""
     return (ProcessingRecord.objects.using(get_settings().DATABASE)
             .filter(queue=queue, ended_us__gte=since_us, ended_us__lt=period.end_us)
             .order_by("-ended_us")
-            .values_list("ended_us", "started_us", "time_sent_us", "deliver_at_us", "outcome")[:limit])
+            .values_list("ended_us", "started_us", "time_sent_us", "deliver_at_us", "outcome", "message_type",
+                         "worker")[:limit])
 
 
 def lengths_query(queues: list[str], period: Period) -> QuerySet:
@@ -394,7 +397,7 @@ def _weighted(windows: list[MetricWindow], name: str) -> float | None:
 def times_of(rows: Iterable[tuple]) -> tuple[list[float], list[float], int]:
     """(processing ms of attempts whose handler ran, critical ms of processed ones, skewed count)."""
     processing, critical, skewed = [], [], 0
-    for ended, started, sent, deliver_at, outcome in rows:
+    for ended, started, sent, deliver_at, outcome, *_ in rows:
         if outcome in schema.HANDLER_RAN:
             processing.append(max(ended - started, 0) / 1000)
         origin = deliver_at if deliver_at is not None else sent
@@ -406,7 +409,7 @@ def times_of(rows: Iterable[tuple]) -> tuple[list[float], list[float], int]:
 
 
 def _percentiles_from_records(s: QueueSeries, rows: list[tuple], period: Period) -> None:
-    s.sampled = len(rows)
+    s.sampled, s.newest = len(rows), rows
     processing, critical, _ = times_of(rows)
     s.processing_ms, s.critical_ms = percentiles(processing), percentiles(critical)
     per_bucket: dict[int, list[tuple]] = defaultdict(list)

@@ -16,7 +16,7 @@ from django.conf import settings
 
 from core import monitoring
 from core.monitoring import Period, QueueSeries
-from core.monitoring_slices import Slice, breakdown
+from core.monitoring_slices import Slice, breakdowns
 from core.monitoring_workers import Workers, worker_states
 from dashboard import deploys, stats
 from dashboard.actions import ActionError
@@ -98,9 +98,8 @@ def queue_detail(name: str, params: Mapping[str, str]) -> QueueDetail:
     period = period_from(params)
     series = monitoring.queue_series([info.name], period, monitoring.DETAIL_SAMPLE)[info.name]
     q = stats.snapshot().queue(info.name)
-    return QueueDetail(period, series, q.errors if q else 0,
-                       breakdown(info.name, period, "message_type"),
-                       breakdown(info.name, period, "worker"),
+    slices = breakdowns(info.name, period, series.newest)
+    return QueueDetail(period, series, q.errors if q else 0, slices["message_type"], slices["worker"],
                        deploys.markers_between(period.start, period.end),
                        worker_states(settings.REDIS_URL, period.now_us))
 

@@ -83,9 +83,8 @@ def test_the_newest_records_of_a_queue_are_read_backwards_on_an_index_and_stop_a
 
 def test_a_breakdown_and_the_lengths_are_index_ranges(records):
     p = monitoring.make_period("15m", now_us=records)
-    for by in ("message_type", "worker"):
-        assert_index_range(plan(breakdown_query(QUEUES[0], p, by)), EITHER, "sluice_processing_record")
-        assert_index_range(plan(breakdown_query(QUIET, p, by)), "sluice_prec_queue_ended", "sluice_processing_record")
+    assert_index_range(plan(breakdown_query(QUEUES[0], p)), EITHER, "sluice_processing_record")
+    assert_index_range(plan(breakdown_query(QUIET, p)), "sluice_prec_queue_ended", "sluice_processing_record")
     for period in (p, monitoring.make_period("1h", now_us=records)):  # every sample; the minutes' first
         assert_index_range(plan(monitoring.lengths_query(QUEUES, period)),
                            ("sluice_qsample_queue_at", "sluice_qsample_at", "sluice_qsample_grain"),
