@@ -234,8 +234,8 @@ def queue_series(queues: list[str], period: Period, sample: int = 0) -> dict[str
         if sample:
             rows = list(sample_query(queue, max(period.start_us, records_from.get(queue, 0)), period, sample))
             _percentiles_from_records(s, rows, period)
-        if records_from.get(queue, 0) > period.start_us:
-            _add_windows(s, period, records_from[queue])
+    if records_from:
+        _add_windows(series, period, records_from)
     _fill_lengths(series, period)
     for s in series.values():
         _totals(s, period)
@@ -342,45 +342,52 @@ def _records_from(queues: list[str], period: Period) -> dict[str, int]:
     whole minute/hour after the queue's oldest record if the windows reach past it."""
     using = get_settings().DATABASE
     unit = 3600 if period.bucket_seconds % 3600 == 0 else 60
+    newest = dict(MetricWindow.objects.using(using).filter(queue__in=queues, window_seconds=unit)
+                  .order_by().values("queue").annotate(last=Max("window_start")).values_list("queue", "last"))
     found: dict[str, int] = {}
-    for queue in queues:
+    for queue, last in newest.items():
+        # An index lookup per queue with windows: a MIN over every queue's records would read them all.
         oldest = (ProcessingRecord.objects.using(using).filter(queue=queue).order_by("ended_us")
                   .values_list("ended_us", flat=True).first())
-        newest = (MetricWindow.objects.using(using).filter(queue=queue, window_seconds=unit)
-                  .aggregate(last=Max("window_start"))["last"])
-        if newest is None or oldest is not None and oldest <= period.start_us:
+        if oldest is not None and oldest <= period.start_us:
             continue
-        windows_end = micros(newest) + unit * US
+        windows_end = micros(last) + unit * US
         oldest_whole = -(-(oldest if oldest is not None else windows_end) // (unit * US)) * unit * US
         found[queue] = min(windows_end, oldest_whole)
     return found
 
 
-def _add_windows(s: QueueSeries, period: Period, until_us: int) -> None:
-    """Buckets before ``until_us`` from the pipeline's windows (percentiles weighted by messages)."""
+def _add_windows(series: dict[str, QueueSeries], period: Period, until: dict[str, int]) -> None:
+    """Each queue's buckets before its ``until`` (µs) from the pipeline's windows, in one
+    statement (percentiles weighted by messages)."""
     unit = 3600 if period.bucket_seconds % 3600 == 0 else 60
-    windows = (MetricWindow.objects.using(get_settings().DATABASE)
-               .filter(queue=s.queue, window_seconds=unit, window_start__gte=when(period.start_us),
-                       window_start__lt=when(min(until_us, period.end_us))))
-    weights: dict[int, list[MetricWindow]] = defaultdict(list)
-    for w in windows:
-        index = (micros(w.window_start) - period.start_us) // period.bucket_us
-        if 0 <= index < len(s.buckets):
-            weights[index].append(w)
-    for index, ws in weights.items():
-        b = s.buckets[index]
+    names = ("queue", "window_start", "messages", "retries", "failures", "processing_ms_p50", "processing_ms_p95",
+             "processing_ms_p99", "critical_ms_p50", "critical_ms_p95", "critical_ms_p99")
+    rows = (MetricWindow.objects.using(get_settings().DATABASE)
+            .filter(queue__in=list(until), window_seconds=unit, window_start__gte=when(period.start_us),
+                    window_start__lt=when(min(max(until.values()), period.end_us)))
+            .order_by().values_list(*names))
+    grouped: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        w = dict(zip(names, row))
+        start = micros(w["window_start"])
+        index = (start - period.start_us) // period.bucket_us
+        if start < until[w["queue"]] and 0 <= index < len(series[w["queue"]].buckets):
+            grouped[(w["queue"], index)].append(w)
+    for (queue, index), ws in grouped.items():
+        b = series[queue].buckets[index]
         b.from_windows = True
-        b.records += sum(w.messages for w in ws)
-        b.retried += sum(w.retries for w in ws)
-        b.failures += sum(w.failures for w in ws)
+        b.records += sum(w["messages"] for w in ws)
+        b.retried += sum(w["retries"] for w in ws)
+        b.failures += sum(w["failures"] for w in ws)
         # Windows keep percentiles, not means: their medians stand in for the average.
         for w in ws:
-            if w.processing_ms_p50 is not None:
-                b.processing_sum_ms += w.processing_ms_p50 * w.messages
-                b.processing_n += w.messages
-            if w.critical_ms_p50 is not None:
-                b.critical_sum_ms += w.critical_ms_p50 * (w.messages - w.failures)
-                b.critical_n += w.messages - w.failures
+            if w["processing_ms_p50"] is not None:
+                b.processing_sum_ms += w["processing_ms_p50"] * w["messages"]
+                b.processing_n += w["messages"]
+            if w["critical_ms_p50"] is not None:
+                b.critical_sum_ms += w["critical_ms_p50"] * (w["messages"] - w["failures"])
+                b.critical_n += w["messages"] - w["failures"]
         for p in (50, 95, 99):
             if b.processing_ms.get(p) is None:
                 b.processing_ms[p] = _weighted(ws, f"processing_ms_p{p}")
@@ -388,8 +395,8 @@ def _add_windows(s: QueueSeries, period: Period, until_us: int) -> None:
                 b.critical_ms[p] = _weighted(ws, f"critical_ms_p{p}")
 
 
-def _weighted(windows: list[MetricWindow], name: str) -> float | None:
-    pairs = [(getattr(w, name), w.messages) for w in windows if getattr(w, name) is not None]
+def _weighted(windows: list[dict[str, Any]], name: str) -> float | None:
+    pairs = [(w[name], w["messages"]) for w in windows if w[name] is not None]
     total = sum(n for _, n in pairs)
     return sum(v * n for v, n in pairs) / total if total else None
 

@@ -69,7 +69,7 @@ def _links(request: HttpRequest, p: Period) -> dict[str, Any]:
     return {
         "periods": [{"name": name, "href": "?" + urlencode({**keep, "period": name}), "current": p.name == name}
                     for name in PERIODS],
-        "range_from": (p.start if p.name == "range" else p.start).strftime("%Y-%m-%dT%H:%M"),
+        "range_from": p.start.strftime("%Y-%m-%dT%H:%M"),
         "range_to": p.end.strftime("%Y-%m-%dT%H:%M"), "query_string": request.GET.urlencode(),
     }
 
