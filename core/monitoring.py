@@ -357,48 +357,53 @@ def _records_from(queues: list[str], period: Period) -> dict[str, int]:
     return found
 
 
+#: The windows' percentile columns (p50 also stands in for the average: windows keep no mean).
+WINDOW_PERCENTILES = [f"{kind}_ms_p{p}" for kind in ("processing", "critical") for p in (50, 95, 99)]
+
+
 def _add_windows(series: dict[str, QueueSeries], period: Period, until: dict[str, int]) -> None:
-    """Each queue's buckets before its ``until`` (µs) from the pipeline's windows, in one
-    statement (percentiles weighted by messages)."""
+    """Each queue's buckets before its ``until`` (µs) from the pipeline's windows: one
+    statement summing each queue's hour (or minute) over its message types, percentiles
+    weighted by messages."""
     unit = 3600 if period.bucket_seconds % 3600 == 0 else 60
-    names = ("queue", "window_start", "messages", "retries", "failures", "processing_ms_p50", "processing_ms_p95",
-             "processing_ms_p99", "critical_ms_p50", "critical_ms_p95", "critical_ms_p99")
+    weighted = {}
+    for name in WINDOW_PERCENTILES:
+        weighted[f"{name}_sum"] = Sum(F(name) * F("messages"))
+        weighted[f"{name}_n"] = Sum("messages", filter=Q(**{f"{name}__isnull": False}))
     rows = (MetricWindow.objects.using(get_settings().DATABASE)
             .filter(queue__in=list(until), window_seconds=unit, window_start__gte=when(period.start_us),
                     window_start__lt=when(min(max(until.values()), period.end_us)))
-            .order_by().values_list(*names))
-    grouped: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
-    for row in rows:
-        w = dict(zip(names, row))
+            .order_by().values("queue", "window_start")
+            .annotate(n=Sum("messages"), r=Sum("retries"), f=Sum("failures"), **weighted))
+    # (queue, bucket index) → percentile column → [Σ value × messages, Σ messages]
+    weights: dict[tuple[str, int], dict[str, list[float]]] = defaultdict(
+        lambda: {name: [0.0, 0] for name in WINDOW_PERCENTILES})
+    for w in rows:
         start = micros(w["window_start"])
+        s = series[w["queue"]]
         index = (start - period.start_us) // period.bucket_us
-        if start < until[w["queue"]] and 0 <= index < len(series[w["queue"]].buckets):
-            grouped[(w["queue"], index)].append(w)
-    for (queue, index), ws in grouped.items():
-        b = series[queue].buckets[index]
+        if start >= until[w["queue"]] or not 0 <= index < len(s.buckets):
+            continue
+        b = s.buckets[index]
         b.from_windows = True
-        b.records += sum(w["messages"] for w in ws)
-        b.retried += sum(w["retries"] for w in ws)
-        b.failures += sum(w["failures"] for w in ws)
-        # Windows keep percentiles, not means: their medians stand in for the average.
-        for w in ws:
-            if w["processing_ms_p50"] is not None:
-                b.processing_sum_ms += w["processing_ms_p50"] * w["messages"]
-                b.processing_n += w["messages"]
-            if w["critical_ms_p50"] is not None:
-                b.critical_sum_ms += w["critical_ms_p50"] * (w["messages"] - w["failures"])
-                b.critical_n += w["messages"] - w["failures"]
-        for p in (50, 95, 99):
-            if b.processing_ms.get(p) is None:
-                b.processing_ms[p] = _weighted(ws, f"processing_ms_p{p}")
-            if b.critical_ms.get(p) is None:
-                b.critical_ms[p] = _weighted(ws, f"critical_ms_p{p}")
-
-
-def _weighted(windows: list[dict[str, Any]], name: str) -> float | None:
-    pairs = [(w[name], w["messages"]) for w in windows if w[name] is not None]
-    total = sum(n for _, n in pairs)
-    return sum(v * n for v, n in pairs) / total if total else None
+        b.records += int(w["n"])
+        b.retried += int(w["r"])
+        b.failures += int(w["f"])
+        for name, pair in weights[(w["queue"], index)].items():
+            if w[f"{name}_n"]:
+                pair[0] += float(w[f"{name}_sum"])
+                pair[1] += int(w[f"{name}_n"])
+    for (queue, index), columns in weights.items():
+        b = series[queue].buckets[index]
+        b.processing_sum_ms += columns["processing_ms_p50"][0]
+        b.processing_n += int(columns["processing_ms_p50"][1])
+        b.critical_sum_ms += columns["critical_ms_p50"][0]
+        b.critical_n += int(columns["critical_ms_p50"][1])
+        for kind in ("processing", "critical"):
+            for p in (50, 95, 99):
+                total, n = columns[f"{kind}_ms_p{p}"]
+                if getattr(b, f"{kind}_ms").get(p) is None and n:
+                    getattr(b, f"{kind}_ms")[p] = total / n
 
 
 def times_of(rows: Iterable[tuple]) -> tuple[list[float], list[float], int]:
