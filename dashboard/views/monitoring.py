@@ -120,7 +120,7 @@ def monitoring_queue(request: HttpRequest, name: str) -> HttpResponse:
         chart("processing time (ms)", pct("processing")),
         chart("critical time (ms)", pct("critical")),
         chart("queue length", [Series("messages", COLORS["length"], _points(p, s.buckets, lambda b: b.length))],
-              lambda v: f"{v:.0f}"),
+              lambda v: f"{v:g}"),
     ]
     handled_by = {x.key for x in d.by_worker}
     workers = [w for w in (d.workers.workers if d.workers else []) if w.name in handled_by or w.stale or w.clock_skew]
