@@ -22,187 +22,23 @@ that ended before it was sent (the sender's clock ahead of the worker's) is coun
 """
 from __future__ import annotations
 
-import datetime as dt
-import math
 from collections import defaultdict
-from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from django.db import connections
-from django.db.models import BigIntegerField, Count, ExpressionWrapper, F, Max, Q, QuerySet, Sum, Value
+from django.db.models import BigIntegerField, Count, ExpressionWrapper, F, Q, QuerySet, Sum, Value
 from django.db.models.functions import Coalesce
 
 from core.conf import get_settings
-from core.dialects import dialect_for
 from core.monitoring_models import GRAINS, QueueMinute, QueueSample, RollupMark
-from core.db_clock import database_now_us
-from core.records.models import MetricWindow, ProcessingRecord
+from core.monitoring_period import (  # noqa: F401 — the monitoring API in one place
+    BUCKETS, MAX_RANGE, PERIODS, US, Bucket, Period, QueueSeries, make_period, micros, percentiles, when,
+)
+from core.monitoring_windows import add_windows, records_from as windows_records_from
+from core.records.models import ProcessingRecord
 from pipeline import schema
 
-#: The periods the tab offers (name → seconds) and how many buckets a chart has.
-PERIODS = {"1m": 60, "5m": 300, "15m": 900, "1h": 3600}
-BUCKETS = 30
 #: Newest records of a queue its page's percentiles are computed from.
 DETAIL_SAMPLE = 5000
-#: The longest from–to range (31 days: a longer one keeps its newest part).
-MAX_RANGE = dt.timedelta(days=31)
-US = 1_000_000
-
-
-@dataclass(frozen=True)
-class Period:
-    """A monitoring period: ``buckets`` buckets of ``bucket_seconds`` from ``start_us``."""
-
-    name: str
-    start_us: int
-    end_us: int
-    bucket_seconds: int
-    #: The period ends now (the page refreshes once a bucket).
-    live: bool
-    #: The database's clock when it was made.
-    now_us: int
-    #: How a requested range was made to fit ("" when it was taken as it was).
-    note: str = ""
-
-    @property
-    def bucket_us(self) -> int:
-        return self.bucket_seconds * US
-
-    @property
-    def buckets(self) -> int:
-        return (self.end_us - self.start_us) // self.bucket_us
-
-    @property
-    def refresh_seconds(self) -> int | None:
-        """How often a live page refreshes: once a bucket, at least every 5 s; never for a past range."""
-        return max(5, self.bucket_seconds) if self.live else None
-
-    def bucket_starts(self) -> list[dt.datetime]:
-        return [when(self.start_us + i * self.bucket_us) for i in range(self.buckets)]
-
-    @property
-    def start(self) -> dt.datetime:
-        return when(self.start_us)
-
-    @property
-    def end(self) -> dt.datetime:
-        return when(self.end_us)
-
-
-def when(us: int) -> dt.datetime:
-    return dt.datetime.fromtimestamp(us / US, dt.timezone.utc)
-
-
-def micros(value: dt.datetime) -> int:
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=dt.timezone.utc)
-    return int(value.timestamp() * US)
-
-
-def make_period(name: str = "5m", start: dt.datetime | None = None, end: dt.datetime | None = None,
-                now_us: int | None = None) -> Period:
-    """A period by name (``1m``, ``5m``, ``15m``, ``1h``) ending now, or ``range`` from
-    ``start`` (default an hour before the end) to ``end`` (default now).  A range is made
-    to fit rather than refused: its ends swapped when reversed, its end at most now, at most
-    :data:`MAX_RANGE` long (the newest part); ``note`` says what was changed.  Raises
-    ValueError for an unknown name."""
-    now = database_now_us() if now_us is None else now_us
-    if name in PERIODS:
-        bucket = PERIODS[name] // BUCKETS
-        end_us = -(-now // (bucket * US)) * bucket * US  # the bucket now lies in is the last one
-        return Period(name, end_us - BUCKETS * bucket * US, end_us, bucket, True, now)
-    if name != "range":
-        raise ValueError(f"period must be one of {', '.join([*PERIODS, 'range'])}, not {name[:20]!r}")
-    notes = []
-    end_us = micros(end) if end is not None else now
-    start_us = micros(start) if start is not None else end_us - 3600 * US
-    if end_us < start_us:
-        start_us, end_us = end_us, start_us
-        notes.append("from and to swapped")
-    if end_us > now:
-        end_us = now
-        notes.append("ends now")
-    if end_us - start_us > MAX_RANGE.total_seconds() * US:
-        start_us = end_us - int(MAX_RANGE.total_seconds()) * US
-        notes.append(f"shortened to the last {MAX_RANGE.days} days of it")
-    if end_us - start_us < 60 * US:
-        start_us = end_us - 60 * US
-        notes.append("widened to a minute")
-    # Whole minutes (or whole hours for long ranges) per bucket: pipeline windows fit in them.
-    raw = (end_us - start_us) / US / BUCKETS
-    unit = 3600 if raw > 3600 else 60
-    bucket = max(1, math.ceil(raw / unit)) * unit
-    first = start_us // (bucket * US) * bucket * US
-    count = -(-(end_us - first) // (bucket * US))
-    return Period("range", first, first + count * bucket * US, bucket, end_us >= now - bucket * US, now,
-                  "; ".join(notes))
-
-
-# -- per-queue series --------------------------------------------------------------------------
-
-@dataclass
-class Bucket:
-    start: dt.datetime
-    #: Every handled attempt (every outcome), retried attempts, failures (pipeline.schema.FAILURES).
-    records: int = 0
-    retried: int = 0
-    failures: int = 0
-    throughput_per_s: float | None = None
-    #: Sums and counts behind the averages: processing time of attempts whose handler ran,
-    #: critical time of processed messages (skewed ones left out).
-    processing_sum_ms: float = 0.0
-    processing_n: int = 0
-    critical_sum_ms: float = 0.0
-    critical_n: int = 0
-    skewed: int = 0
-    #: Percentiles, from the newest records (one queue's page) or the pipeline's windows.
-    processing_ms: dict[int, float | None] = field(default_factory=dict)
-    critical_ms: dict[int, float | None] = field(default_factory=dict)
-    #: The queue's length at the bucket's last sample (None: no sample in it).
-    length: int | None = None
-    #: The figures came (partly) from the pipeline's windows.
-    from_windows: bool = False
-
-    @property
-    def processing_avg_ms(self) -> float | None:
-        return self.processing_sum_ms / self.processing_n if self.processing_n else None
-
-    @property
-    def critical_avg_ms(self) -> float | None:
-        return self.critical_sum_ms / self.critical_n if self.critical_n else None
-
-
-@dataclass
-class QueueSeries:
-    queue: str
-    buckets: list[Bucket]
-    records: int = 0
-    retried: int = 0
-    failures: int = 0
-    throughput_per_s: float = 0.0
-    #: Averages over every record of the period (hours from windows: their medians).
-    processing_avg_ms: float | None = None
-    critical_avg_ms: float | None = None
-    #: Percentiles from the newest records (asked for one queue), or the windows'.
-    processing_ms: dict[int, float | None] = field(default_factory=dict)
-    critical_ms: dict[int, float | None] = field(default_factory=dict)
-    #: Records the percentiles were computed from (the newest of the period; 0: not asked).
-    sampled: int = 0
-    #: Records that ended before they were sent or due: a clock skew (left out of critical time).
-    skewed: int = 0
-    #: The newest records read for the percentiles (:func:`sample_query`'s rows).
-    newest: list[tuple] = field(default_factory=list, repr=False)
-    length_last: int | None = None
-    length_average: float | None = None
-    length_estimated: bool = False
-
-
-def percentiles(values: list[float]) -> dict[int, float | None]:
-    """p50, p95 and p99 of ``values`` (nearest rank), None each when there are none."""
-    if not values:
-        return {50: None, 95: None, 99: None}
-    ordered = sorted(values)
-    return {p: ordered[min(len(ordered) - 1, max(0, math.ceil(p / 100 * len(ordered)) - 1))] for p in (50, 95, 99)}
 
 
 def _bucket_of(period: Period):
@@ -214,7 +50,7 @@ def queue_series(queues: list[str], period: Period, sample: int = 0) -> dict[str
     """Each queue's buckets and period figures (see the module doc); percentiles only with a
     ``sample`` (one read per queue: a queue's page asks, the overview of every queue does not)."""
     series = {q: QueueSeries(q, [Bucket(t) for t in period.bucket_starts()]) for q in queues}
-    records_from = _records_from(queues, period) if not period.live or period.name == "range" else {}
+    records_from = windows_records_from(queues, period) if not period.live or period.name == "range" else {}
     # Counts: one statement for the queues whose records cover the period (an index range per
     # queue on (queue, ended_us)), one for each queue whose older part comes from windows.
     groups: dict[int, list[str]] = defaultdict(list)
@@ -237,7 +73,7 @@ def queue_series(queues: list[str], period: Period, sample: int = 0) -> dict[str
             rows = list(sample_query(queue, max(period.start_us, records_from.get(queue, 0)), period, sample))
             _percentiles_from_records(s, rows, period)
     if records_from:
-        _add_windows(series, period, records_from)
+        add_windows(series, period, records_from)
     _fill_lengths(series, period)
     for s in series.values():
         _totals(s, period)
@@ -337,84 +173,6 @@ def _count(b: Bucket, outcome: str, n: int, processing_us: Any, critical_n: int,
     b.critical_sum_ms += float(critical_us or 0) / 1000
     b.critical_n += critical_n
     b.skewed += skewed
-
-
-def _records_from(queues: list[str], period: Period) -> dict[str, int]:
-    """Per queue, from when the records are used: where the pipeline's windows end, or the
-    whole minute/hour after the queue's oldest record if the windows reach past it."""
-    using = get_settings().DATABASE
-    unit = 3600 if period.bucket_seconds % 3600 == 0 else 60
-    newest = dict(MetricWindow.objects.using(using).filter(queue__in=queues, window_seconds=unit)
-                  .order_by().values("queue").annotate(last=Max("window_start")).values_list("queue", "last"))
-    found: dict[str, int] = {}
-    for queue, last in newest.items():
-        # An index lookup per queue with windows: a MIN over every queue's records would read them all.
-        oldest = (ProcessingRecord.objects.using(using).filter(queue=queue).order_by("ended_us")
-                  .values_list("ended_us", flat=True).first())
-        if oldest is not None and oldest <= period.start_us:
-            continue
-        windows_end = micros(last) + unit * US
-        oldest_whole = -(-(oldest if oldest is not None else windows_end) // (unit * US)) * unit * US
-        found[queue] = min(windows_end, oldest_whole)
-    return found
-
-
-#: The windows' percentile columns (p50 also stands in for the average: windows keep no mean).
-WINDOW_PERCENTILES = [f"{kind}_ms_p{p}" for kind in ("processing", "critical") for p in (50, 95, 99)]
-
-
-def _add_windows(series: dict[str, QueueSeries], period: Period, until: dict[str, int]) -> None:
-    """Each queue's buckets before its ``until`` (µs) from the pipeline's windows: one
-    statement summing each queue's hour (or minute) over its message types, percentiles
-    weighted by messages."""
-    unit = 3600 if period.bucket_seconds % 3600 == 0 else 60
-    weighted = {}
-    for name in WINDOW_PERCENTILES:
-        weighted[f"{name}_sum"] = Sum(F(name) * F("messages"))
-        weighted[f"{name}_n"] = Sum("messages", filter=Q(**{f"{name}__isnull": False}))
-    using = get_settings().DATABASE
-    names = ["queue", "window_start", "n", "r", "f", *weighted]
-    query = (MetricWindow.objects.using(using)
-             .filter(queue__in=list(until), window_seconds=unit, window_start__gte=when(period.start_us),
-                     window_start__lt=when(min(max(until.values()), period.end_us)))
-             .order_by().values("queue", "window_start")
-             .annotate(n=Sum("messages"), r=Sum("retries"), f=Sum("failures"), **weighted).values_list(*names))
-    # Run as the ORM wrote it but read raw: Django's per-value converters cost more than the
-    # statement for a month of hours (the times are converted once each, below).
-    sql, params = query.query.sql_with_params()
-    with connections[using].cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = [dict(zip(names, row)) for row in cursor.fetchall()]
-    d = dialect_for(connections[using], get_settings().SCHEMA)
-    # (queue, bucket index) → percentile column → [Σ value × messages, Σ messages]
-    weights: dict[tuple[str, int], dict[str, list[float]]] = defaultdict(
-        lambda: {name: [0.0, 0] for name in WINDOW_PERCENTILES})
-    for w in rows:
-        start = micros(d.to_datetime(w["window_start"]))
-        s = series[w["queue"]]
-        index = (start - period.start_us) // period.bucket_us
-        if start >= until[w["queue"]] or not 0 <= index < len(s.buckets):
-            continue
-        b = s.buckets[index]
-        b.from_windows = True
-        b.records += int(w["n"])
-        b.retried += int(w["r"])
-        b.failures += int(w["f"])
-        for name, pair in weights[(w["queue"], index)].items():
-            if w[f"{name}_n"]:
-                pair[0] += float(w[f"{name}_sum"])
-                pair[1] += int(w[f"{name}_n"])
-    for (queue, index), columns in weights.items():
-        b = series[queue].buckets[index]
-        b.processing_sum_ms += columns["processing_ms_p50"][0]
-        b.processing_n += int(columns["processing_ms_p50"][1])
-        b.critical_sum_ms += columns["critical_ms_p50"][0]
-        b.critical_n += int(columns["critical_ms_p50"][1])
-        for kind in ("processing", "critical"):
-            for p in (50, 95, 99):
-                total, n = columns[f"{kind}_ms_p{p}"]
-                if getattr(b, f"{kind}_ms").get(p) is None and n:
-                    getattr(b, f"{kind}_ms")[p] = total / n
 
 
 def times_of(rows: Iterable[tuple]) -> tuple[list[float], list[float], int]:
