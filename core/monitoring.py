@@ -1,8 +1,9 @@
 """What the live monitoring tab shows, per queue and period: throughput, retries, failures,
 processing and critical time (p50/p95/p99) and queue length, bucketed for sparklines;
 the same queue by message type and by worker (core.monitoring_slices); workers whose
-heartbeat is stale or whose clock disagrees with the database's (core.monitoring_workers).  A sibling of :mod:`core.measurements` (which alert
-rules read), built on the same tables and the same bounded reads.
+heartbeat is stale or whose clock disagrees with the database's (core.monitoring_workers).
+A sibling of :mod:`core.measurements` (which alert rules read), built on the same tables
+and the same bounded reads; periods and buckets are in core.monitoring_period.
 
 Where the figures come from, so that a chart has no seam:
 
@@ -11,6 +12,9 @@ Where the figures come from, so that a chart has no seam:
   statement; for one queue's page also the newest :data:`DETAIL_SAMPLE` records of the
   period for p50/p95/p99 (a read that stops there however busy the queue: ``sampled`` <
   ``records`` says so);
+- whole minutes that ended more than two minutes ago from their sums per queue and minute
+  (``sluice_queue_minute``, rolled up by core.queue_samples' loop): an hour or a range reads
+  a row per queue and minute, not every record;
 - times older than a queue's oldest record still in the database (exported and deleted
   after SLUICE_RECORDS_RETENTION) from the pipeline's metric windows (one minute or one
   hour, whichever divides the bucket), up to where the windows end;
