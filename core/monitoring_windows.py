@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 from django.db import connections
-from django.db.models import F, Max, Q, Sum
+from django.db.models import F, FloatField, Max, Q, Sum
+from django.db.models.functions import Cast
 
 from core.conf import get_settings
 from core.dialects import dialect_for
@@ -42,50 +43,48 @@ def add_windows(series: dict[str, QueueSeries], period: Period, until: dict[str,
     statement summing each queue's hour (or minute) over its message types, percentiles
     weighted by messages."""
     unit = 3600 if period.bucket_seconds % 3600 == 0 else 60
-    weighted = {}
+    # Sums as floats in the statement: a bigint SUM would come back as a decimal per value.
+    weighted = {"n": Cast(Sum("messages"), FloatField()), "r": Cast(Sum("retries"), FloatField()),
+                "f": Cast(Sum("failures"), FloatField())}
     for name in WINDOW_PERCENTILES:
-        weighted[f"{name}_sum"] = Sum(F(name) * F("messages"))
-        weighted[f"{name}_n"] = Sum("messages", filter=Q(**{f"{name}__isnull": False}))
+        weighted[f"{name}_sum"] = Cast(Sum(F(name) * F("messages")), FloatField())
+        weighted[f"{name}_n"] = Cast(Sum("messages", filter=Q(**{f"{name}__isnull": False})), FloatField())
     using = get_settings().DATABASE
-    names = ["queue", "window_start", "n", "r", "f", *weighted]
     query = (MetricWindow.objects.using(using)
              .filter(queue__in=list(until), window_seconds=unit, window_start__gte=when(period.start_us),
                      window_start__lt=when(min(max(until.values()), period.end_us)))
-             .order_by().values("queue", "window_start")
-             .annotate(n=Sum("messages"), r=Sum("retries"), f=Sum("failures"), **weighted).values_list(*names))
+             .order_by().values("queue", "window_start").annotate(**weighted)
+             .values_list("queue", "window_start", *weighted))
     # Run as the ORM wrote it but read raw: Django's per-value converters cost more than the
     # statement for a month of hours (the times are converted once each, below).
     sql, params = query.query.sql_with_params()
     with connections[using].cursor() as cursor:
         cursor.execute(sql, params)
-        rows = [dict(zip(names, row)) for row in cursor.fetchall()]
+        rows = cursor.fetchall()
     d = dialect_for(connections[using], get_settings().SCHEMA)
-    # (queue, bucket index) → percentile column → [Σ value × messages, Σ messages]
-    weights: dict[tuple[str, int], dict[str, list[float]]] = defaultdict(
-        lambda: {name: [0.0, 0] for name in WINDOW_PERCENTILES})
-    for w in rows:
-        start = micros(d.to_datetime(w["window_start"]))
-        s = series[w["queue"]]
+    # (queue, bucket index) → [Σ value × messages, Σ messages] per percentile column, in order
+    weights: dict[tuple[str, int], list[float]] = defaultdict(lambda: [0.0] * (2 * len(WINDOW_PERCENTILES)))
+    for queue, window_start, n, retried, failures, *sums in rows:
+        start = micros(d.to_datetime(window_start))
+        s = series[queue]
         index = (start - period.start_us) // period.bucket_us
-        if start >= until[w["queue"]] or not 0 <= index < len(s.buckets):
+        if start >= until[queue] or not 0 <= index < len(s.buckets):
             continue
         b = s.buckets[index]
         b.from_windows = True
-        b.records += int(w["n"])
-        b.retried += int(w["r"])
-        b.failures += int(w["f"])
-        for name, pair in weights[(w["queue"], index)].items():
-            if w[f"{name}_n"]:
-                pair[0] += float(w[f"{name}_sum"])
-                pair[1] += int(w[f"{name}_n"])
-    for (queue, index), columns in weights.items():
+        b.records += int(n or 0)
+        b.retried += int(retried or 0)
+        b.failures += int(failures or 0)
+        totals = weights[(queue, index)]
+        for i, value in enumerate(sums):
+            totals[i] += value or 0.0
+    for (queue, index), totals in weights.items():
         b = series[queue].buckets[index]
-        b.processing_sum_ms += columns["processing_ms_p50"][0]
-        b.processing_n += int(columns["processing_ms_p50"][1])
-        b.critical_sum_ms += columns["critical_ms_p50"][0]
-        b.critical_n += int(columns["critical_ms_p50"][1])
-        for kind in ("processing", "critical"):
-            for p in (50, 95, 99):
-                total, n = columns[f"{kind}_ms_p{p}"]
-                if getattr(b, f"{kind}_ms").get(p) is None and n:
-                    getattr(b, f"{kind}_ms")[p] = total / n
+        for i, name in enumerate(WINDOW_PERCENTILES):
+            total, n = totals[2 * i], totals[2 * i + 1]
+            kind, p = name.split("_ms_p")
+            if p == "50":  # the median stands in for the average: windows keep no mean
+                setattr(b, f"{kind}_sum_ms", getattr(b, f"{kind}_sum_ms") + total)
+                setattr(b, f"{kind}_n", getattr(b, f"{kind}_n") + int(n))
+            if n and getattr(b, f"{kind}_ms").get(int(p)) is None:
+                getattr(b, f"{kind}_ms")[int(p)] = total / n
