@@ -15,6 +15,7 @@ from typing import Any, Mapping
 from django.conf import settings
 
 from core import monitoring
+from core.conf import get_settings
 from core.monitoring import Period, QueueSeries
 from core.monitoring_slices import Slice, breakdowns
 from core.monitoring_workers import Workers, worker_states
@@ -81,9 +82,17 @@ class QueueDetail:
     workers: Workers | None = None
 
 
+def _snapshot(period: Period) -> stats.Snapshot:
+    """The statistics snapshot every tab shares (queues, failed counts), as fresh as the
+    period's points: a 5-minute page refreshed every 10 s does not recompute it every 3 s."""
+    fresh = max(get_settings().DASHBOARD_CACHE_SECONDS, min(period.refresh_seconds or stats.STALE_LIMIT,
+                                                            stats.STALE_LIMIT))
+    return stats.snapshot(max_age=fresh)
+
+
 def overview(params: Mapping[str, str]) -> Overview:
     period = period_from(params)
-    snap = stats.snapshot()
+    snap = _snapshot(period)
     query = (params.get("q") or "").strip()[:64]
     matching = [q for q in snap.queues if query.lower() in q.name.lower()]
     shown = matching[:MAX_QUEUES]
@@ -97,7 +106,7 @@ def queue_detail(name: str, params: Mapping[str, str]) -> QueueDetail:
     info = validate.queue(name)
     period = period_from(params)
     series = monitoring.queue_series([info.name], period, monitoring.DETAIL_SAMPLE)[info.name]
-    q = stats.snapshot().queue(info.name)
+    q = _snapshot(period).queue(info.name)
     slices = breakdowns(info.name, period, series.newest)
     return QueueDetail(period, series, q.errors if q else 0, slices["message_type"], slices["worker"],
                        deploys.markers_between(period.start, period.end),
