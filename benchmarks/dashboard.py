@@ -20,7 +20,8 @@ warm-ups) of:
 Also measured: one uncached statistics snapshot (``snapshot_uncached_ms``, what a refresh
 costs once per SLUICE_DASHBOARD_CACHE_SECONDS), the first, uncached groups request
 (``groups_uncached_ms``) and the API endpoints when timing pages.
-``alerts_eval_ms_p95``: one evaluation of 50 alert rules over the Q queues (core.alerts),
+``monitoring_ms_p95`` and more: the monitoring tab over ``--monitoring-records`` processing
+records (default 10,000,000; benchmarks/monitoring.py).  ``alerts_eval_ms_p95``: one evaluation of 50 alert rules over the Q queues (core.alerts),
 on the same data.  Result: ``<page>_ms_p95`` / ``<page>_ms_p50`` for each,
 ``api_<page>_ms_p95``, ``messages``, ``failed``, ``groups``, ``outbox`` and more.  Aim: every
 p95 under 150 ms.
@@ -35,7 +36,7 @@ import time
 import uuid
 from typing import Any, Callable
 
-from benchmarks import common
+from benchmarks import common, monitoring
 from benchmarks.common import (
     BenchmarkError, Progress, add_database_argument, database_version, log, positive_int, standard_main,
     setup_django,
@@ -69,6 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db-name", default=DATABASE_NAME, metavar="NAME",
                         help=f"the PostgreSQL database to create and drop (default {DATABASE_NAME}; "
                              "give another to run two at once)")
+    monitoring.add_arguments(parser)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -259,6 +261,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         queues = fill_queues(args.queues, args.messages)
         fill_failed(args.failed, queues, args.groups)
         fill_outbox(args.outbox)
+        monitoring.fill(args.monitoring_records, queues)
         analyse()
         stats.clear_cache()
         operator = User.objects.create_superuser("bench", password=None)
@@ -281,6 +284,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             log(f"{name} {path}: p50 {timing['p50']:.1f} ms, p95 {timing['p95']:.1f} ms, max {timing['max']:.1f} ms")
             result[f"{name}_ms_p95"] = timing["p95"]
             result[f"{name}_ms_p50"] = timing["p50"]
+        if args.monitoring_records > 0:  # the monitoring tab (benchmarks/monitoring.py)
+            result.update(monitoring.measure(client, queue, args.requests, time_get), monitoring_records=args.monitoring_records)
         result["alerts_eval_ms_p95"] = alerts_eval_p95(queues, args.requests)
         if args.target == "pages":
             for name, path in urls("api", queue, row_version, failed_pk).items():

@@ -225,6 +225,11 @@ class SluiceSettings:
     #: trace context in message headers, Sluice's meters.  Needs ``pip install 'sluice[otel]'``;
     #: the exporter, endpoint, service name and sampler come from the standard ``OTEL_*`` variables.
     OTEL: bool = False
+    #: Seconds between two samples of every queue's length (the monitoring tab's history;
+    #: one worker samples at a time, a lease).
+    MONITORING_SAMPLE_INTERVAL: float = 10.0
+    #: Seconds a queue-length sample is kept (2 days).
+    MONITORING_SAMPLE_RETENTION: float = 2 * 24 * 3600.0
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -288,6 +293,8 @@ class SluiceSettings:
                      "ALERTS_RETRY_CAP"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SLUICE_{name} must be positive")
+        if self.MONITORING_SAMPLE_INTERVAL <= 0 or self.MONITORING_SAMPLE_RETENTION <= 0:
+            raise ValueError("SLUICE_MONITORING_SAMPLE_INTERVAL and SLUICE_MONITORING_SAMPLE_RETENTION must be positive")
         if self.ALERTS_DELIVERY_ATTEMPTS < 1:
             raise ValueError("SLUICE_ALERTS_DELIVERY_ATTEMPTS must be at least 1")
         if not re.fullmatch(r"\d+[kKmMgGtT]?", self.SPARK_DRIVER_MEMORY.strip()):

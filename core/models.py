@@ -222,6 +222,9 @@ class OutboxRecord(models.Model):
 # -- processing records and the analytics pipeline (core/records/) -------------------------
 from core.records.models import ExportWatermark, MetricWindow, PipelineRun, ProcessingRecord  # noqa: E402,F401
 
+# -- the monitoring tab's queue-length history (core/queue_samples.py) -----------------------
+from core.monitoring_models import QueueMinute, QueueSample, RollupMark  # noqa: E402,F401
+
 # -- alerts (core/alerts/) -------------------------------------------------------------------
 from core.alerts.models import (  # noqa: E402,F401
     Alert,

@@ -1,5 +1,5 @@
-"""One worker's loops: the pumps, the delayed mover, the alert evaluator, the outbox dispatcher
-and clean-up, demo traffic and the health heartbeat, hosted in threads.  `sluice worker` and the Celery bootstep (workers/) both
+"""One worker's loops: the pumps, the delayed mover, the alert evaluator, the queue sampler, the
+outbox dispatcher and clean-up, demo traffic and the health heartbeat, hosted in threads.  `sluice worker` and the Celery bootstep (workers/) both
 use it, so a worker is the same thing however it is started."""
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from core.health import HealthPublisher
 from core.loops import ThreadRunner
 from core.outbox import OutboxDispatcher, worker_loops
 from core.pump import MessagePump
+from core.queue_samples import QueueSampler
 from core.queues import registry
 from core.tracing import gauges
 
@@ -53,6 +54,8 @@ class WorkerHost:
         # evaluator holding the lease evaluates.
         if (mover and settings.ALERTS_ENABLED) if alerts is None else alerts:
             loops.append(AlertEvaluator())
+        if mover:  # queue-length history for the monitoring tab; one sampler at a time (a lease)
+            loops.append(QueueSampler())
         outbox_loops = [loop for loop in worker_loops()
                         if outbox_cleanup or isinstance(loop, OutboxDispatcher)]
         loops += outbox_loops

@@ -1,5 +1,5 @@
-"""The dashboard's own table: the audit log of operator actions (dashboard/actions.py
-writes it; nothing else does)."""
+"""The dashboard's own tables: the audit log of operator actions (dashboard/actions.py
+writes it; nothing else does), API tokens and deploy markers."""
 from __future__ import annotations
 
 from django.conf import settings
@@ -75,3 +75,22 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.prefix}… of user {self.user_id}"
+
+
+class DeployMarker(models.Model):
+    """A deploy (``sluice mark-deploy LABEL``): drawn on every chart of the monitoring tab,
+    so a change in the figures can be laid beside the release that caused it."""
+
+    #: The database's clock when it was marked (the clock the charts use).
+    at = models.DateTimeField()
+    label = models.CharField(max_length=200)
+    #: Who marked it (the operating-system user of the CLI run, or the dashboard user).
+    username = models.CharField(max_length=150, default="", blank=True)
+
+    class Meta:
+        db_table = "sluice_deploy_marker"
+        ordering = ["at", "id"]
+        indexes = [models.Index(fields=["at"], name="sluice_deploy_at")]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.label}"

@@ -1,6 +1,7 @@
 """`sluice user add|token|disable|list`: dashboard accounts and API tokens (roles:
 dashboard/permissions.py, tokens: dashboard/tokens.py).  Every change of a role, a token
-or an account's state is written to the audit log (via "cli")."""
+or an account's state is written to the audit log (via "cli").  `sluice mark-deploy LABEL`:
+a deploy marker on the monitoring tab's charts (dashboard/deploys.py), audited too."""
 from __future__ import annotations
 
 import getpass
@@ -15,7 +16,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from core.cli.base import CommandError, Group, command_group
-from dashboard import tokens
+from dashboard import deploys, tokens
 from dashboard.actions.audit import Audit
 from dashboard.models import AuditOutcome
 from dashboard.permissions import ROLES, forget_role, role_of
@@ -32,15 +33,18 @@ def set_role(user: Any, role: str) -> None:
     forget_role(user)
 
 
-def audit(action: str, user: Any, detail: str) -> None:
-    """One audit entry for an account change made from the command line; the actor is the
-    operating-system user who ran it (there is no dashboard login here)."""
+def cli_actor() -> str:
+    """Who runs this command: the operating-system user (there is no dashboard login here)."""
     try:
-        actor = getpass.getuser()
+        return f"{getpass.getuser()} (cli)"
     except (KeyError, OSError):  # no passwd entry (some containers)
-        actor = "?"
+        return "? (cli)"
+
+
+def audit(action: str, user: Any, detail: str) -> None:
+    """One audit entry for an account change made from the command line."""
     Audit(user=None, action=action, via="cli", target=f"user {user.username}", ids=[str(user.pk)],
-          actor=f"{actor} (cli)").write(AuditOutcome.OK, detail)
+          actor=cli_actor()).write(AuditOutcome.OK, detail)
 
 
 @command_group
@@ -172,3 +176,23 @@ class UserCommands(Group):
         for r in rows:
             self.stdout.write(f"{r['user']:<24} {r['role'] or '(no role)':<10} "
                               f"{'' if r['active'] else 'inactive'}{' superuser' if r['superuser'] else ''}")
+
+
+@command_group
+class DeployCommands(Group):
+    def add_to(self, sub) -> None:
+        mark = self.handles(sub.add_parser(
+            "mark-deploy", help="mark a deploy (at the database's clock) on every chart of the monitoring tab; "
+                                "audited"), self.mark)
+        mark.add_argument("label", help="what was deployed, e.g. a version or a commit")
+        mark.add_argument("--json", action="store_true")
+
+    def mark(self, options: dict[str, Any]) -> None:
+        try:
+            marker = deploys.mark_deploy(options["label"], cli_actor())
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        if options["json"]:
+            self.stdout.write(json.dumps(deploys.marker_json(marker)))
+        else:
+            self.stdout.write(f"deploy {marker.label} marked at {marker.at:%Y-%m-%d %H:%M:%S} UTC")

@@ -1,7 +1,7 @@
 from django.urls import include, path
 
 from dashboard import charts
-from dashboard.views import alerts, audit, auth, conversations, delayed, failed, health, outbox, overview, queues
+from dashboard.views import alerts, audit, auth, conversations, delayed, failed, health, monitoring, outbox, overview, queues
 
 app_name = "dashboard"
 urlpatterns = [
@@ -45,6 +45,8 @@ urlpatterns = [
     path("alerts/silences/", alerts.silence_create, name="alerts-silence"),
     path("alerts/silences/<int:pk>/end/", alerts.silence_expire, name="alerts-silence-expire"),
     path("alerts/import/", alerts.import_config, name="alerts-import"),
+    path("monitoring/", monitoring.monitoring, name="monitoring"),
+    path("monitoring/<str:name>/", monitoring.monitoring_queue, name="monitoring-queue"),
     path("metrics/charts/", charts.charts, name="metrics-charts"),
     path("metrics/charts/run/", charts.run_now, name="metrics-run"),
     path("metrics/charts/run-status/", charts.run_status, name="metrics-run-status"),

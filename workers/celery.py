@@ -51,6 +51,9 @@ def beat_schedule() -> dict:
     if conf.ALERTS_ENABLED and not conf.CELERY_HOST_LOOPS:  # else every worker's loops host the evaluator
         schedule["evaluate-alerts"] = {"task": "sluice.evaluate_alerts", "schedule": conf.ALERTS_INTERVAL,
                                        "options": {"expires": conf.ALERTS_INTERVAL}}
+    if not conf.CELERY_HOST_LOOPS:  # else the workers' loops sample queue lengths
+        schedule["sample-queues"] = {"task": "sluice.sample_queues", "schedule": conf.MONITORING_SAMPLE_INTERVAL,
+                                     "options": {"expires": conf.MONITORING_SAMPLE_INTERVAL}}
     if conf.OUTBOX_CLEANUP_INTERVAL > 0:  # 0 or less disables the clean-up
         schedule["outbox-cleanup"] = {"task": "sluice.outbox_cleanup", "schedule": conf.OUTBOX_CLEANUP_INTERVAL,
                                       "options": {"expires": conf.OUTBOX_CLEANUP_INTERVAL}}

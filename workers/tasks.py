@@ -112,6 +112,20 @@ def evaluate_alerts() -> dict:
     return {"skipped": 1} if last is None else {"rules": last.rules, "notifications": last.notifications}
 
 
+@shared_task(name="sluice.sample_queues")
+def sample_queues() -> dict:
+    """One queue-length sample (the monitoring tab's history), for pools whose workers host no
+    loops: the sampler's own lease keeps it to one writer at a time, released at once after."""
+    from core.queue_samples import QueueSampler  # like the tasks above: models load after the app registry
+
+    sampler = QueueSampler()
+    try:
+        sampler.step()
+    finally:
+        sampler.close()
+    return {"written": sampler.written}
+
+
 @shared_task(name="sluice.record_ping")
 def record_ping(message_id: str) -> None:
     """Write one demo business row (sluice_demo_ping): proves a task really ran, once per row."""

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('sluice', '0010_failed_conversation'),
+        ('sluice', '0011_monitoring_queue_samples'),
     ]
 
     operations = [

@@ -51,10 +51,12 @@ ACTIONS = (
 #: Account changes (`sluice user`, via "cli"), audited beside the actions.
 ACCOUNT_ACTIONS = ("set_role", "issue_token", "revoke_token", "disable_user")
 #: Every name an AuditEntry.action can hold.
-AUDITED = ACTIONS + ACCOUNT_ACTIONS
+#: Records of what happened outside Sluice (`sluice mark-deploy`, via "cli").
+MARK_ACTIONS = ("mark_deploy",)
+AUDITED = ACTIONS + ACCOUNT_ACTIONS + MARK_ACTIONS
 
 __all__ = [
-    "ACCOUNT_ACTIONS", "ACTIONS", "AUDITED", "ActionError", "ActionResult", "FailedSelection", "PROTECTED_HEADERS", "archive_failed",
+    "ACCOUNT_ACTIONS", "ACTIONS", "AUDITED", "MARK_ACTIONS", "ActionError", "ActionResult", "FailedSelection", "PROTECTED_HEADERS", "archive_failed",
     "delete_delayed", "delete_failed", "delete_messages", "deliver_delayed_now", "dispatch_outbox",
     "edit_and_retry", "move_message", "parse_selection", "purge_queue", "restore_failed", "retry_failed",
     "run_pipeline", "save_alert_rule", "delete_alert_rule", "save_alert_target", "delete_alert_target",

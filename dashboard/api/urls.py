@@ -8,6 +8,7 @@ from dashboard import metrics
 from dashboard.api import errors
 from dashboard.api import alerts as al
 from dashboard.api import conversations as conv
+from dashboard.api import monitoring as mon
 from dashboard.api import views as v
 from dashboard.permissions import CanView
 
@@ -48,6 +49,8 @@ urlpatterns = [
     path("api/audit/", v.AuditList.as_view(), name="api-audit"),
     path("api/metrics/", v.MetricList.as_view(), name="api-metrics"),
     path("api/metrics/run/", v.MetricRun.as_view(), name="api-metrics-run"),
+    path("api/monitoring/", mon.MonitoringOverview.as_view(), name="api-monitoring"),
+    path("api/monitoring/<str:name>/", mon.MonitoringQueue.as_view(), name="api-monitoring-queue"),
     path("api/alerts/", al.AlertList.as_view(), name="api-alerts"),
     path("api/alerts/rules/", al.RuleList.as_view(), name="api-alert-rules"),
     path("api/alerts/rules/<int:pk>/", al.RuleItem.as_view(), name="api-alert-rule"),

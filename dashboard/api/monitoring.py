@@ -1,0 +1,31 @@
+"""``/api/monitoring/`` and ``/api/monitoring/<queue>/``: the live monitoring tab's figures
+as JSON (dashboard/monitoring.py builds them for the pages too).  Shapes: dashboard/api/schema.py."""
+from __future__ import annotations
+
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from core.monitoring import PERIODS
+from dashboard import monitoring
+from dashboard.api import schema as out
+from dashboard.api.schema import doc
+
+PERIOD = out.choice("period", (*PERIODS, "range"))
+RANGE = [out.when("from"), out.when("to")]
+
+
+class MonitoringOverview(APIView):
+    @doc(out.MonitoringOverview, summary="Every queue's throughput, retries, processing and critical time "
+                                         "(p50/p95/p99) and length over a period, bucketed; workers' stale and "
+                                         "clock-skew flags; the period's deploy markers",
+         parameters=[PERIOD, *RANGE, out.text("q")])
+    def get(self, request: Request) -> Response:
+        return Response(monitoring.overview_json(monitoring.overview(request.query_params)))
+
+
+class MonitoringQueue(APIView):
+    @doc(out.MonitoringQueueDetail, summary="One queue's figures over a period, by message type and by worker",
+         parameters=[PERIOD, *RANGE])
+    def get(self, request: Request, name: str) -> Response:
+        return Response(monitoring.queue_json(monitoring.queue_detail(name, request.query_params)))
