@@ -127,7 +127,8 @@ def test_one_listener_per_process_and_a_dropped_one_polls(transactional_db, queu
 def test_a_released_listener_is_stopped_and_replaced_on_next_use(transactional_db):
     listener = acquire_listener("default")
     release_listener("default", listener)
-    listener.join(5)
+    # It may still be connecting (connect_timeout 5 s on a loaded machine) before it sees the stop.
+    listener.join(15)
     assert not listener.is_alive()
     again = acquire_listener("default")
     try:

@@ -48,7 +48,7 @@ def _unknown(value: str) -> bool:
 
 class ConversationSearch(APIView):
     @doc(out.ConversationFound, summary="The conversation a conversation id, message id or correlation id belongs "
-                                        "to (404 when none)",
+                                        "to (404 when none)", operation_id="conversations_find",
          parameters=[OpenApiParameter("q", {"type": "string", "minLength": 1, "maxLength": MAX_ID}, required=True,
                                       description="A conversation id, message id or correlation id.")])
     def get(self, request: Request) -> Response:

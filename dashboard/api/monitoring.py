@@ -19,6 +19,7 @@ class MonitoringOverview(APIView):
     @doc(out.MonitoringOverview, summary="Every queue's throughput, retries, processing and critical time "
                                          "(p50/p95/p99) and length over a period, bucketed; workers' stale and "
                                          "clock-skew flags; the period's deploy markers",
+         operation_id="monitoring_overview",
          parameters=[PERIOD, *RANGE, out.text("q")])
     def get(self, request: Request) -> Response:
         return Response(monitoring.overview_json(monitoring.overview(request.query_params)))
