@@ -97,7 +97,12 @@ def parse_conf(items: list[str] | str) -> dict[str, str]:
 def parse_since(text: str) -> dt.datetime:
     """An ISO 8601 instant (``Z`` or an offset; naive means UTC)."""
     value = dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
-    return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+    value = value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+    # In UTC: an offset such as +19:25 is valid ISO 8601 but out of PostgreSQL's range.
+    try:
+        return value.astimezone(dt.timezone.utc)
+    except OverflowError:
+        raise ValueError(f"{text!r} is out of range in UTC") from None
 
 
 def session(master: str | None = None, *, app_name: str = "sluice-pipeline", ui: bool = False,

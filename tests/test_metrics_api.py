@@ -131,6 +131,10 @@ def test_many_windows_show_the_newest_and_the_api_pages_back(windows, monkeypatc
     assert [(w["window_start"], w["queue"]) for w in seen] == [
         (f"2026-11-23T10:0{i}:00+00:00", q) for i in range(5) for q in ("billing", "orders")]
     assert c.get("/api/metrics/?before=yesterday").status_code == 400
+    # Valid ISO 8601, but an offset out of PostgreSQL's range (found by schemathesis): read in UTC.
+    odd = c.get("/api/metrics/?before=" + quote("3644-11-11T05:59:58+19:25") + "&since=" + quote("2026-11-23T10:02:00-23:59"))
+    assert odd.status_code == 200, odd.content
+    assert c.get("/api/metrics/?before=" + quote("0001-01-01T00:00:00+05:00")).status_code == 400
     monkeypatch.setattr("dashboard.charts.MAX_POINTS", 4)
     response = c.get("/metrics/charts/")
     assert response.context["last"].isoformat() == newest

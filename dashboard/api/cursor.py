@@ -21,8 +21,9 @@ def decode(raw: str) -> tuple[dt.datetime, int]:
     try:
         text = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)).decode("utf-8")
         at, pk = text.split("|")
-        return dt.datetime.fromisoformat(at), int(pk)
-    except (binascii.Error, UnicodeDecodeError, ValueError):
+        when = dt.datetime.fromisoformat(at)
+        return (when.astimezone(dt.timezone.utc) if when.tzinfo else when), int(pk)
+    except (binascii.Error, UnicodeDecodeError, ValueError, OverflowError):
         raise ActionError("cursor is not one this API gave out (pass next_cursor as it came)") from None
 
 

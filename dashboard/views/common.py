@@ -121,9 +121,10 @@ def parse_date(raw: str) -> dt.datetime | None:
         return None
     try:
         value = dt.datetime.fromisoformat(raw)
-    except ValueError:
+        # In UTC: an offset such as +19:25 is valid ISO 8601 but out of PostgreSQL's range.
+        return value.astimezone(dt.timezone.utc) if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+    except (ValueError, OverflowError):
         return None
-    return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
 
 
 @dataclass(frozen=True)
