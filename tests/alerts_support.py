@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from core.alerts.models import AlertRule, AlertTarget
 from core.conf import get_settings
 from tests.conftest import wait_for  # noqa: F401 (the tests import it from here)
 
@@ -130,3 +131,19 @@ def own_alerts_queue(settings, transactional_db):
         delete_queue(name)
     except Exception:  # noqa: BLE001 — never made
         pass
+
+
+def rule(kind: str, **fields) -> AlertRule:
+    """A rule that resolves after one clear evaluation (unless told otherwise)."""
+    fields.setdefault("clear_after", 1)
+    return AlertRule.objects.create(name=fields.pop("name", kind), kind=kind, **fields)
+
+
+def states(r: AlertRule) -> list[str]:
+    return list(r.alerts.order_by("id").values_list("state", flat=True))
+
+
+@pytest.fixture
+def target(transactional_db):
+    # Nothing listens: notifications stay queued (these tests look at alerts, not delivery).
+    return AlertTarget.objects.create(name="hook", url="http://127.0.0.1:9/hook")

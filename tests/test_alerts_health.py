@@ -9,29 +9,14 @@ import pytest
 from django.db import connection
 
 from core.alerts.evaluator import evaluate
-from core.alerts.models import AlertRule, AlertState, AlertTarget, RuleKind
+from core.alerts.models import AlertState, RuleKind
 from core.health import read_health, worker_name
 from core.worker import WorkerHost
-from tests.alerts_support import own_alerts_queue, wait_for  # noqa: F401 (a fixture)
+from tests.alerts_support import own_alerts_queue, rule, states, target, wait_for  # noqa: F401 (fixtures)
 from tests.conftest import database_url, start_worker
 from tests.tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("own_alerts_queue")]
-
-
-def rule(kind: str, **fields) -> AlertRule:
-    fields.setdefault("clear_after", 1)
-    return AlertRule.objects.create(name=fields.pop("name", kind), kind=kind, **fields)
-
-
-def states(r: AlertRule) -> list[str]:
-    return list(r.alerts.order_by("id").values_list("state", flat=True))
-
-
-@pytest.fixture
-def target(transactional_db):
-    # Nothing listens: notifications stay queued (these tests look at alerts, not delivery).
-    return AlertTarget.objects.create(name="hook", url="http://127.0.0.1:9/hook")
 
 
 def test_no_worker_at_all_and_fewer_workers_than_wanted(queue, target, temp_handlers, settings):

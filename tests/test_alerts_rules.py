@@ -12,7 +12,7 @@ import pytest
 from django.utils import timezone
 
 from core.alerts.evaluator import AlertEvaluator, evaluate
-from core.alerts.models import Alert, AlertDelivery, AlertRule, AlertState, AlertTarget, RuleKind, Silence
+from core.alerts.models import Alert, AlertDelivery, AlertState, RuleKind, Silence
 from core.breakers import RepeatedFailuresOverTimeCircuitBreaker
 from core.failures import ingest_errors
 from core.failures.lifecycle import archive
@@ -20,24 +20,9 @@ from core.health import read_health
 from core.models import FailedMessage, OutboxRecord
 from core.transport import Transport
 from core.worker import WorkerHost
-from tests.alerts_support import own_alerts_queue, wait_for  # noqa: F401 (a fixture)
+from tests.alerts_support import own_alerts_queue, rule, states, target, wait_for  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("own_alerts_queue")]
-
-
-def rule(kind: str, **fields) -> AlertRule:
-    fields.setdefault("clear_after", 1)
-    return AlertRule.objects.create(name=fields.pop("name", kind), kind=kind, **fields)
-
-
-def states(r: AlertRule) -> list[str]:
-    return list(r.alerts.order_by("id").values_list("state", flat=True))
-
-
-@pytest.fixture
-def target(transactional_db):
-    # Nothing listens: notifications stay queued (these tests look at alerts, not delivery).
-    return AlertTarget.objects.create(name="hook", url="http://127.0.0.1:9/hook")
 
 
 def test_queue_length_fires_after_its_for_duration_and_resolves_after_clear_evaluations(queue, target):
