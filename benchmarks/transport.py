@@ -23,7 +23,7 @@ table afterwards.  Queue ``bench``; the producer is a process of its own
    (benchmarks/otlp_sink.py) → ``drain_otel_per_s``, ``otel_overhead_pct`` = drain
    throughput lost against a control drain (``drain_control_per_s``: the same refill, tracing
    off; negative: noise in its favour), ``otel_spans_exported``; then again with 10 % of
-   traces sampled (``otel_sampled_*``).
+   traces sampled (``otel_sampled_*``) and with 1 % (``otel_sampled_1pct_*``).
 4. *end to end*: a worker serving and idle (one probe message handled); the producer
    sends N in batches of 100 as fast as it can → ``e2e_per_s`` = N ÷ (first send → last
    commit), ``latency_ms_p50/p99`` = commit in the worker − the send call.
@@ -65,8 +65,9 @@ SEND_MANY_BATCH = 1000
 E2E_BATCH = 100
 IDLE_SENDS = 200
 IDLE_GAP = 0.02
-#: The share of traces the sampled traced drain keeps (3b).
+#: The share of traces the sampled traced drains keep (3b), and their keys' prefixes.
 SAMPLED_RATIO = 0.1
+RARE_RATIO = 0.01
 #: How often the benchmark looks at the record file (a stat, not a query) while waiting.
 FILE_POLL = 0.005
 
@@ -230,7 +231,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                    None, trouble, None, otel=False)["drain_otel_per_s"]
             traced["drain_control_per_s"] = control
             refilled += filled
-            for ratio, key in ((None, "otel"), (SAMPLED_RATIO, "otel_sampled")):
+            for ratio, key in ((None, "otel"), (SAMPLED_RATIO, "otel_sampled"), (RARE_RATIO, "otel_sampled_1pct")):
                 found = traced_drain(url, worker_args, extra_env, workdir, message_type, filled + refilled, filled,
                                      timeout, control, trouble, ratio)
                 traced.update({name.replace("otel", key, 1): value for name, value in found.items()})
@@ -307,6 +308,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "otel_sampled_overhead_pct": traced.get("otel_sampled_overhead_pct"),
             "otel_sampled_spans_exported": traced.get("otel_sampled_spans_exported"),
             "otel_sampled_ratio": SAMPLED_RATIO if args.otel else None,
+            "drain_otel_sampled_1pct_per_s": traced.get("drain_otel_sampled_1pct_per_s"),
+            "otel_sampled_1pct_overhead_pct": traced.get("otel_sampled_1pct_overhead_pct"),
+            "otel_sampled_1pct_spans_exported": traced.get("otel_sampled_1pct_spans_exported"),
             "drain_control_per_s": traced.get("drain_control_per_s"),
         }
 

@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from benchmarks.otlp_sink import OtlpSink
 from core import tracing
+from core.tracing.state import HISTOGRAMS
 from tests.conftest import ROOT, database_url, drain
 
 pytestmark = pytest.mark.timeout(90)
@@ -75,11 +76,13 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_sluice_otel_sets_up_the_sdk_from_the_standard_variables(transport, queue):
+@pytest.mark.parametrize("temporality", ["cumulative", "delta"])
+def test_sluice_otel_sets_up_the_sdk_from_the_standard_variables(transport, queue, temporality):
     with OtlpSink(keep=True) as sink:
         env = {**os.environ, "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "sluice.settings",
                "SLUICE_OTEL": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint, "OTEL_SERVICE_NAME": "orders",
-               "OTEL_TRACES_SAMPLER": "parentbased_always_on", "SLUICE_HANDLER_MODULES": ""}
+               "OTEL_TRACES_SAMPLER": "parentbased_always_on", "SLUICE_HANDLER_MODULES": "",
+               "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": temporality}
         result = subprocess.run([sys.executable, "-c", SCRIPT.format(queue=queue)], cwd=ROOT, env=env,
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stderr
@@ -87,8 +90,17 @@ def test_sluice_otel_sets_up_the_sdk_from_the_standard_variables(transport, queu
         metric_bodies = sink.bodies("/v1/metrics")
     assert resource["service.name"] == "orders"
     assert spans[f"process {queue}"].parent_span_id == spans[f"send {queue}"].span_id
-    names = {metric.name for body in metric_bodies
-             for rm in ExportMetricsServiceRequest.FromString(body).resource_metrics
-             for sm in rm.scope_metrics for metric in sm.metrics}
+    metrics = {metric.name: metric for body in metric_bodies
+               for rm in ExportMetricsServiceRequest.FromString(body).resource_metrics
+               for sm in rm.scope_metrics for metric in sm.metrics}
     assert {"messaging.client.sent.messages", "messaging.client.consumed.messages", "messaging.process.duration",
-            "sluice.messages.processed", "sluice.message.critical_time"} <= names
+            "sluice.messages.processed", "sluice.message.critical_time"} <= set(metrics)
+    # The histograms Sluice aggregates itself (core.tracing.histograms) arrive as OTLP histograms.
+    for name in ("messaging.process.duration", "sluice.message.critical_time"):
+        [point] = metrics[name].histogram.data_points
+        attributes = {a.key: a.value.string_value for a in point.attributes}
+        assert attributes == {"messaging.system": "sluice", "messaging.destination.name": queue,
+                              "sluice.message.type": "Ping"}
+        assert point.count == 1 and sum(point.bucket_counts) == 1 and point.sum >= 0
+        assert list(point.explicit_bounds) == list(HISTOGRAMS[name][2])
+        assert metrics[name].histogram.aggregation_temporality == (2 if temporality == "cumulative" else 1)

@@ -27,14 +27,18 @@ from typing import Any, Sequence
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import INVALID_SPAN, Link, Span, SpanKind, StatusCode
+from opentelemetry.trace import (
+    INVALID_SPAN, Link, NonRecordingSpan, Span, SpanContext, SpanKind, StatusCode, TraceFlags,
+)
 
 from core.messages import Headers, Message
 from core.outcomes import MessageOutcome
 from core.records.writer import sent_us
 from core.tracing import state
 from core.tracing.producing import SYSTEM, error_type
-from core.tracing.propagation import extract, links
+from core.tracing.propagation import extract, links, plain_traceparent
+
+_EMPTY = Context()
 
 #: The event on a failed message's process span for each of the pump's decisions
 #: (core.recoverability.FailureOutcome values).
@@ -123,6 +127,9 @@ class BatchTrace:
         return attributes
 
     def _start(self, message: Message) -> tuple[Span, Context]:
+        unsampled = self._unsampled(message.headers)
+        if unsampled is not None:
+            return unsampled, _EMPTY
         base, found = parent_of(message.headers)
         span = self.telemetry.tracer.start_span(self.name, context=base, kind=SpanKind.CONSUMER, links=found)
         if span.is_recording():
@@ -130,6 +137,25 @@ class BatchTrace:
             # was most of a span's cost, and an unsampled message should cost next to nothing.
             span.set_attributes(self._attributes(message))
         return span, base
+
+    def _unsampled(self, headers: dict[str, str]) -> Span | None:
+        """For a message whose sender was not sampled, the span the SDK's parent-based
+        sampler would make — a non-recording child with a span id of its own, passing the
+        parent's flags on to what the handler sends — made without the propagator and the
+        sampler (most of an unsampled message's cost); None for any other message."""
+        if not self.telemetry.follows_unsampled_parent:
+            return None
+        traceparent = headers.get(Headers.TRACEPARENT)
+        if (not traceparent or Headers.TRACESTATE in headers or Headers.BAGGAGE in headers
+                or starts_new_trace(headers)):
+            return None
+        parent = plain_traceparent(traceparent)
+        if parent is None or parent[2] & TraceFlags.SAMPLED:
+            return None
+        return NonRecordingSpan(SpanContext(parent[0], self.telemetry.tracer.id_generator.generate_span_id(),
+                                            is_remote=False,
+                                            # Unsampled; the SDK keeps only the "random trace id" bit.
+                                            trace_flags=TraceFlags(parent[2] & TraceFlags.RANDOM_TRACE_ID)))
 
     def begin(self, messages: Sequence[Message]) -> Call:
         """The span of a handler call for ``messages`` (one, or a batch handler's list)."""
@@ -167,21 +193,42 @@ class BatchTrace:
 
     def finish(self, messages: Sequence[Message], outcomes: Sequence[MessageOutcome]) -> None:
         """After the batch committed: its metrics, from each message's final outcome."""
-        instruments = self.telemetry.instruments
+        if not self.telemetry.measures:
+            return
         counts: dict[tuple[MessageOutcome, str], int] = {}
+        # Per message type: the handler times and critical times of the successes.
+        durations: dict[str, list[float]] = {}
+        critical: dict[str, list[float]] = {}
         now_us = time.time_ns() // 1000
         for message, outcome in zip(messages, outcomes):
             message_type = message.message_type or ""
             counts[(outcome, message_type)] = counts.get((outcome, message_type), 0) + 1
             if outcome is MessageOutcome.SUCCEEDED:
-                attributes = self._metric_attributes(message_type)
                 took = self.durations.get(id(message))
                 if took is not None:
-                    instruments.process_duration.record(took, attributes)
+                    durations.setdefault(message_type, []).append(took)
                 headers = message.headers
                 sent = sent_us(headers.get(Headers.DELIVER_AT) or headers.get(Headers.TIME_SENT))
                 if sent is not None:
-                    instruments.critical_time.record(max(now_us - sent, 0) / 1e6, attributes)
+                    critical.setdefault(message_type, []).append(max(now_us - sent, 0) / 1e6)
+        self._histograms(state.PROCESS_DURATION, durations)
+        self._histograms(state.CRITICAL_TIME, critical)
+        self._counters(counts)
+
+    def _histograms(self, name: str, values_by_type: dict[str, list[float]]) -> None:
+        aggregates = self.telemetry.histograms
+        instrument = (self.telemetry.instruments.process_duration if name == state.PROCESS_DURATION
+                      else self.telemetry.instruments.critical_time)
+        for message_type, values in values_by_type.items():
+            attributes = self._metric_attributes(message_type)
+            if aggregates is not None:  # Sluice's own SDK set-up: one call per type and batch
+                aggregates.record_all(name, tuple(attributes.items()), values)
+            else:
+                for value in values:
+                    instrument.record(value, attributes)
+
+    def _counters(self, counts: dict[tuple[MessageOutcome, str], int]) -> None:
+        instruments = self.telemetry.instruments
         by_type: dict[str, int] = {}
         for (outcome, message_type), count in counts.items():
             attributes = self._metric_attributes(message_type)

@@ -32,6 +32,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
 from core.conf import get_settings
+from core.tracing.histograms import Histograms, WithHistograms, prefers_delta
 
 log = logging.getLogger("sluice.tracing")
 
@@ -87,9 +88,11 @@ def metric_exporter() -> MetricExporter | None:
     return HttpMetricExporter()
 
 
-def providers() -> tuple[trace.TracerProvider, metrics.MeterProvider]:
+def providers() -> tuple[trace.TracerProvider, metrics.MeterProvider, Histograms | None]:
     """The process's SDK providers: the application's when it made them, else new ones,
-    set as global."""
+    set as global; and, when Sluice made the meter provider, the histograms its exporter
+    adds (core.tracing.histograms)."""
+    histograms = None
     tracer_provider = trace.get_tracer_provider()
     if not isinstance(tracer_provider, TracerProvider):
         tracer_provider = TracerProvider(resource=resource())
@@ -104,8 +107,10 @@ def providers() -> tuple[trace.TracerProvider, metrics.MeterProvider]:
             # Traces only: the no-op meter makes recording free, not merely unexported.
             meter_provider = metrics.NoOpMeterProvider()
         else:
-            meter_provider = MeterProvider(metric_readers=[PeriodicExportingMetricReader(exporter)],
-                                           resource=resource())
+            histograms = Histograms(delta=prefers_delta(exporter))
+            meter_provider = MeterProvider(
+                metric_readers=[PeriodicExportingMetricReader(WithHistograms(exporter, histograms))],
+                resource=resource())
             metrics.set_meter_provider(meter_provider)
     log.info("OpenTelemetry on: traces and metrics of endpoint %s", get_settings().ENDPOINT)
-    return tracer_provider, meter_provider
+    return tracer_provider, meter_provider, histograms

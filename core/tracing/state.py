@@ -8,6 +8,7 @@ OpenTelemetry's process-global provider, which can be set only once per process.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import MeterProvider
@@ -15,6 +16,9 @@ from opentelemetry.trace import TracerProvider
 
 from core.conf import get_settings
 from sluice import __version__
+
+if TYPE_CHECKING:  # core.tracing.histograms needs the SDK, an optional extra
+    from core.tracing.histograms import Histograms
 
 log = logging.getLogger("sluice.tracing")
 
@@ -24,6 +28,20 @@ SCOPE = "sluice"
 SCHEMA_URL = "https://opentelemetry.io/schemas/1.27.0"
 #: Metric attribute for the message type (no semantic-convention name exists for it).
 MESSAGE_TYPE = "sluice.message.type"
+
+PROCESS_DURATION = "messaging.process.duration"
+CRITICAL_TIME = "sluice.message.critical_time"
+#: Bucket bounds in seconds: the messaging conventions' advice for durations; critical
+#: time (which includes the wait in the queue) goes on to an hour.
+DURATION_BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+CRITICAL_TIME_BOUNDS = (*DURATION_BOUNDS, 30.0, 60.0, 300.0, 900.0, 3600.0)
+#: The histograms: unit, description and bounds (the SDK's instruments and
+#: core.tracing.histograms both use these).
+HISTOGRAMS = {
+    PROCESS_DURATION: ("s", "Handler time per message (a batch handler's call shared out)", DURATION_BOUNDS),
+    CRITICAL_TIME: ("s", "Processing ended - (DeliverAt or TimeSent): how late a message's work is done",
+                    CRITICAL_TIME_BOUNDS),
+}
 
 
 class Instruments:
@@ -35,8 +53,7 @@ class Instruments:
             "messaging.client.consumed.messages", "{message}", "Messages a pump received and settled")
         self.sent = meter.create_counter(
             "messaging.client.sent.messages", "{message}", "Messages sent (queued or scheduled)")
-        self.process_duration = meter.create_histogram(
-            "messaging.process.duration", "s", "Handler time per message (a batch handler's call shared out)")
+        self.process_duration = _histogram(meter, PROCESS_DURATION)
         # Sluice's own (NServiceBus's set: successes, failures, retries, critical time).
         self.processed = meter.create_counter(
             "sluice.messages.processed", "{message}", "Messages whose handler succeeded")
@@ -46,23 +63,53 @@ class Instruments:
             "sluice.messages.retried", "{message}", "Failed attempts followed by an immediate or delayed retry")
         self.moved_to_error = meter.create_counter(
             "sluice.messages.moved_to_error", "{message}", "Messages moved to the error queue")
-        self.critical_time = meter.create_histogram(
-            "sluice.message.critical_time", "s",
-            "Processing ended - (DeliverAt or TimeSent): how late a message's work is done")
+        self.critical_time = _histogram(meter, CRITICAL_TIME)
+
+
+def _histogram(meter: metrics.Meter, name: str) -> metrics.Histogram:
+    unit, description, bounds = HISTOGRAMS[name]
+    return meter.create_histogram(name, unit, description, explicit_bucket_boundaries_advisory=bounds)
 
 
 class Telemetry:
     """The tracer, meter and instruments in use while tracing is on."""
 
-    def __init__(self, tracer_provider: TracerProvider, meter_provider: MeterProvider) -> None:
+    def __init__(self, tracer_provider: TracerProvider, meter_provider: MeterProvider,
+                 histograms: Histograms | None = None) -> None:
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
+        #: Where the per-message histograms go when Sluice set up the metrics SDK itself
+        #: (core.tracing.histograms); None: through the meter's instruments.
+        self.histograms = histograms
+        #: False with the no-op meter (OTEL_METRICS_EXPORTER=none): nothing to measure.
+        self.measures = not isinstance(meter_provider, metrics.NoOpMeterProvider)
         self.tracer = tracer_provider.get_tracer(SCOPE, __version__, schema_url=SCHEMA_URL)
         self.meter = meter_provider.get_meter(SCOPE, __version__, schema_url=SCHEMA_URL)
         self.instruments = Instruments(self.meter)
+        #: Whether a message whose sender was not sampled gets an unsampled process span
+        #: whatever else (OpenTelemetry's default, parent-based sampling): then that span is
+        #: made without the sampler (core.tracing.consuming), a third of a message's cost.
+        self.follows_unsampled_parent = follows_unsampled_parent(self.tracer)
         #: Queues whose length and oldest age are observed (core.tracing.gauges).
         self.observed_queues: set[str] = set()
         self.gauges_registered = False
+
+
+def follows_unsampled_parent(tracer: trace.Tracer) -> bool:
+    """True when ``tracer`` is the SDK's and its sampler is the SDK's ``ParentBased``, which
+    drops a span whose remote parent was not sampled (unless configured otherwise: asked,
+    not assumed).  Any other sampler decides for every span itself."""
+    try:
+        # The SDK is the optional [otel] extra: without it there is no ParentBased to trust.
+        from opentelemetry.sdk.trace.sampling import ParentBased  # noqa: PLC0415
+    except ImportError:
+        return False
+    sampler = getattr(tracer, "sampler", None)
+    if not isinstance(sampler, ParentBased) or not hasattr(tracer, "id_generator"):
+        return False
+    unsampled = trace.NonRecordingSpan(trace.SpanContext(1, 1, is_remote=True, trace_flags=trace.TraceFlags(0)))
+    probe = sampler.should_sample(trace.set_span_in_context(unsampled), 1, "process", trace.SpanKind.CONSUMER)
+    return not probe.decision.is_recording()
 
 
 #: None: tracing is off (the default).  Read as ``state.current``, never imported by name:
@@ -75,11 +122,12 @@ def active() -> Telemetry | None:
 
 
 def install(tracer_provider: TracerProvider | None = None,
-            meter_provider: MeterProvider | None = None) -> Telemetry:
-    """Trace and measure with these providers (default: OpenTelemetry's global ones)."""
+            meter_provider: MeterProvider | None = None, histograms: Histograms | None = None) -> Telemetry:
+    """Trace and measure with these providers (default: OpenTelemetry's global ones);
+    ``histograms``: the aggregates the meter provider's exporter adds (core.tracing.sdk)."""
     global current
     current = Telemetry(tracer_provider or trace.get_tracer_provider(),
-                        meter_provider or metrics.get_meter_provider())
+                        meter_provider or metrics.get_meter_provider(), histograms)
     return current
 
 
@@ -104,5 +152,4 @@ def configure() -> Telemetry | None:
         log.error("SLUICE_OTEL is on but the OpenTelemetry SDK is not installed (%s): "
                   "pip install 'sluice[otel]'; tracing stays off", exc)
         return None
-    tracer_provider, meter_provider = sdk.providers()
-    return install(tracer_provider, meter_provider)
+    return install(*sdk.providers())
