@@ -40,6 +40,8 @@ def test_the_transport_benchmark_prints_its_figures():
     assert data["otel_spans_exported"] == 120 and data["drain_otel_per_s"] > 0 and data["drain_control_per_s"] > 0
     assert isinstance(data["otel_overhead_pct"], float) and isinstance(data["otel_sampled_overhead_pct"], float)
     assert 0 <= data["otel_sampled_spans_exported"] < 120 and data["otel_sampled_ratio"] == 0.1
+    assert isinstance(data["otel_sampled_1pct_overhead_pct"], float) and data["drain_otel_sampled_1pct_per_s"] > 0
+    assert 0 <= data["otel_sampled_1pct_spans_exported"] < 120
 
 
 def test_the_delayed_benchmark_reports_lateness_at_the_handler_and_the_movers():
