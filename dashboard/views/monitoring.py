@@ -20,7 +20,7 @@ from core.monitoring import PERIODS, Bucket, Period, QueueSeries
 from dashboard import monitoring as data
 from dashboard.actions import ActionError
 from dashboard.permissions import viewer_required
-from dashboard.sparklines import sparkline
+from dashboard.sparklines import Scale, spark_svg
 from dashboard.svgchart import Series, line_chart
 from dashboard.views.common import error_response, page
 
@@ -48,8 +48,19 @@ def _markers(markers) -> list[tuple[dt.datetime, str]]:
     return [(m.at, m.label) for m in markers]
 
 
-def _sparks(p: Period, s: QueueSeries, markers) -> list[dict[str, Any]]:
-    span, marks = (p.start, p.end), _markers(markers)
+class _Layout:
+    """What every sparkline of a page shares: the x of each visible bucket's middle and of
+    each deploy marker (worked out once, not 5 × 50 times)."""
+
+    def __init__(self, p: Period, markers) -> None:
+        scale = Scale((p.start, p.end))
+        half = dt.timedelta(seconds=p.bucket_seconds / 2)
+        starts = [start for start in p.bucket_starts() if start.timestamp() * 1e6 <= p.now_us]
+        self.xs = [scale.x(start + half) for start in starts]
+        self.markers = scale.markers(_markers(markers))
+
+
+def _sparks(layout: _Layout, s: QueueSeries) -> list[dict[str, Any]]:
     figures = [
         ("throughput", "Throughput", rate(s.throughput_per_s), lambda b: b.throughput_per_s),
         ("retries", "Retries", f"{s.retried}", lambda b: b.retried if b.records or b.from_windows else None),
@@ -58,8 +69,10 @@ def _sparks(p: Period, s: QueueSeries, markers) -> list[dict[str, Any]]:
         ("length", "Queue length", "—" if s.length_last is None else
          f"{'≈ ' if s.length_estimated else ''}{s.length_last}", lambda b: b.length),
     ]
+    visible = s.buckets[:len(layout.xs)]
     return [{"name": name, "label": label, "value": value,
-             "svg": sparkline(f"{s.queue}: {label.lower()}", _points(p, s.buckets, figure), span, marks, COLORS[name])}
+             "svg": spark_svg(f"{s.queue}: {label.lower()}", layout.xs, [figure(b) for b in visible],
+                              layout.markers, COLORS[name])}
             for name, label, value, figure in figures]
 
 
@@ -84,9 +97,10 @@ def monitoring(request: HttpRequest) -> HttpResponse:
     failed_url = reverse("dashboard:failed") + "?queue={}"
     queue_url = reverse("dashboard:monitoring-queue", args=["QUEUE"]).replace("QUEUE", "{}")
     suffix = "?" + request.GET.urlencode() if request.GET else ""
+    layout = _Layout(o.period, o.markers)
     rows = [{"name": s.queue, "kind": o.kinds.get(s.queue, ""), "href": queue_url.format(quote(s.queue)) + suffix,
              "failed": o.failed.get(s.queue, 0), "failed_href": failed_url.format(quote(s.queue)),
-             "sparks": _sparks(o.period, s, o.markers), "records": s.records, "skewed": s.skewed}
+             "sparks": _sparks(layout, s), "records": s.records, "skewed": s.skewed}
             for s in o.series]
     template = "dashboard/partials/monitoring_body.html" if request.htmx else "dashboard/monitoring.html"
     return page(request, template, {"section": "monitoring", "o": o, "p": o.period, "rows": rows,
