@@ -97,8 +97,16 @@ def wire_time(value: dt.datetime) -> str:
     return value.astimezone(dt.timezone.utc).strftime(WIRE_TIME_FORMAT)
 
 
+#: The form :data:`WIRE_TIME_FORMAT` writes, read by hand (strptime is ten times slower).
+_WIRE_TIME = re.compile(r"(\d{4})-(\d{2})-(\d{2}) (\d{2}):(\d{2}):(\d{2}):(\d{1,6}) Z")
+
+
 def parse_wire_time(text: str) -> dt.datetime:
-    return dt.datetime.strptime(text, WIRE_TIME_FORMAT).replace(tzinfo=dt.timezone.utc)
+    found = _WIRE_TIME.fullmatch(text)
+    if found is None:  # anything else as strptime reads it (or refuses it)
+        return dt.datetime.strptime(text, WIRE_TIME_FORMAT).replace(tzinfo=dt.timezone.utc)
+    *whole, fraction = found.groups()
+    return dt.datetime(*map(int, whole), int(fraction.ljust(6, "0")), tzinfo=dt.timezone.utc)
 
 
 def timespan(seconds: float) -> str:

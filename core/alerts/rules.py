@@ -108,8 +108,9 @@ class Readings:
 
 def _queues(rule: AlertRule, readings: Readings) -> list[m.QueueLevel]:
     pattern = (rule.filters or {}).get("queue")
+    error_queue = get_settings().ERROR_QUEUE
     return [q for q in readings.queues if q.pending is not None and m.matches(pattern, q.name)
-            and (pattern or q.kind == "normal" or q.name == get_settings().ERROR_QUEUE)]
+            and (pattern or q.kind == "normal" or q.name == error_queue)]
 
 
 def _queue_length(rule: AlertRule, readings: Readings) -> list[Breach]:

@@ -371,16 +371,17 @@ class MSSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
         return f"(SELECT COUNT(*) FROM (SELECT TOP (%s) 1 AS x FROM {source}{where}) c)"
 
 
-    def _queue_rows(self, names: list[str], expired: bool) -> str:
+    def _queue_rows(self, names: list[str], expired: bool, cap: int | None = None) -> str:
+        top = "%s" if cap is None else str(int(cap))
         parts = []
-        for name in names:
+        for position, name in enumerate(names):
             t = self.table(name)
             expired_count = (f"(SELECT COUNT(*) FROM (SELECT TOP (%s) 1 AS x FROM {t} WITH (NOLOCK) "
                              f"WHERE [Expires] IS NOT NULL AND [Expires] <= GETUTCDATE()) e), ") if expired else ""
             parts.append(
-                f"SELECT %s, (SELECT MIN([RowVersion]) FROM {t} WITH (NOLOCK)), "
+                f"SELECT {'%s' if cap is None else position}, (SELECT MIN([RowVersion]) FROM {t} WITH (NOLOCK)), "
                 f"(SELECT MAX([RowVersion]) FROM {t} WITH (NOLOCK)), "
-                f"(SELECT COUNT(*) FROM (SELECT TOP (%s) 1 AS x FROM {t} WITH (NOLOCK)) c), {expired_count}"
+                f"(SELECT COUNT(*) FROM (SELECT TOP ({top}) 1 AS x FROM {t} WITH (NOLOCK)) c), {expired_count}"
                 f"(SELECT TOP 1 [Headers] FROM {t} WITH (NOLOCK) ORDER BY [RowVersion]), GETUTCDATE()")
         return " UNION ALL ".join(parts)
 
