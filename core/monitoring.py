@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Iterable
 
+from django.db import connections
 from django.db.models import BigIntegerField, Count, ExpressionWrapper, F, Q, QuerySet, Sum, Value
 from django.db.models.functions import Coalesce
 
@@ -65,10 +66,10 @@ def queue_series(queues: list[str], period: Period, sample: int = 0) -> dict[str
         # Whole minutes already summed (core.queue_samples) come from the minutes, the rest from the records.
         minutes_end = min(max(rolled, since), period.end_us)
         if minutes_end > since:
-            for queue, index, *sums in minutes_query(group, since, minutes_end, period):
+            for queue, index, *sums in fetch(minutes_query(group, since, minutes_end, period)):
                 if 0 <= index < len(series[queue].buckets):
                     _add_minutes(series[queue].buckets[index], *sums)
-        for queue, index, outcome, *sums in counts_query(group, max(since, minutes_end), period):
+        for queue, index, outcome, *sums in fetch(counts_query(group, max(since, minutes_end), period)):
             if 0 <= index < len(series[queue].buckets):
                 _count(series[queue].buckets[index], outcome, *sums)
     for queue in queues:
@@ -79,9 +80,19 @@ def queue_series(queues: list[str], period: Period, sample: int = 0) -> dict[str
     if records_from:
         add_windows(series, period, records_from)
     _fill_lengths(series, period)
+    seconds = _bucket_seconds(period)
     for s in series.values():
-        _totals(s, period)
+        _totals(s, period, seconds)
     return series
+
+
+def fetch(query: QuerySet) -> list[tuple]:
+    """A grouped query's rows as the database returns them: integers and sums need none of
+    the ORM's per-value converters, which cost more than the statement for 50 queues."""
+    sql, params = query.query.sql_with_params()
+    with connections[query.db].cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
 
 
 def counts_query(queues: list[str] | None, since_us: int, period: Period) -> QuerySet:
@@ -228,24 +239,35 @@ def _fill_lengths(series: dict[str, QueueSeries], period: Period) -> None:
         series[queue].length_average = sum(lengths) / len(lengths)
 
 
-def _totals(s: QueueSeries, period: Period) -> None:
+def _bucket_seconds(period: Period) -> list[float]:
+    """Each bucket's length in seconds (the last only up to now): the same for every queue."""
+    start, width, now = period.start_us, period.bucket_us, period.now_us
+    return [(min(start + (i + 1) * width, now) - (start + i * width)) / US for i in range(period.buckets)]
+
+
+def _totals(s: QueueSeries, period: Period, seconds: list[float] | None = None) -> None:
+    seconds = _bucket_seconds(period) if seconds is None else seconds
     elapsed = max(1.0, (min(period.end_us, period.now_us) - period.start_us) / US)
-    for i, b in enumerate(s.buckets):
+    processing_n = critical_n = 0
+    processing_ms = critical_ms = 0.0
+    for b, length in zip(s.buckets, seconds):
         s.records += b.records
         s.retried += b.retried
         s.failures += b.failures
         s.skewed += b.skewed
-        bucket_end = min(period.start_us + (i + 1) * period.bucket_us, period.now_us)
-        seconds = (bucket_end - (period.start_us + i * period.bucket_us)) / US
-        b.throughput_per_s = b.records / seconds if seconds > 0 else None
+        processing_n += b.processing_n
+        critical_n += b.critical_n
+        processing_ms += b.processing_sum_ms
+        critical_ms += b.critical_sum_ms
+        b.throughput_per_s = b.records / length if length > 0 else None
     s.throughput_per_s = s.records / elapsed
-    processing_n, critical_n = sum(b.processing_n for b in s.buckets), sum(b.critical_n for b in s.buckets)
-    s.processing_avg_ms = sum(b.processing_sum_ms for b in s.buckets) / processing_n if processing_n else None
-    s.critical_avg_ms = sum(b.critical_sum_ms for b in s.buckets) / critical_n if critical_n else None
+    s.processing_avg_ms = processing_ms / processing_n if processing_n else None
+    s.critical_avg_ms = critical_ms / critical_n if critical_n else None
     if all(v is None for v in s.processing_ms.values()):  # no records read: the windows' figures
+        windows = [b for b in s.buckets if b.from_windows]  # (only buckets fed by windows have any)
         for p in (50, 95, 99):
-            s.processing_ms[p] = _average(b.processing_ms.get(p) for b in s.buckets)
-            s.critical_ms[p] = _average(b.critical_ms.get(p) for b in s.buckets)
+            s.processing_ms[p] = _average(b.processing_ms.get(p) for b in windows)
+            s.critical_ms[p] = _average(b.critical_ms.get(p) for b in windows)
 
 
 def _average(values: Iterable[float | None]) -> float | None:

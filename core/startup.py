@@ -13,6 +13,7 @@ client never sign anything a stranger could present, and need no key of their ow
 """
 from __future__ import annotations
 
+import gc
 import sys
 
 #: The key sluice/settings.py falls back to when DJANGO_SECRET_KEY is unset: published in
@@ -48,3 +49,14 @@ def refuse_to_start_insecurely(what: str, exit_code: int = 1) -> None:
         # that would turn the line into a log record.
         print(message, file=sys.__stderr__ or sys.stderr, flush=True)
         raise SystemExit(exit_code)
+
+
+def settle_heap() -> None:
+    """Once a server process has loaded what it serves with, take those objects (modules,
+    models, URL patterns, templates: alive as long as the process) out of the cyclic
+    garbage collector's sight.  Otherwise every full collection walks them all again: in a
+    dashboard process that was a 150 ms pause every ten or so requests of the monitoring
+    tab, its p95.  Garbage from start-up is collected first; what requests allocate later
+    is collected as before."""
+    gc.collect()
+    gc.freeze()

@@ -21,7 +21,7 @@ if not apps.ready:
 from django.conf import settings  # noqa: E402  (after django.setup)
 
 from core.conf import get_settings  # noqa: E402
-from core.startup import refuse_to_start_insecurely  # noqa: E402
+from core.startup import refuse_to_start_insecurely, settle_heap  # noqa: E402
 from sluice.logs import JsonFormatter  # noqa: E402
 
 log = logging.getLogger("sluice.celery")
@@ -114,6 +114,13 @@ app.steps["worker"].add(SluiceLoops)
 @signals.celeryd_init.connect
 def refuse_insecure_worker(**kwargs) -> None:
     refuse_to_start_insecurely("the Celery worker")
+
+
+@signals.worker_init.connect
+def settle_worker_heap(**kwargs) -> None:
+    """Before the pool's processes fork (core.startup.settle_heap): no full-collection
+    pauses over start-up's objects in the pumps' latency, and fewer pages copied on write."""
+    settle_heap()
 
 
 @signals.beat_init.connect
