@@ -32,7 +32,7 @@ from django.utils import timezone
 
 from core.conf import get_settings
 from core.db import StatementCursor
-from core.dialects import dialect_for
+from core.dialects import Dialect, dialect_for
 from core.health import read_health
 from core.messages import Headers, parse_wire_time
 from core.models import DelayedMessageRow, FailedMessage, FailureStatus, OutboxRecord, QueueRecord
@@ -105,7 +105,7 @@ def _queue_rows(names: list[str], cap: int) -> list[tuple]:
         return cursor.fetchall()
 
 
-def _level(name: str, kind: str, row: tuple, cap: int, d: Any) -> QueueLevel:
+def _level(name: str, kind: str, row: tuple, cap: int, d: Dialect) -> QueueLevel:
     _, low, high, counted, headers, db_now = row
     counted = int(counted or 0)
     estimated = counted > cap and low is not None and high is not None

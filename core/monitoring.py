@@ -245,8 +245,8 @@ def _bucket_seconds(period: Period) -> list[float]:
     return [(min(start + (i + 1) * width, now) - (start + i * width)) / US for i in range(period.buckets)]
 
 
-def _totals(s: QueueSeries, period: Period, seconds: list[float] | None = None) -> None:
-    seconds = _bucket_seconds(period) if seconds is None else seconds
+def _totals(s: QueueSeries, period: Period, seconds: list[float]) -> None:
+    """A queue's period figures from its buckets; ``seconds``: :func:`_bucket_seconds`."""
     elapsed = max(1.0, (min(period.end_us, period.now_us) - period.start_us) / US)
     processing_n = critical_n = 0
     processing_ms = critical_ms = 0.0

@@ -211,14 +211,13 @@ class BatchTrace:
                 sent = sent_us(headers.get(Headers.DELIVER_AT) or headers.get(Headers.TIME_SENT))
                 if sent is not None:
                     critical.setdefault(message_type, []).append(max(now_us - sent, 0) / 1e6)
-        self._histograms(state.PROCESS_DURATION, durations)
-        self._histograms(state.CRITICAL_TIME, critical)
+        instruments = self.telemetry.instruments
+        self._histograms(state.PROCESS_DURATION, instruments.process_duration, durations)
+        self._histograms(state.CRITICAL_TIME, instruments.critical_time, critical)
         self._counters(counts)
 
-    def _histograms(self, name: str, values_by_type: dict[str, list[float]]) -> None:
+    def _histograms(self, name: str, instrument: Any, values_by_type: dict[str, list[float]]) -> None:
         aggregates = self.telemetry.histograms
-        instrument = (self.telemetry.instruments.process_duration if name == state.PROCESS_DURATION
-                      else self.telemetry.instruments.critical_time)
         for message_type, values in values_by_type.items():
             attributes = self._metric_attributes(message_type)
             if aggregates is not None:  # Sluice's own SDK set-up: one call per type and batch
