@@ -127,9 +127,23 @@ class BatchTrace:
         return attributes
 
     def _start(self, message: Message) -> tuple[Span, Context]:
-        unsampled = self._unsampled(message.headers)
-        if unsampled is not None:
-            return unsampled, _EMPTY
+        parent = self._plain_parent(message.headers)
+        if parent is not None:
+            trace_id, span_id, flags = parent
+            if not flags & TraceFlags.SAMPLED:
+                if self.telemetry.follows_unsampled_parent:
+                    # What the SDK's parent-based sampler would make — a non-recording child
+                    # with a span id of its own, passing the parent's flags on to what the
+                    # handler sends — without the propagator and the sampler (most of an
+                    # unsampled message's cost).  The SDK keeps only the "random trace id" bit.
+                    return NonRecordingSpan(SpanContext(
+                        trace_id, self.telemetry.tracer.id_generator.generate_span_id(), is_remote=False,
+                        trace_flags=TraceFlags(flags & TraceFlags.RANDOM_TRACE_ID))), _EMPTY
+            else:
+                recorder = self.telemetry.recorder
+                if recorder is not None and recorder.usable():
+                    remote = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
+                    return recorder.start(self.name, remote, self._attributes(message)), _EMPTY
         base, found = parent_of(message.headers)
         span = self.telemetry.tracer.start_span(self.name, context=base, kind=SpanKind.CONSUMER, links=found)
         if span.is_recording():
@@ -138,24 +152,15 @@ class BatchTrace:
             span.set_attributes(self._attributes(message))
         return span, base
 
-    def _unsampled(self, headers: dict[str, str]) -> Span | None:
-        """For a message whose sender was not sampled, the span the SDK's parent-based
-        sampler would make — a non-recording child with a span id of its own, passing the
-        parent's flags on to what the handler sends — made without the propagator and the
-        sampler (most of an unsampled message's cost); None for any other message."""
-        if not self.telemetry.follows_unsampled_parent:
-            return None
+    def _plain_parent(self, headers: dict[str, str]) -> tuple[int, int, int] | None:
+        """A first delivery's parent when its headers hold only a plain version-00
+        ``traceparent`` (no trace state, no baggage): (trace id, span id, flags), which the
+        short cuts of :meth:`_start` need; None for any other message."""
         traceparent = headers.get(Headers.TRACEPARENT)
         if (not traceparent or Headers.TRACESTATE in headers or Headers.BAGGAGE in headers
                 or starts_new_trace(headers)):
             return None
-        parent = plain_traceparent(traceparent)
-        if parent is None or parent[2] & TraceFlags.SAMPLED:
-            return None
-        return NonRecordingSpan(SpanContext(parent[0], self.telemetry.tracer.id_generator.generate_span_id(),
-                                            is_remote=False,
-                                            # Unsampled; the SDK keeps only the "random trace id" bit.
-                                            trace_flags=TraceFlags(parent[2] & TraceFlags.RANDOM_TRACE_ID)))
+        return plain_traceparent(traceparent)
 
     def begin(self, messages: Sequence[Message]) -> Call:
         """The span of a handler call for ``messages`` (one, or a batch handler's list)."""

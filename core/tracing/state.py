@@ -17,8 +17,9 @@ from opentelemetry.trace import TracerProvider
 from core.conf import get_settings
 from sluice import __version__
 
-if TYPE_CHECKING:  # core.tracing.histograms needs the SDK, an optional extra
+if TYPE_CHECKING:  # core.tracing.histograms and .recorded need the SDK, an optional extra
     from core.tracing.histograms import Histograms
+    from core.tracing.recorded import Recorder
 
 log = logging.getLogger("sluice.tracing")
 
@@ -75,7 +76,7 @@ class Telemetry:
     """The tracer, meter and instruments in use while tracing is on."""
 
     def __init__(self, tracer_provider: TracerProvider, meter_provider: MeterProvider,
-                 histograms: Histograms | None = None) -> None:
+                 histograms: Histograms | None = None, recorder: Recorder | None = None) -> None:
         self.tracer_provider = tracer_provider
         self.meter_provider = meter_provider
         #: Where the per-message histograms go when Sluice set up the metrics SDK itself
@@ -90,6 +91,9 @@ class Telemetry:
         #: whatever else (OpenTelemetry's default, parent-based sampling): then that span is
         #: made without the sampler (core.tracing.consuming), a third of a message's cost.
         self.follows_unsampled_parent = follows_unsampled_parent(self.tracer)
+        #: Sluice's own span recorder when it built the whole trace pipeline (core.tracing.sdk):
+        #: sampled process spans skip the SDK's span machinery (core.tracing.recorded).
+        self.recorder = recorder
         #: Queues whose length and oldest age are observed (core.tracing.gauges).
         self.observed_queues: set[str] = set()
         self.gauges_registered = False
@@ -121,13 +125,14 @@ def active() -> Telemetry | None:
     return current
 
 
-def install(tracer_provider: TracerProvider | None = None,
-            meter_provider: MeterProvider | None = None, histograms: Histograms | None = None) -> Telemetry:
+def install(tracer_provider: TracerProvider | None = None, meter_provider: MeterProvider | None = None,
+            histograms: Histograms | None = None, recorder: Recorder | None = None) -> Telemetry:
     """Trace and measure with these providers (default: OpenTelemetry's global ones);
-    ``histograms``: the aggregates the meter provider's exporter adds (core.tracing.sdk)."""
+    ``histograms``: the aggregates the meter provider's exporter adds, ``recorder``: the
+    tracer provider's span recorder (both core.tracing.sdk)."""
     global current
     current = Telemetry(tracer_provider or trace.get_tracer_provider(),
-                        meter_provider or metrics.get_meter_provider(), histograms)
+                        meter_provider or metrics.get_meter_provider(), histograms, recorder)
     return current
 
 

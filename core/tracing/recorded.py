@@ -1,0 +1,228 @@
+"""Sampled ``process`` spans recorded without the SDK's span machinery, when Sluice built
+the whole trace pipeline itself.
+
+An SDK span costs about 50 µs of Python before it is exported (its lock, bounded
+attribute and event containers, the cleaning of every attribute, the read-only copy made
+at its end): a third of a message's whole processing.  When ``SLUICE_OTEL=1`` set up the
+SDK — Sluice's tracer provider, whose only processor is Sluice's batch processor feeding
+Sluice's OTLP exporter (core.tracing.span_exporter) — nobody else sees these spans but
+that exporter, so a message whose sender was sampled gets a :class:`RecordedSpan`: the
+same span, the same ids, parent, attributes, events and status, handed to the same batch
+processor, for a tenth of the cost.  tests/test_tracing_recorded.py runs the same
+messages through both and compares what reached the collector.
+
+It stands aside (:meth:`Recorder.usable`) as soon as the pipeline is not only Sluice's:
+another span processor added to the provider, a sampler that would decide differently
+for a sampled parent, attribute values truncated by ``OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT``,
+or the SDK's own self-metrics switched on.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import traceback
+from time import time_ns
+from typing import Any, Mapping, Sequence
+
+from opentelemetry import trace
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.sdk.trace import Event, SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SpanProcessor
+from opentelemetry.sdk.util import BoundedList
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.util import types
+
+from core.tracing.state import SCHEMA_URL, SCOPE
+from sluice import __version__
+
+log = logging.getLogger("sluice.tracing")
+
+_UNSET = Status(StatusCode.UNSET)
+#: Attributes a span must have room for (Sluice sets up to a dozen; a handler adds some).
+ROOM = 32
+_SAMPLED_FLAGS = {flags: TraceFlags(TraceFlags.SAMPLED | (flags & TraceFlags.RANDOM_TRACE_ID)) for flags in range(256)}
+
+
+class SluiceTracerProvider(TracerProvider):
+    """The SDK's tracer provider, counting the span processors added to it: Sluice adds
+    one; a second (the application's) means spans must go through the SDK again."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.processors_added = 0
+
+    def add_span_processor(self, span_processor: SpanProcessor) -> None:
+        super().add_span_processor(span_processor)
+        self.processors_added += 1
+
+
+class Recorder:
+    """Makes :class:`RecordedSpan` s for ``provider``, whose one processor is ``processor``."""
+
+    def __init__(self, provider: SluiceTracerProvider, processor: SpanProcessor) -> None:
+        self.provider = provider
+        self.processor = processor
+        self.resource = provider.resource
+        self.scope = InstrumentationScope(SCOPE, __version__, SCHEMA_URL)
+        self.limits = SpanLimits()
+        self.generate_span_id = provider.id_generator.generate_span_id
+        self._fits = self._sampler_keeps_sampled_parents() and self._limits_need_no_truncation() and not \
+            os.environ.get("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED", "").strip().lower() == "true"
+
+    def usable(self) -> bool:
+        return self._fits and self.provider.processors_added == 1
+
+    def start(self, name: str, parent: SpanContext, attributes: dict[str, Any]) -> "RecordedSpan":
+        """A CONSUMER span, child of ``parent`` (a sampled remote span context without trace
+        state), with ``attributes`` (clean values: strings and integers Sluice made)."""
+        context = SpanContext(parent.trace_id, self.generate_span_id(), False, _SAMPLED_FLAGS[parent.trace_flags])
+        return RecordedSpan(self, name, context, parent, attributes)
+
+    def _sampler_keeps_sampled_parents(self) -> bool:
+        """The provider's sampler records and samples a span whose remote parent was
+        sampled, adding no attributes and keeping the (empty) trace state: asked once."""
+        parent = trace.NonRecordingSpan(SpanContext(1, 1, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED)))
+        probe = self.provider.sampler.should_sample(trace.set_span_in_context(parent), 1, "process", SpanKind.CONSUMER)
+        return probe.decision.is_sampled() and not probe.attributes and not probe.trace_state
+
+    def _limits_need_no_truncation(self) -> bool:
+        """No value is cut short, and Sluice's own dozen attributes all fit."""
+        limits = self.limits
+        return (limits.max_span_attribute_length is None and limits.max_attribute_length is None
+                and (limits.max_span_attributes is None or limits.max_span_attributes >= ROOM))
+
+
+class RecordedSpan(trace.Span):
+    """A sampled span in the shape the batch processor and the exporter read (the SDK's
+    ``ReadableSpan`` attributes).  Calls from elsewhere (a handler's own attributes and
+    events) go through the SDK's bounded containers, made on first use, so they obey the
+    SDK's rules: cleaning, limits, what may change after the end."""
+
+    __slots__ = ("_recorder", "name", "context", "parent", "attributes", "status", "start_time", "end_time",
+                 "_events", "_links")
+    kind = SpanKind.CONSUMER
+
+    def __init__(self, recorder: Recorder, name: str, context: SpanContext, parent: SpanContext,
+                 attributes: dict[str, Any]) -> None:
+        self._recorder = recorder
+        self.name = name
+        self.context = context
+        self.parent = parent
+        #: Sluice's own (clean) values as a plain dict, until something else sets one.
+        self.attributes: dict[str, Any] | BoundedAttributes = attributes
+        self.status = _UNSET
+        self.start_time = time_ns()
+        self.end_time: int | None = None
+        self._events: BoundedList | None = None
+        self._links: BoundedList | None = None
+
+    # What the batch processor and the exporter read.
+    @property
+    def resource(self) -> Any:
+        return self._recorder.resource
+
+    @property
+    def instrumentation_scope(self) -> InstrumentationScope:
+        return self._recorder.scope
+
+    @property
+    def events(self) -> Sequence[Event]:
+        return tuple(self._events) if self._events is not None else ()
+
+    @property
+    def links(self) -> Sequence[Link]:
+        return tuple(self._links) if self._links is not None else ()
+
+    @property
+    def dropped_attributes(self) -> int:
+        return self.attributes.dropped if isinstance(self.attributes, BoundedAttributes) else 0
+
+    @property
+    def dropped_events(self) -> int:
+        return self._events.dropped if self._events is not None else 0
+
+    @property
+    def dropped_links(self) -> int:
+        return self._links.dropped if self._links is not None else 0
+
+    # The span API.
+    def get_span_context(self) -> SpanContext:
+        return self.context
+
+    def is_recording(self) -> bool:
+        return self.end_time is None
+
+    def end(self, end_time: int | None = None) -> None:
+        if self.end_time is not None:
+            log.warning("Calling end() on an ended span.")
+            return
+        self.end_time = end_time if end_time is not None else time_ns()
+        self._recorder.processor.on_end(self)  # type: ignore[arg-type]  # read as a ReadableSpan
+
+    def set_attribute(self, key: str, value: types.AnyValue) -> None:
+        if self._ended("set_attribute"):
+            return
+        self._bounded_attributes()[key] = value
+
+    def set_attributes(self, attributes: Mapping[str, types.AnyValue]) -> None:
+        if self._ended("set_attributes"):
+            return
+        self._bounded_attributes()._set_items(attributes)  # what the SDK's span calls
+
+    def add_event(self, name: str, attributes: types.Attributes = None, timestamp: int | None = None) -> None:
+        if self._ended("add_event"):
+            return
+        limits = self._recorder.limits
+        if self._events is None:
+            self._events = BoundedList(limits.max_events)
+        self._events.append(Event(name, BoundedAttributes(limits.max_event_attributes, attributes, immutable=True),
+                                  timestamp))
+
+    def add_link(self, context: SpanContext, attributes: types.Attributes = None) -> None:
+        if self._ended("add_link"):
+            return
+        if not (context and (context.is_valid or attributes or context.trace_state)):
+            return  # the SDK keeps an invalid context's link only when it carries something
+        limits = self._recorder.limits
+        if self._links is None:
+            self._links = BoundedList(limits.max_links)
+        self._links.append(Link(context, BoundedAttributes(limits.max_link_attributes, attributes, immutable=True)))
+
+    def update_name(self, name: str) -> None:
+        if not self._ended("update_name"):
+            self.name = name
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        if self._ended("set_status") or self.status.status_code is StatusCode.OK:
+            return  # as the SDK: a status stays once OK, and UNSET is never set
+        if isinstance(status, Status):
+            if status.status_code is not StatusCode.UNSET:
+                self.status = status
+        elif status is not StatusCode.UNSET:
+            self.status = Status(status, description)
+
+    def record_exception(self, exception: BaseException, attributes: types.Attributes = None,
+                         timestamp: int | None = None, escaped: bool = False) -> None:
+        module, name = type(exception).__module__, type(exception).__qualname__
+        found: dict[str, Any] = {
+            "exception.type": f"{module}.{name}" if module and module != "builtins" else name,
+            "exception.message": str(exception),
+            "exception.stacktrace": "".join(traceback.format_exception(exception)),
+            "exception.escaped": str(escaped),
+        }
+        found.update(attributes or {})
+        self.add_event("exception", found, timestamp)
+
+    def _bounded_attributes(self) -> BoundedAttributes:
+        attributes = self.attributes
+        if not isinstance(attributes, BoundedAttributes):
+            attributes = self.attributes = BoundedAttributes(self._recorder.limits.max_span_attributes, attributes,
+                                                             immutable=False)
+        return attributes
+
+    def _ended(self, call: str) -> bool:
+        if self.end_time is None:
+            return False
+        log.warning("Tried calling %s on an ended span.", call)
+        return True
