@@ -115,7 +115,22 @@ def units(chunk: list[Message], lookup: Callable[[Message], tuple[Any, bool]]) -
     return found
 
 
-def run_in_savepoints(pending: list[Unit], alias: str, scope: Any, records: Any,
+class Journals:
+    """Several journals (``mark()`` / ``rollback_to(mark)``: the processing records, the
+    held spans) that a savepoint marks and rolls back together."""
+
+    def __init__(self, *journals: Any) -> None:
+        self.journals = journals
+
+    def mark(self) -> tuple:
+        return tuple(journal.mark() for journal in self.journals)
+
+    def rollback_to(self, mark: tuple) -> None:
+        for journal, position in zip(self.journals, mark):
+            journal.rollback_to(position)
+
+
+def run_in_savepoints(pending: list[Unit], alias: str, scope: Any, journal: Any,
                       outcomes: dict[int, MessageOutcome], *,
                       run: Callable[[Unit], MessageOutcome],
                       fail: Callable[[Message, HandlerFailed], MessageOutcome]) -> int:
@@ -123,7 +138,8 @@ def run_in_savepoints(pending: list[Unit], alias: str, scope: Any, records: Any,
     ``outcomes`` (by ``id(message)``) and return how many calls failed.
 
     When a call raises (``run`` raises :class:`HandlerFailed`), the savepoint rolls back
-    with its sends (``scope``) and processing records.  A batch handler's list is split
+    with its sends (``scope``) and what ``journal`` kept since it began (processing
+    records, held spans: :class:`Journals`).  A batch handler's list is split
     into one-message calls and they run again.  A single message's failure is recorded
     by ``fail`` (in the receive's transaction, outside the savepoint); the calls before
     it run again in a savepoint of their own — their handlers run twice, their database
@@ -131,7 +147,7 @@ def run_in_savepoints(pending: list[Unit], alias: str, scope: Any, records: Any,
     refuses the sends, the calls run again one message per savepoint (:func:`_find_refused`)."""
     failures = 0
     while pending:
-        mark = records.mark()
+        mark = journal.mark()
         try:
             with savepoint_to_commit(alias):
                 done = []
@@ -145,7 +161,7 @@ def run_in_savepoints(pending: list[Unit], alias: str, scope: Any, records: Any,
         except HandlerFailed as failed:
             failures += 1
             scope.discard()
-            records.rollback_to(mark)
+            journal.rollback_to(mark)
             unit = pending[failed.index]
             if len(unit.messages) > 1:  # which of the batch? One message at a time tells
                 log.info("batch handler for %d message(s) failed (%s); calling it per message",
@@ -155,14 +171,14 @@ def run_in_savepoints(pending: list[Unit], alias: str, scope: Any, records: Any,
             culprit = unit.messages[0]
             outcomes[id(culprit)] = fail(culprit, failed)
             if failed.index:
-                failures += run_in_savepoints(pending[:failed.index], alias, scope, records, outcomes,
+                failures += run_in_savepoints(pending[:failed.index], alias, scope, journal, outcomes,
                                               run=run, fail=fail)
             pending = pending[failed.index + 1:]
             continue
         except SendsRefused as refused:
             scope.discard()
-            records.rollback_to(mark)
-            return failures + _find_refused(pending, refused, alias, scope, records, outcomes, run=run, fail=fail)
+            journal.rollback_to(mark)
+            return failures + _find_refused(pending, refused, alias, scope, journal, outcomes, run=run, fail=fail)
         for unit, outcome in zip(pending, done):
             for message in unit.messages:
                 outcomes[id(message)] = outcome
@@ -178,7 +194,7 @@ def _flush(scope: Any) -> None:
         raise SendsRefused(exc) from exc
 
 
-def _find_refused(pending: list[Unit], refused: SendsRefused, alias: str, scope: Any, records: Any,
+def _find_refused(pending: list[Unit], refused: SendsRefused, alias: str, scope: Any, journal: Any,
                   outcomes: dict[int, MessageOutcome], *,
                   run: Callable[[Unit], MessageOutcome],
                   fail: Callable[[Message, HandlerFailed], MessageOutcome]) -> int:
@@ -201,5 +217,5 @@ def _find_refused(pending: list[Unit], refused: SendsRefused, alias: str, scope:
                 type(refused.cause).__name__, str(refused.cause))
     failures = 1
     for unit in alone:
-        failures += run_in_savepoints([unit], alias, scope, records, outcomes, run=run, fail=fail)
+        failures += run_in_savepoints([unit], alias, scope, journal, outcomes, run=run, fail=fail)
     return failures

@@ -44,7 +44,7 @@ from typing import Any, Callable
 from django.db import DatabaseError, transaction
 
 from core.breakers import RepeatedFailuresOverTimeCircuitBreaker
-from core.chunks import ChunkSize, HandlerFailed, Unit, run_in_savepoints, units
+from core.chunks import ChunkSize, HandlerFailed, Journals, Unit, run_in_savepoints, units
 from core.conf import MIN_PEEK_DELAY, get_settings
 from core.db import writer_turn
 from core.errors import ConfigurationError, NoHandler, PoisonMessage
@@ -266,18 +266,24 @@ class MessagePump:
         it, else one message at a time."""
         stats = PumpStats()
         records = start_batch()
-        with writer_turn(self.receive_alias), transaction.atomic(using=self.receive_alias):
-            messages = self.receiver.receive_batch(self.queue, limit)
-            batch = self.strategy.batch(messages)
-            traced = batch_trace(self.queue, self.mode, len(messages)) if messages else None
-            resolved: dict[str | None, tuple[Any, bool]] = {}  # one registry look-up per type per batch
-            if getattr(batch, "chunked", False):
-                outcomes = self._process_chunked(messages, batch, records, resolved, traced)
-            else:
-                outcomes = [self._process(message, batch, records, resolved, traced) for message in messages]
-            for outcome in outcomes:
-                stats.count(outcome)  # the one place each message's outcome is counted
-            records.write(self.receive_alias)  # processing records: one INSERT per batch, this transaction
+        traced: BatchTrace | None = None
+        try:
+            with writer_turn(self.receive_alias), transaction.atomic(using=self.receive_alias):
+                messages = self.receiver.receive_batch(self.queue, limit)
+                batch = self.strategy.batch(messages)
+                traced = batch_trace(self.queue, self.mode, len(messages)) if messages else None
+                resolved: dict[str | None, tuple[Any, bool]] = {}  # one registry look-up per type per batch
+                if getattr(batch, "chunked", False):
+                    outcomes = self._process_chunked(messages, batch, records, resolved, traced)
+                else:
+                    outcomes = [self._process(message, batch, records, resolved, traced) for message in messages]
+                for outcome in outcomes:
+                    stats.count(outcome)  # the one place each message's outcome is counted
+                records.write(self.receive_alias)  # processing records: one INSERT per batch, this transaction
+        except BaseException:
+            if traced is not None:
+                traced.abandon()  # the held spans' work rolled back with the transaction
+            raise
         stats.received = len(messages)
         with self._stats_lock:
             self.stats.add(stats)
@@ -304,10 +310,13 @@ class MessagePump:
         def lookup(message: Message) -> tuple[Any, bool]:
             return self._lookup(message, resolved)
 
+        # What a savepoint rolls back besides the database: the processing records, and the
+        # spans of calls whose work went with it.
+        journal = records if traced is None else Journals(records, traced)
         start = 0
         while start < len(messages):
             chunk = messages[start:start + self.chunk_size.current]
-            failures = run_in_savepoints(units(chunk, lookup), self.receive_alias, batch, records, done,
+            failures = run_in_savepoints(units(chunk, lookup), self.receive_alias, batch, journal, done,
                                          run=lambda unit: self._run(unit, batch, records, traced),
                                          fail=lambda message, failed: self._failed(message, failed, records, traced))
             self.chunk_size.after(len(chunk), failures)

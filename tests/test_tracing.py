@@ -177,6 +177,33 @@ def test_retries_the_error_queue_and_an_operators_retry_keep_the_senders_context
     assert traced.total("sluice.messages.processed", messaging_destination_name=queue) == 1
 
 
+def test_a_call_whose_work_rolled_back_with_its_chunk_says_so_and_its_rerun_has_a_span_of_its_own(
+        traced, transport, queue, pump_for, temp_handlers):
+    """Three messages in one chunk; the second fails: the chunk's savepoint rolls back the
+    first one's work, which runs again.  Its first span says it was rolled back."""
+    def handler(message, context):
+        if message.json() == 2:
+            raise ValueError("no stock")
+
+    temp_handlers(queue, None, handler)
+    ids_by_body = {n: transport.send(queue, n) for n in (1, 2, 3)}
+    drain(pump_for(queue, concurrency=1, immediate_retries=0))
+    spans = traced.spans(f"process {queue}")
+
+    def of(n):
+        return sorted((s for s in spans if s.attributes["messaging.message.id"] == ids_by_body[n]),
+                      key=lambda s: s.start_time)
+
+    rolled_back, counted = of(1)
+    assert rolled_back.attributes["sluice.rolled_back"] is True
+    assert "sluice.rolled_back" not in counted.attributes and counted.end_time >= rolled_back.end_time
+    [failed] = of(2)
+    assert [e.name for e in failed.events] == ["sluice.moved_to_error_queue"]
+    [third] = of(3)
+    assert "sluice.rolled_back" not in third.attributes
+    assert traced.total("sluice.messages.processed", messaging_destination_name=queue) == 2
+
+
 def test_outbox_dispatch_links_to_the_context_captured_when_the_record_was_written(
         traced, transport, make_queue, pump_for, temp_handlers, outbox):
     source, target = make_queue(), make_queue()

@@ -40,6 +40,10 @@ from core.tracing.propagation import extract, links, plain_traceparent
 
 _EMPTY = Context()
 
+#: On the span of a call whose work was rolled back with its savepoint (a later message
+#: of its chunk failed): the call runs again, under a span of its own.
+ROLLED_BACK = "sluice.rolled_back"
+
 #: The event on a failed message's process span for each of the pump's decisions
 #: (core.recoverability.FailureOutcome values).
 FAILURE_EVENTS = {"retry": "sluice.retry.immediate", "delayed-retry": "sluice.retry.delayed",
@@ -82,7 +86,7 @@ class Call:
         share = took / len(self.messages)
         for message in self.messages:
             self.batch.durations[id(message)] = share  # a re-run after a rollback overwrites
-        self.span.end()
+        self.batch.hold(self.span)
 
     def raised(self, exc: BaseException) -> None:
         """The handler raised: a single message's span waits for the pump's decision
@@ -113,6 +117,9 @@ class BatchTrace:
                        "sluice.batch_size": received, "sluice.transaction_mode": mode}
         #: Seconds of handler time per message (by id()), from its last successful call.
         self.durations: dict[int, float] = {}
+        #: Spans of calls that succeeded, with their end times, held until their work is
+        #: committed or rolled back (:meth:`rollback_to`, :meth:`finish`, :meth:`abandon`).
+        self._held: list[tuple[Span, int]] = []
         self._metric_attributes_by_type: dict[str, dict[str, str]] = {}
 
     def _attributes(self, message: Message) -> dict[str, Any]:
@@ -196,8 +203,32 @@ class BatchTrace:
         span.add_event(event, attributes)
         span.end()
 
+    def hold(self, span: Span) -> None:
+        """A call succeeded: its span ends when its work is committed or rolled back."""
+        self._held.append((span, time.time_ns()))
+
+    def mark(self) -> int:
+        """Where a savepoint starts (core.chunks journals, as the processing records)."""
+        return len(self._held)
+
+    def rollback_to(self, mark: int) -> None:
+        """The savepoint rolled back: the calls since ``mark`` did work that did not count
+        (they run again, with spans of their own); their spans say so and end."""
+        for span, ended in self._held[mark:]:
+            span.set_attribute(ROLLED_BACK, True)
+            span.end(ended)
+        del self._held[mark:]
+
+    def abandon(self) -> None:
+        """The receive's transaction did not commit: nothing held counted."""
+        self.rollback_to(0)
+
     def finish(self, messages: Sequence[Message], outcomes: Sequence[MessageOutcome]) -> None:
-        """After the batch committed: its metrics, from each message's final outcome."""
+        """After the batch committed: the held spans end; the metrics, from each message's
+        final outcome."""
+        for span, ended in self._held:
+            span.end(ended)
+        self._held.clear()
         if not self.telemetry.measures:
             return
         counts: dict[tuple[MessageOutcome, str], int] = {}
