@@ -134,23 +134,9 @@ class BatchTrace:
         return attributes
 
     def _start(self, message: Message) -> tuple[Span, Context]:
-        parent = self._plain_parent(message.headers)
-        if parent is not None:
-            trace_id, span_id, flags = parent
-            if not flags & TraceFlags.SAMPLED:
-                if self.telemetry.follows_unsampled_parent:
-                    # What the SDK's parent-based sampler would make — a non-recording child
-                    # with a span id of its own, passing the parent's flags on to what the
-                    # handler sends — without the propagator and the sampler (most of an
-                    # unsampled message's cost).  The SDK keeps only the "random trace id" bit.
-                    return NonRecordingSpan(SpanContext(
-                        trace_id, self.telemetry.tracer.id_generator.generate_span_id(), is_remote=False,
-                        trace_flags=TraceFlags(flags & TraceFlags.RANDOM_TRACE_ID))), _EMPTY
-            else:
-                recorder = self.telemetry.recorder
-                if recorder is not None and recorder.usable():
-                    remote = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
-                    return recorder.start(self.name, remote, self._attributes(message)), _EMPTY
+        short_cut = self._short_cut(message)
+        if short_cut is not None:
+            return short_cut, _EMPTY
         base, found = parent_of(message.headers)
         span = self.telemetry.tracer.start_span(self.name, context=base, kind=SpanKind.CONSUMER, links=found)
         if span.is_recording():
@@ -158,6 +144,32 @@ class BatchTrace:
             # was most of a span's cost, and an unsampled message should cost next to nothing.
             span.set_attributes(self._attributes(message))
         return span, base
+
+    def _short_cut(self, message: Message) -> Span | None:
+        """The span the SDK would make for a first delivery with a plain ``traceparent``,
+        made without the propagator and the SDK's span machinery; None when the SDK must
+        decide.
+
+        - Sender not sampled, under the SDK's parent-based sampler: a non-recording child
+          with a span id of its own, passing the parent's flags on to what the handler sends
+          (the SDK keeps only the "random trace id" bit).
+        - Sender sampled, when Sluice built the whole trace pipeline: a recorded span
+          (core.tracing.recorded)."""
+        parent = self._plain_parent(message.headers)
+        if parent is None:
+            return None
+        trace_id, span_id, flags = parent
+        if flags & TraceFlags.SAMPLED:
+            recorder = self.telemetry.recorder
+            if recorder is None or not recorder.usable():
+                return None
+            remote = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
+            return recorder.start(self.name, remote, self._attributes(message))
+        if not self.telemetry.follows_unsampled_parent:
+            return None
+        return NonRecordingSpan(SpanContext(trace_id, self.telemetry.tracer.id_generator.generate_span_id(),
+                                            is_remote=False,
+                                            trace_flags=TraceFlags(flags & TraceFlags.RANDOM_TRACE_ID)))
 
     def _plain_parent(self, headers: dict[str, str]) -> tuple[int, int, int] | None:
         """A first delivery's parent when its headers hold only a plain version-00
