@@ -1,4 +1,10 @@
-"""`python manage.py sluice …`: the command line and its stable --json formats."""
+"""`python manage.py sluice …`: the command line and its stable --json formats.
+
+Most calls run the command in this process (:func:`tests.cli_support.sluice_here`: the same
+command, parser and error handling, without a Python start-up each).  Each command family
+still runs through the real ``manage.py`` where the process boundary is what is checked:
+exit codes and stderr of a child process, --json on its stdout, stdin piped in, settings
+from the environment, and workers started and stopped with signals."""
 from __future__ import annotations
 
 import base64
@@ -8,21 +14,31 @@ import pytest
 
 from core.demo.models import PingRecord
 from core.messages import Headers
+from tests.cli_support import sluice_here
 from tests.conftest import manage, start_worker, wait_for
 
 
 def sluice(*args: str, **kwargs):
+    """A real ``manage.py sluice`` child process."""
     return manage("sluice", *args, **kwargs)
 
 
 def ok(*args: str, **kwargs) -> str:
+    """``sluice ARGS`` in this process; it must succeed.  Its stdout."""
+    result = sluice_here(*args, **kwargs)
+    assert result.returncode == 0, result.stderr.decode()
+    return result.stdout.decode()
+
+
+def ok_process(*args: str, **kwargs) -> str:
+    """Like :func:`ok`, through a real ``manage.py`` child process."""
     result = sluice(*args, **kwargs)
     assert result.returncode == 0, result.stderr.decode()
     return result.stdout.decode()
 
 
 def test_setup_is_idempotent(transactional_db):
-    first = ok("setup")
+    first = ok_process("setup")
     assert "error" in first and "demo" in first and "setup complete" in first
     second = ok("setup")
     assert "exists  error" in second
@@ -33,7 +49,7 @@ def test_queue_create_list_purge_delete(transactional_db):
     assert "created queue cli_orders" in ok("queue", "create", "cli_orders", "--ttl", "90")
     ok("send", "cli_orders", "--body", "one")
     ok("send", "cli_orders", "--body", "gone", "--ttl", "0")
-    listing = json.loads(ok("queue", "list", "--json"))
+    listing = json.loads(ok_process("queue", "list", "--json"))  # the real entry point's stdout
     row = next(r for r in listing if r["name"] == "cli_orders")
     assert row["pending"] == 1 and row["expired"] == 1 and row["ttl_seconds"] == 90
     assert {"name", "pending", "expired", "ttl_seconds"} <= set(row)
@@ -83,8 +99,9 @@ def test_send_peek_receive_json(transactional_db, tmp_path):
 
 def test_body_from_stdin(transactional_db):
     ok("setup")
-    message_id = ok("send", "demo", "--type", "Nothing", "--body-file", "-", input=b"piped").strip()
-    peeked = json.loads(ok("peek", "demo", "--json"))
+    # A real pipe into a real process, and its --json.
+    message_id = ok_process("send", "demo", "--type", "Nothing", "--body-file", "-", input=b"piped").strip()
+    peeked = json.loads(ok_process("peek", "demo", "--json"))
     assert any(m["id"] == message_id and m["body"] == "piped" for m in peeked)
     ok("queue", "purge", "demo")
 
@@ -96,6 +113,13 @@ def test_receive_skips_expired_messages(transactional_db):
     ok("send", "cli_exp", "--body", "new")
     assert json.loads(ok("receive", "cli_exp", "--json"))["body"] == "new"
     ok("queue", "delete", "cli_exp")
+
+
+#: Cases that also run as a real child process (its exit code, stderr and stdout); every case
+#: runs in this process, through the same command and error handling, except the worker's: a
+#: worker runs in a process of its own.
+IN_A_PROCESS = {("send", "nosuch", "--body", "x"), ("queue", "create", "bad;name"), ("worker", "--queue", "nosuch")}
+ONLY_IN_A_PROCESS = {("worker", "--queue", "nosuch")}
 
 
 @pytest.mark.parametrize("args, message", [
@@ -116,11 +140,14 @@ def test_receive_skips_expired_messages(transactional_db):
 ])
 def test_bad_input_gives_a_clear_error_and_nonzero_exit(transactional_db, args, message):
     ok("setup")
-    result = sluice(*args)
-    assert result.returncode != 0
-    err = result.stderr.decode()
-    assert message in err and "Traceback" not in err
-    assert result.stdout.decode() == ""
+    results = [] if tuple(args) in ONLY_IN_A_PROCESS else [sluice_here(*args)]
+    if tuple(args) in IN_A_PROCESS:
+        results.append(sluice(*args))
+    for result in results:
+        assert result.returncode != 0
+        err = result.stderr.decode()
+        assert message in err and "Traceback" not in err
+        assert result.stdout.decode() == ""
 
 
 def test_body_too_large(transactional_db):
@@ -169,5 +196,5 @@ def test_failed_messages_cli(demo):
     assert "2/2" in result.stderr.decode()  # the progress bar
     assert {r["status"] for r in json.loads(ok("failed", "list", "--json"))} == {"retry_pending"}
     assert len(json.loads(ok("peek", "demo", "--json"))) == 2
-    bad = sluice("failed", "retry")
+    bad = sluice_here("failed", "retry")
     assert bad.returncode != 0 and "name ids" in bad.stderr.decode()

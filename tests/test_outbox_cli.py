@@ -1,4 +1,8 @@
-"""`sluice outbox list | dispatch | cleanup | stats` and their stable --json formats."""
+"""`sluice outbox list | dispatch | cleanup | stats` and their stable --json formats.
+
+Most calls run the command in this process (:func:`tests.cli_support.sluice_here`: the same
+command and error handling, without a Python start-up each); ``stats --json``, an error's
+exit code and a setting from the environment go through a real ``manage.py`` process."""
 from __future__ import annotations
 
 import json
@@ -7,10 +11,19 @@ from django.db import connections
 
 from core.outbox import Outbox, OutboxSession
 from core.transport import Transport
+from tests.cli_support import sluice_here
 from tests.conftest import manage
 
 
 def ok(*args: str) -> str:
+    """``sluice outbox ARGS`` in this process; it must succeed.  Its stdout."""
+    result = sluice_here("outbox", *args)
+    assert result.returncode == 0, result.stderr.decode()
+    return result.stdout.decode()
+
+
+def ok_process(*args: str) -> str:
+    """Like :func:`ok`, through a real ``manage.py`` child process."""
     result = manage("sluice", "outbox", *args)
     assert result.returncode == 0, result.stderr.decode()
     return result.stdout.decode()
@@ -36,7 +49,7 @@ def test_stats_and_list_show_undispatched_and_quarantined_records(outbox, queue,
                        f'WHERE {d.quote("MessageId")} = %s', ["not json", "broken"])
     outbox.dispatch(["broken"])  # quarantines it
 
-    stats = json.loads(ok("stats", "--json"))
+    stats = json.loads(ok_process("stats", "--json"))  # the real entry point's stdout
     assert {"records", "undispatched", "bytes", "oldest_undispatched_age_s"} <= set(stats)
     assert (stats["records"], stats["undispatched"], stats["quarantined"]) == (3, 2, 1)
     assert stats["bytes"] > 0 and stats["oldest_undispatched_age_s"] >= 0
