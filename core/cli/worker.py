@@ -11,7 +11,7 @@ from django.conf import settings
 
 from core.cli.base import CommandError, Group, command_group
 from core.health import TTL_SECONDS, read_health
-from core.startup import refusal
+from core.startup import refusal, settle_heap
 from core.worker import WorkerHost
 
 
@@ -54,6 +54,7 @@ class WorkerCommands(Group):
 
         signal.signal(signal.SIGTERM, request_stop)
         signal.signal(signal.SIGINT, request_stop)
+        settle_heap()  # as web and Celery processes do: full collections skip start-up's objects
         host.start()
         self.stdout.write(f"worker serving {', '.join(host.queues)}; Ctrl-C stops")
         self.stdout.flush()

@@ -62,9 +62,11 @@ def _cut(value: str | None, name: str) -> str | None:
     return value[:_LIMITS[name]] if value else None
 
 
+@functools.lru_cache(maxsize=1024)
 def sent_us(text: str | None) -> int | None:
     """``NServiceBus.TimeSent`` or ``DeliverAt`` (``2026-11-22 04:15:16:123456 Z``) in microseconds, or None
-    when missing or unreadable.  By hand, not strptime: this runs up to three times per message."""
+    when missing or unreadable.  By hand, not strptime, and cached: this runs up to three
+    times per message (its processing record, then its critical time when tracing is on)."""
     if not text or len(text) < 19:
         return None
     seconds = _whole_seconds(text[:19])

@@ -22,6 +22,7 @@ and a batch that rolled back not at all.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Any, Sequence
 
 from opentelemetry import context as otel_context
@@ -36,7 +37,7 @@ from core.outcomes import MessageOutcome
 from core.records.writer import sent_us
 from core.tracing import state
 from core.tracing.producing import SYSTEM, error_type
-from core.tracing.propagation import extract, links, plain_traceparent
+from core.tracing.propagation import extract, links, plain_traceparent_parts
 
 _EMPTY = Context()
 
@@ -67,6 +68,32 @@ def parent_of(headers: dict[str, str]) -> tuple[Context, list[Link]]:
     return trace.set_span_in_context(INVALID_SPAN, carried), ([Link(sender)] if sender.is_valid else [])
 
 
+class Unsampled(NonRecordingSpan):
+    """The span of a message whose sender was not sampled, as the SDK's parent-based
+    sampler makes it — non-recording, a span id of its own, the parent's flags passed on
+    to what the handler sends (the SDK keeps only the "random trace id" bit) — with its
+    context made only when something asks for it: a send from the handler, an
+    instrumented library.  Most handlers of an unsampled message never do."""
+
+    def __init__(self, trace_id: str, flags: int, ids: Any) -> None:  # pylint: disable=super-init-not-called
+        # Not NonRecordingSpan's __init__: it takes a context, made here on demand.
+        self._trace_id = trace_id
+        self._flags = flags
+        self._ids = ids
+        self._made: SpanContext | None = None
+
+    def get_span_context(self) -> SpanContext:
+        made = self._made
+        if made is None:
+            made = self._made = SpanContext(int(self._trace_id, 16), self._ids.generate_span_id(), is_remote=False,
+                                            trace_flags=TraceFlags(self._flags & TraceFlags.RANDOM_TRACE_ID))
+        return made
+
+    @property
+    def _context(self) -> SpanContext:  # what NonRecordingSpan's own methods read
+        return self.get_span_context()
+
+
 class Call:
     """One handler call's span, current while the handler runs."""
 
@@ -86,7 +113,8 @@ class Call:
         share = took / len(self.messages)
         for message in self.messages:
             self.batch.durations[id(message)] = share  # a re-run after a rollback overwrites
-        self.batch.hold(self.span)
+        if self.span.is_recording():  # an unsampled span's end does nothing: nothing to hold
+            self.batch.hold(self.span)
 
     def raised(self, exc: BaseException) -> None:
         """The handler raised: a single message's span waits for the pump's decision
@@ -146,40 +174,33 @@ class BatchTrace:
         return span, base
 
     def _short_cut(self, message: Message) -> Span | None:
-        """The span the SDK would make for a first delivery with a plain ``traceparent``,
-        made without the propagator and the SDK's span machinery; None when the SDK must
-        decide.
+        """The span the SDK would make for a first delivery whose headers hold only a plain
+        version-00 ``traceparent`` (no trace state, no baggage), made without the
+        propagator and the SDK's span machinery; None when the SDK must decide.
 
         - Sender not sampled, under the SDK's parent-based sampler: a non-recording child
-          with a span id of its own, passing the parent's flags on to what the handler sends
-          (the SDK keeps only the "random trace id" bit).
+          (:class:`Unsampled`).
         - Sender sampled, when Sluice built the whole trace pipeline: a recorded span
           (core.tracing.recorded)."""
-        parent = self._plain_parent(message.headers)
-        if parent is None:
-            return None
-        trace_id, span_id, flags = parent
-        if flags & TraceFlags.SAMPLED:
-            recorder = self.telemetry.recorder
-            if recorder is None or not recorder.usable():
-                return None
-            remote = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
-            return recorder.start(self.name, remote, self._attributes(message))
-        if not self.telemetry.follows_unsampled_parent:
-            return None
-        return NonRecordingSpan(SpanContext(trace_id, self.telemetry.tracer.id_generator.generate_span_id(),
-                                            is_remote=False,
-                                            trace_flags=TraceFlags(flags & TraceFlags.RANDOM_TRACE_ID)))
-
-    def _plain_parent(self, headers: dict[str, str]) -> tuple[int, int, int] | None:
-        """A first delivery's parent when its headers hold only a plain version-00
-        ``traceparent`` (no trace state, no baggage): (trace id, span id, flags), which the
-        short cuts of :meth:`_start` need; None for any other message."""
+        headers = message.headers
         traceparent = headers.get(Headers.TRACEPARENT)
         if (not traceparent or Headers.TRACESTATE in headers or Headers.BAGGAGE in headers
                 or starts_new_trace(headers)):
             return None
-        return plain_traceparent(traceparent)
+        parts = plain_traceparent_parts(traceparent)
+        if parts is None:
+            return None
+        trace_id, span_id, flags = parts
+        telemetry = self.telemetry
+        if flags & TraceFlags.SAMPLED:
+            recorder = telemetry.recorder
+            if recorder is None or not recorder.usable():
+                return None
+            remote = SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=TraceFlags(flags))
+            return recorder.start(self.name, remote, self._attributes(message))
+        if not telemetry.follows_unsampled_parent:
+            return None
+        return Unsampled(trace_id, flags, telemetry.tracer.id_generator)
 
     def begin(self, messages: Sequence[Message]) -> Call:
         """The span of a handler call for ``messages`` (one, or a batch handler's list)."""
@@ -243,22 +264,32 @@ class BatchTrace:
         self._held.clear()
         if not self.telemetry.measures:
             return
-        counts: dict[tuple[MessageOutcome, str], int] = {}
-        # Per message type: the handler times and critical times of the successes.
+        types = [message.message_type or "" for message in messages]
+        counts = Counter(zip(outcomes, types))
+        # Per message type: the handler times and critical times of the successes (list
+        # comprehensions, not a loop of appends: this runs for every message).
+        succeeded = MessageOutcome.SUCCEEDED
+        done = [(message, message_type) for message, outcome, message_type in zip(messages, outcomes, types)
+                if outcome is succeeded]
+        by_type: dict[str, list[Message]] = {}
+        if done and all(message_type == done[0][1] for _, message_type in done):
+            by_type[done[0][1]] = [message for message, _ in done]  # the usual batch: one type
+        else:
+            for message, message_type in done:
+                by_type.setdefault(message_type, []).append(message)
+        now_us = time.time_ns() // 1000
+        took_by_id = self.durations
         durations: dict[str, list[float]] = {}
         critical: dict[str, list[float]] = {}
-        now_us = time.time_ns() // 1000
-        for message, outcome in zip(messages, outcomes):
-            message_type = message.message_type or ""
-            counts[(outcome, message_type)] = counts.get((outcome, message_type), 0) + 1
-            if outcome is MessageOutcome.SUCCEEDED:
-                took = self.durations.get(id(message))
-                if took is not None:
-                    durations.setdefault(message_type, []).append(took)
-                headers = message.headers
-                sent = sent_us(headers.get(Headers.DELIVER_AT) or headers.get(Headers.TIME_SENT))
-                if sent is not None:
-                    critical.setdefault(message_type, []).append(max(now_us - sent, 0) / 1e6)
+        for message_type, of_type in by_type.items():
+            took = [value for value in (took_by_id.get(id(message)) for message in of_type) if value is not None]
+            sent = [sent_us(message.headers.get(Headers.DELIVER_AT) or message.headers.get(Headers.TIME_SENT))
+                    for message in of_type]
+            late = [max(now_us - value, 0) / 1e6 for value in sent if value is not None]
+            if took:
+                durations[message_type] = took
+            if late:
+                critical[message_type] = late
         instruments = self.telemetry.instruments
         self._histograms(state.PROCESS_DURATION, instruments.process_duration, durations)
         self._histograms(state.CRITICAL_TIME, instruments.critical_time, critical)

@@ -59,13 +59,24 @@ def plain_span_context(traceparent: str) -> SpanContext | None:
 
 def plain_traceparent(traceparent: str) -> tuple[int, int, int] | None:
     """(trace id, span id, flags) of a plain version-00 ``traceparent``; None for anything else."""
+    parts = plain_traceparent_parts(traceparent)
+    if parts is None:
+        return None
+    trace_id, span_id, flags = parts
+    return int(trace_id, 16), int(span_id, 16), flags
+
+
+def plain_traceparent_parts(traceparent: str) -> tuple[str, str, int] | None:
+    """The trace id and span id (hex, as written) and the flags of a plain version-00
+    ``traceparent``; None for anything else.  The ids stay text: an unsampled message's
+    span needs its trace id only if its handler sends (core.tracing.consuming)."""
     match = _PLAIN_TRACEPARENT.fullmatch(traceparent)
     if match is None:
         return None
     trace_id, span_id, flags = match.groups()
     if trace_id == _ZERO_TRACE or span_id == _ZERO_SPAN:
         return None
-    return int(trace_id, 16), int(span_id, 16), int(flags, 16)
+    return trace_id, span_id, int(flags, 16)
 
 
 def span_context(headers: Mapping[str, str]) -> SpanContext | None:
