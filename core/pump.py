@@ -287,9 +287,11 @@ class MessagePump:
         stats.received = len(messages)
         with self._stats_lock:
             self.stats.add(stats)
-        if traced is not None:
-            traced.finish(messages, outcomes)  # committed: the metrics count it
-        batch.after_commit()
+        try:
+            if traced is not None:
+                traced.finish(messages, outcomes)  # committed: the held spans end, the metrics count it
+        finally:
+            batch.after_commit()
         return len(messages)
 
     def _lookup(self, message: Message, resolved: dict[str | None, tuple[Any, bool]]) -> tuple[Any, bool]:
@@ -337,7 +339,12 @@ class MessagePump:
 
     def _failed(self, message: Message, failed: HandlerFailed, records: RecordBatch | NoRecords,
                 traced: BatchTrace | None) -> MessageOutcome:
-        failure = self.recoverability.on_failure(message, failed.cause)
+        try:
+            failure = self.recoverability.on_failure(message, failed.cause)
+        except BaseException:
+            if traced is not None and failed.call is not None and len(failed.call.messages) == 1:
+                traced.hold(failed.call.span)  # no decision: the receive rolls back (abandon)
+            raise
         records.handler_failed(message, failure, failed.started_us)
         if traced is not None:
             traced.failed(message, failed.cause, failure.value, failed.call)

@@ -187,3 +187,13 @@ def test_a_request_past_the_size_limit_is_refused_not_sent():
         assert exporter.export(spans) is SpanExportResult.FAILURE
         exporter.shutdown()
     assert posted(sink) == []
+
+
+def test_long_strings_are_encoded_every_time_not_kept():
+    specs = [{"name": "s", "kind": SpanKind.INTERNAL, "parent": None, "trace_state": {}, "links": [], "events": [],
+              "status": None, "attributes": {"exception.stacktrace": "x" * 500, "short": "y"}}]
+    spans = make_spans(specs)
+    encoder = Encoder()
+    assert wire_request(spans, encoder) == sdk_request(spans)
+    kept = {key[0] for key in encoder._pairs}
+    assert "short" in kept and "exception.stacktrace" not in kept

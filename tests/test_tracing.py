@@ -204,6 +204,23 @@ def test_a_call_whose_work_rolled_back_with_its_chunk_says_so_and_its_rerun_has_
     assert traced.total("sluice.messages.processed", messaging_destination_name=queue) == 2
 
 
+def test_a_settled_message_whose_chunk_rolled_back_says_so_too(traced, transport, queue, pump_for, temp_handlers):
+    """A message no handler takes, then one whose handler fails, in one chunk: the first
+    one's move to the error queue rolled back with the chunk and was done again."""
+    def handler(message, context):
+        raise ValueError("no stock")
+
+    temp_handlers(queue, "Known", handler)
+    unknown = transport.send(queue, "a", message_type="Unknown")
+    transport.send(queue, "b", message_type="Known")
+    drain(pump_for(queue, concurrency=1, immediate_retries=0))
+    first, again = sorted((s for s in traced.spans(f"process {queue}")
+                           if s.attributes["messaging.message.id"] == unknown), key=lambda s: s.start_time)
+    assert first.attributes["sluice.rolled_back"] is True
+    assert "sluice.rolled_back" not in again.attributes
+    assert [e.name for e in first.events] == [e.name for e in again.events] == ["sluice.moved_to_error_queue"]
+
+
 def test_outbox_dispatch_links_to_the_context_captured_when_the_record_was_written(
         traced, transport, make_queue, pump_for, temp_handlers, outbox):
     source, target = make_queue(), make_queue()

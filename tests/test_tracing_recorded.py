@@ -249,6 +249,8 @@ def test_the_recorder_stands_aside_when_the_application_adds_a_span_processor(mo
 
 @pytest.mark.parametrize("env", [
     {"OTEL_TRACES_SAMPLER": "always_off"},
+    {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"},  # ignores the parent
+    {"OTEL_SDK_DISABLED": "true"},
     {"OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT": "10"},
     {"OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "10"},
     {"OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT": "5"},
@@ -280,3 +282,52 @@ def test_an_unusable_recorder_leaves_the_span_to_the_sdk(transport, queue, pump_
     assert seen and RecordedSpan not in seen
     assert f"process {queue}" in [span.name for span in kept.get_finished_spans()]
     provider.shutdown()
+
+
+def test_a_recorded_span_reports_its_providers_resource_when_exported():
+    """A forked child's SDK gives its provider a resource of its own: read at export."""
+    provider, recorder = sdk.tracer_provider(WireSpanExporter(endpoint="http://127.0.0.1:9/v1/traces"))
+    span = recorder.start("process q", PARENT, {})
+    assert span.resource is provider.resource
+    provider.shutdown()
+
+
+def test_a_recorded_span_touched_from_many_threads_loses_nothing():
+    import threading
+
+    kept = InMemorySpanExporter()
+    own = SluiceTracerProvider()
+    processor = SimpleSpanProcessor(kept)
+    own.add_span_processor(processor)
+    span = Recorder(own, processor).start("process q", PARENT, {"messaging.system": "sluice"})
+
+    def work(n):
+        for k in range(5):
+            span.set_attribute(f"t{n}.{k}", k)
+            span.add_event(f"e{n}.{k}")
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    span.end()
+    [done] = kept.get_finished_spans()
+    assert len(done.attributes) == 1 + 40 and len(done.events) == 40
+
+
+def test_recorded_and_sdk_spans_of_one_scope_export_in_one_group_as_the_sdk_writes_them():
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    from core.tracing.otlp_wire import Encoder
+
+    kept = InMemorySpanExporter()
+    provider = SluiceTracerProvider()
+    processor = SimpleSpanProcessor(kept)
+    provider.add_span_processor(processor)
+    recorder = Recorder(provider, processor)
+    tracer = provider.get_tracer("sluice", tracing.state.__version__, schema_url=tracing.state.SCHEMA_URL)
+    recorder.start("process q", PARENT, {"sluice.attempt": 1}).end()
+    tracer.start_span("process q", kind=SpanKind.CONSUMER).end()
+    spans = kept.get_finished_spans()
+    assert Encoder().request(spans) == encode_spans(spans).SerializePartialToString()

@@ -75,17 +75,18 @@ class Unsampled(NonRecordingSpan):
     context made only when something asks for it: a send from the handler, an
     instrumented library.  Most handlers of an unsampled message never do."""
 
-    def __init__(self, trace_id: str, flags: int, ids: Any) -> None:  # pylint: disable=super-init-not-called
-        # Not NonRecordingSpan's __init__: it takes a context, made here on demand.
+    def __init__(self, trace_id: str, span_id: int, flags: int) -> None:  # pylint: disable=super-init-not-called
+        # Not NonRecordingSpan's __init__: it takes a context, made here on demand.  The
+        # span id is drawn now: two threads asking at once must get the same one.
         self._trace_id = trace_id
+        self._span_id = span_id
         self._flags = flags
-        self._ids = ids
         self._made: SpanContext | None = None
 
     def get_span_context(self) -> SpanContext:
         made = self._made
         if made is None:
-            made = self._made = SpanContext(int(self._trace_id, 16), self._ids.generate_span_id(), is_remote=False,
+            made = self._made = SpanContext(int(self._trace_id, 16), self._span_id, is_remote=False,
                                             trace_flags=TraceFlags(self._flags & TraceFlags.RANDOM_TRACE_ID))
         return made
 
@@ -113,8 +114,10 @@ class Call:
         share = took / len(self.messages)
         for message in self.messages:
             self.batch.durations[id(message)] = share  # a re-run after a rollback overwrites
-        if self.span.is_recording():  # an unsampled span's end does nothing: nothing to hold
+        if self.batch.work_rolls_back:
             self.batch.hold(self.span)
+        else:  # receive_only: the handler's work committed on its own connection already
+            self.span.end()
 
     def raised(self, exc: BaseException) -> None:
         """The handler raised: a single message's span waits for the pump's decision
@@ -145,9 +148,13 @@ class BatchTrace:
                        "sluice.batch_size": received, "sluice.transaction_mode": mode}
         #: Seconds of handler time per message (by id()), from its last successful call.
         self.durations: dict[int, float] = {}
-        #: Spans of calls that succeeded, with their end times, held until their work is
-        #: committed or rolled back (:meth:`rollback_to`, :meth:`finish`, :meth:`abandon`).
+        #: Spans of calls that succeeded and of the pump's decisions, with their end times,
+        #: held until what they describe is committed or rolled back (:meth:`rollback_to`,
+        #: :meth:`finish`, :meth:`abandon`).
         self._held: list[tuple[Span, int]] = []
+        #: Whether a handler's work rolls back with the receive (every mode but
+        #: receive_only, whose handlers write on a connection of their own).
+        self.work_rolls_back = mode != "receive_only"
         self._metric_attributes_by_type: dict[str, dict[str, str]] = {}
 
     def _attributes(self, message: Message) -> dict[str, Any]:
@@ -200,7 +207,7 @@ class BatchTrace:
             return recorder.start(self.name, remote, self._attributes(message))
         if not telemetry.follows_unsampled_parent:
             return None
-        return Unsampled(trace_id, flags, telemetry.tracer.id_generator)
+        return Unsampled(trace_id, telemetry.tracer.id_generator.generate_span_id(), flags)
 
     def begin(self, messages: Sequence[Message]) -> Call:
         """The span of a handler call for ``messages`` (one, or a batch handler's list)."""
@@ -224,7 +231,7 @@ class BatchTrace:
             span.set_status(StatusCode.ERROR, str(cause)[:200])
         span.add_event(FAILURE_EVENTS.get(decision, f"sluice.{decision}"),
                        {"sluice.attempt": message.total_failed_attempts + 1, "error.type": error_type(cause)})
-        span.end()
+        self.hold(span)  # the decision is written in the receive's transaction
 
     def settled(self, message: Message, event: str, cause: BaseException | None = None,
                 **attributes: Any) -> None:
@@ -234,11 +241,13 @@ class BatchTrace:
             span.set_attribute("error.type", error_type(cause))
             span.set_status(StatusCode.ERROR, str(cause)[:200])
         span.add_event(event, attributes)
-        span.end()
+        self.hold(span)
 
     def hold(self, span: Span) -> None:
-        """A call succeeded: its span ends when its work is committed or rolled back."""
-        self._held.append((span, time.time_ns()))
+        """``span`` is finished: it ends when what it describes is committed or rolled back
+        (an unsampled span's end does nothing: nothing to hold)."""
+        if span.is_recording():
+            self._held.append((span, time.time_ns()))
 
     def mark(self) -> int:
         """Where a savepoint starts (core.chunks journals, as the processing records)."""
@@ -253,7 +262,8 @@ class BatchTrace:
         del self._held[mark:]
 
     def abandon(self) -> None:
-        """The receive's transaction did not commit: nothing held counted."""
+        """The receive's transaction did not commit: nothing held counted (the pump's
+        decisions, and every mode's handler work but receive_only's, which is not held)."""
         self.rollback_to(0)
 
     def finish(self, messages: Sequence[Message], outcomes: Sequence[MessageOutcome]) -> None:

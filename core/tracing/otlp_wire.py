@@ -12,7 +12,8 @@ What it writes is what ``opentelemetry.exporter.otlp.proto.common.trace_encoder.
 writes, field for field (tests/test_otlp_wire.py decodes both and compares them for
 Hypothesis-made spans).  One difference by design: spans are grouped under their
 resource by identity, not by equality (hashing a resource serialises its attributes as
-JSON, per span); a process's spans share one resource object.
+JSON, per span); a process's spans share its provider's resource object.  Scopes are
+grouped by equality, as the SDK's encoder does.
 
 Values it does not know (anything beyond the attribute types OpenTelemetry allows)
 raise :class:`Unencodable`; the caller then falls back to the SDK's encoder.
@@ -30,6 +31,8 @@ IS_REMOTE = 0x200
 #: encoded every time from then on), and pairs kept in all before the cache starts over.
 DISTINCT_LIMIT = 256
 CACHE_LIMIT = 20_000
+#: Longer strings (a stack trace, an SQL statement) are encoded every time, not kept.
+CACHED_LENGTH = 128
 
 _pack_double = struct.Struct("<d").pack
 _pack_fixed64 = struct.Struct("<Q").pack
@@ -86,7 +89,7 @@ def any_value(value: Any) -> bytes:
 
 def key_value(key: str, value: Any) -> bytes:
     """A ``KeyValue`` message's bytes (the value always present, as the SDK's encoder has it)."""
-    return _field(b"\x0a", key.encode("utf-8")) + _field(b"\x12", any_value(value))
+    return (_field(b"\x0a", key.encode("utf-8")) if key else b"") + _field(b"\x12", any_value(value))
 
 
 class Encoder:
@@ -99,13 +102,13 @@ class Encoder:
         #: Values cached per key, and the keys with too many to cache (ids).
         self._distinct: dict[str, int] = {}
         self._wide: set[str] = set()
-        #: Resources and scopes by identity → their encoded messages.
+        #: Resources by identity → their encoded messages.
         self._headers: dict[int, tuple[Any, bytes]] = {}
 
     def request(self, spans: Sequence[Any]) -> bytes:
         """An ``ExportTraceServiceRequest``'s bytes for ``spans`` (the SDK's ReadableSpans)."""
-        # resource id → scope id → encoded spans; dicts keep the order of first appearance.
-        grouped: dict[int, dict[int, list[bytes]]] = {}
+        # resource id → scope → encoded spans; dicts keep the order of first appearance.
+        grouped: dict[int, dict[Any, list[bytes]]] = {}
         for span in spans:
             resource = span.resource
             scope = span.instrumentation_scope or None
@@ -113,16 +116,16 @@ class Encoder:
             if by_scope is None:
                 by_scope = grouped[id(resource)] = {}
                 self._remember(resource, self._resource)
-            if id(scope) not in by_scope:
-                by_scope[id(scope)] = []
-                self._remember(scope, self._scope)
-            by_scope[id(scope)].append(_field(b"\x12", self.span(span)))
+            found = by_scope.get(scope)
+            if found is None:
+                found = by_scope[scope] = []
+            found.append(_field(b"\x12", self.span(span)))
         out = []
         for resource_id, by_scope in grouped.items():
             resource, resource_bytes = self._headers[resource_id]
             scope_spans = []
-            for scope_id, encoded in by_scope.items():
-                scope, scope_bytes = self._headers[scope_id]
+            for scope, encoded in by_scope.items():
+                scope_bytes = self._scope(scope)
                 schema = scope.schema_url if scope is not None else None
                 scope_spans.append(_field(b"\x12", _field(b"\x0a", scope_bytes) + b"".join(encoded)
                                           + (_field(b"\x1a", schema.encode()) if schema else b"")))
@@ -181,7 +184,8 @@ class Encoder:
         for key, value in attributes.items():
             # Only strings, integers and booleans are kept: their (key, type, value) tells
             # their bytes apart (0.0 == -0.0, and (True,) == (1,) would not).
-            cache_key = (key, type(value), value) if type(value) in _CACHED and key not in wide else None
+            cache_key = ((key, type(value), value) if type(value) in _CACHED and key not in wide
+                         and (type(value) is not str or len(value) <= CACHED_LENGTH) else None)
             encoded = pairs.get(cache_key) if cache_key is not None else None
             if encoded is None:
                 found = key_value(key, value)

@@ -12,14 +12,16 @@ processor, for a tenth of the cost.  tests/test_tracing_recorded.py runs the sam
 messages through both and compares what reached the collector.
 
 It stands aside (:meth:`Recorder.usable`) as soon as the pipeline is not only Sluice's:
-another span processor added to the provider, a sampler that would decide differently
-for a sampled parent, attribute values truncated by ``OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT``,
-or the SDK's own self-metrics switched on.
+another span processor added to the provider, a sampler other than the SDK's parent-based
+or always-on ones (or one that would decide differently for a sampled parent), attribute
+values truncated by ``OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT``, the SDK's own
+self-metrics switched on, or the SDK disabled (``OTEL_SDK_DISABLED``).
 """
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import traceback
 from time import time_ns
 from typing import Any, Mapping, Sequence
@@ -28,6 +30,7 @@ from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import Event, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SpanProcessor
+from opentelemetry.sdk.trace.sampling import ParentBased, StaticSampler
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
@@ -42,6 +45,10 @@ _UNSET = Status(StatusCode.UNSET)
 #: Attributes a span must have room for (Sluice sets up to a dozen; a handler adds some).
 ROOM = 32
 _SAMPLED_FLAGS = {flags: TraceFlags(TraceFlags.SAMPLED | (flags & TraceFlags.RANDOM_TRACE_ID)) for flags in range(256)}
+
+
+def _env_true(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() == "true"
 
 
 class SluiceTracerProvider(TracerProvider):
@@ -63,12 +70,14 @@ class Recorder:
     def __init__(self, provider: SluiceTracerProvider, processor: SpanProcessor) -> None:
         self.provider = provider
         self.processor = processor
-        self.resource = provider.resource
         self.scope = InstrumentationScope(SCOPE, __version__, SCHEMA_URL)
         self.limits = SpanLimits()
         self.generate_span_id = provider.id_generator.generate_span_id
-        self._fits = self._sampler_keeps_sampled_parents() and self._limits_need_no_truncation() and not \
-            os.environ.get("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED", "").strip().lower() == "true"
+        #: Slow paths only (a handler's own attributes and events, the end): a span may be
+        #: touched from several threads, and the SDK's spans are safe for that.
+        self.lock = threading.Lock()
+        self._fits = (self._sampler_keeps_sampled_parents() and self._limits_need_no_truncation()
+                      and not _env_true("OTEL_PYTHON_SDK_INTERNAL_METRICS_ENABLED") and not _env_true("OTEL_SDK_DISABLED"))
 
     def usable(self) -> bool:
         return self._fits and self.provider.processors_added == 1
@@ -80,11 +89,21 @@ class Recorder:
         return RecordedSpan(self, name, context, parent, attributes)
 
     def _sampler_keeps_sampled_parents(self) -> bool:
-        """The provider's sampler records and samples a span whose remote parent was
-        sampled, adding no attributes and keeping the (empty) trace state: asked once."""
+        """The provider's sampler is the SDK's ``ParentBased`` (every ``parentbased_*``
+        choice) or always-on, and records and samples a span whose remote parent was
+        sampled, adding no attributes and keeping the (empty) trace state — asked for trace
+        ids across the range, since a ratio sampler decides by them.  Any other sampler
+        (a bare ratio, one of the application's) decides each span through the SDK."""
+        sampler = self.provider.sampler
+        if not isinstance(sampler, (ParentBased, StaticSampler)):
+            return False
         parent = trace.NonRecordingSpan(SpanContext(1, 1, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED)))
-        probe = self.provider.sampler.should_sample(trace.set_span_in_context(parent), 1, "process", SpanKind.CONSUMER)
-        return probe.decision.is_sampled() and not probe.attributes and not probe.trace_state
+        context = trace.set_span_in_context(parent)
+        for trace_id in (1, (1 << 64) - 1, (1 << 127) + 12345, (1 << 128) - 1):
+            probe = sampler.should_sample(context, trace_id, "process", SpanKind.CONSUMER)
+            if not probe.decision.is_sampled() or probe.attributes or probe.trace_state:
+                return False
+        return True
 
     def _limits_need_no_truncation(self) -> bool:
         """No value is cut short, and Sluice's own dozen attributes all fit."""
@@ -120,7 +139,9 @@ class RecordedSpan(trace.Span):
     # What the batch processor and the exporter read.
     @property
     def resource(self) -> Any:
-        return self._recorder.resource
+        # The provider's, read when exported: a forked child's SDK gives its provider a
+        # resource of its own (a new service.instance.id).
+        return self._recorder.provider.resource
 
     @property
     def instrumentation_scope(self) -> InstrumentationScope:
@@ -154,53 +175,59 @@ class RecordedSpan(trace.Span):
         return self.end_time is None
 
     def end(self, end_time: int | None = None) -> None:
-        if self.end_time is not None:
-            log.warning("Calling end() on an ended span.")
-            return
-        self.end_time = end_time if end_time is not None else time_ns()
+        with self._recorder.lock:
+            if self.end_time is not None:
+                log.warning("Calling end() on an ended span.")
+                return
+            self.end_time = end_time if end_time is not None else time_ns()
         self._recorder.processor.on_end(self)  # type: ignore[arg-type]  # read as a ReadableSpan
 
     def set_attribute(self, key: str, value: types.AnyValue) -> None:
-        if self._ended("set_attribute"):
-            return
-        self._bounded_attributes()[key] = value
+        with self._recorder.lock:
+            if not self._ended("set_attribute"):
+                self._bounded_attributes()[key] = value
 
     def set_attributes(self, attributes: Mapping[str, types.AnyValue]) -> None:
-        if self._ended("set_attributes"):
-            return
-        self._bounded_attributes()._set_items(attributes)  # what the SDK's span calls
+        with self._recorder.lock:
+            if not self._ended("set_attributes"):
+                self._bounded_attributes()._set_items(attributes)  # what the SDK's span calls
 
     def add_event(self, name: str, attributes: types.Attributes = None, timestamp: int | None = None) -> None:
-        if self._ended("add_event"):
-            return
         limits = self._recorder.limits
-        if self._events is None:
-            self._events = BoundedList(limits.max_events)
-        self._events.append(Event(name, BoundedAttributes(limits.max_event_attributes, attributes, immutable=True),
-                                  timestamp))
+        event = Event(name, BoundedAttributes(limits.max_event_attributes, attributes, immutable=True), timestamp)
+        with self._recorder.lock:
+            if self._ended("add_event"):
+                return
+            if self._events is None:
+                self._events = BoundedList(limits.max_events)
+            self._events.append(event)
 
     def add_link(self, context: SpanContext, attributes: types.Attributes = None) -> None:
-        if self._ended("add_link"):
-            return
         if not (context and (context.is_valid or attributes or context.trace_state)):
             return  # the SDK keeps an invalid context's link only when it carries something
         limits = self._recorder.limits
-        if self._links is None:
-            self._links = BoundedList(limits.max_links)
-        self._links.append(Link(context, BoundedAttributes(limits.max_link_attributes, attributes, immutable=True)))
+        link = Link(context, BoundedAttributes(limits.max_link_attributes, attributes, immutable=True))
+        with self._recorder.lock:
+            if self._ended("add_link"):
+                return
+            if self._links is None:
+                self._links = BoundedList(limits.max_links)
+            self._links.append(link)
 
     def update_name(self, name: str) -> None:
-        if not self._ended("update_name"):
-            self.name = name
+        with self._recorder.lock:
+            if not self._ended("update_name"):
+                self.name = name
 
     def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
-        if self._ended("set_status") or self.status.status_code is StatusCode.OK:
-            return  # as the SDK: a status stays once OK, and UNSET is never set
-        if isinstance(status, Status):
-            if status.status_code is not StatusCode.UNSET:
-                self.status = status
-        elif status is not StatusCode.UNSET:
-            self.status = Status(status, description)
+        with self._recorder.lock:
+            if self._ended("set_status") or self.status.status_code is StatusCode.OK:
+                return  # as the SDK: a status stays once OK, and UNSET is never set
+            if isinstance(status, Status):
+                if status.status_code is not StatusCode.UNSET:
+                    self.status = status
+            elif status is not StatusCode.UNSET:
+                self.status = Status(status, description)
 
     def record_exception(self, exception: BaseException, attributes: types.Attributes = None,
                          timestamp: int | None = None, escaped: bool = False) -> None:
