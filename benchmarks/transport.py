@@ -23,7 +23,9 @@ table afterwards.  Queue ``bench``; the producer is a process of its own
    (benchmarks/otlp_sink.py) → ``drain_otel_per_s``, ``otel_overhead_pct`` = drain
    throughput lost against a control drain (``drain_control_per_s``: the same refill, tracing
    off; negative: noise in its favour), ``otel_spans_exported``; then again with 10 % of
-   traces sampled (``otel_sampled_*``) and with 1 % (``otel_sampled_1pct_*``).
+   traces sampled (``otel_sampled_*``) and with 1 % (``otel_sampled_1pct_*``).  Three
+   rounds of these four drains (``--otel-repeats``; one below 1,000 messages), each traced
+   drain compared with its round's control: the keys are the medians (``otel_repeats``).
 4. *end to end*: a worker serving and idle (one probe message handled); the producer
    sends N in batches of 100 as fast as it can → ``e2e_per_s`` = N ÷ (first send → last
    commit), ``latency_ms_p50/p99`` = commit in the worker − the send call.
@@ -87,6 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="SLUICE_PEEK_DELAY for the worker (default: leave the setting alone)")
     parser.add_argument("--no-otel", dest="otel", action="store_false",
                         help="skip the traced drain (otel_overhead_pct is then null)")
+    parser.add_argument("--otel-repeats", type=positive_int, default=None, metavar="R",
+                        help="rounds of the traced drains, reported as medians (default 3; 1 below 1000 messages)")
     parser.add_argument("--timeout", type=float, default=None, metavar="S",
                         help="give up on a phase after S seconds (default: 60 + N/20)")
 
@@ -224,18 +228,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         # 3b. the same drain with tracing on, exported over OTLP/HTTP to a local receiver: every
         # message sampled, then a tenth (the parent-based ratio sampler busy endpoints run),
         # each against a control: an untraced drain of a table refilled the same way.
+        # Each round drains a control and the three traced refills one after the other, and
+        # each traced figure is compared with its own round's control; the keys hold the
+        # medians of the rounds (this machine's speed drifts within a minute).
         traced: dict[str, Any] = {}
         refilled = 0
+        repeats = otel_repeats(args)
         if args.otel:
-            control = traced_drain(url, worker_args, extra_env, workdir, message_type, filled, filled, timeout,
-                                   None, trouble, None, otel=False)["drain_otel_per_s"]
-            traced["drain_control_per_s"] = control
-            refilled += filled
-            for ratio, key in ((None, "otel"), (SAMPLED_RATIO, "otel_sampled"), (RARE_RATIO, "otel_sampled_1pct")):
-                found = traced_drain(url, worker_args, extra_env, workdir, message_type, filled + refilled, filled,
-                                     timeout, control, trouble, ratio)
-                traced.update({name.replace("otel", key, 1): value for name, value in found.items()})
+            rounds: dict[str, list[float]] = {}
+            for _ in range(repeats):
+                control = traced_drain(url, worker_args, extra_env, workdir, message_type, filled + refilled, filled,
+                                       timeout, None, trouble, None, otel=False)["drain_otel_per_s"]
+                rounds.setdefault("drain_control_per_s", []).append(control)
                 refilled += filled
+                for ratio, key in ((None, "otel"), (SAMPLED_RATIO, "otel_sampled"), (RARE_RATIO, "otel_sampled_1pct")):
+                    found = traced_drain(url, worker_args, extra_env, workdir, message_type, filled + refilled,
+                                         filled, timeout, control, trouble, ratio)
+                    for name, value in found.items():
+                        rounds.setdefault(name.replace("otel", key, 1), []).append(value)
+                    refilled += filled
+            traced = {name: median(values) for name, values in rounds.items()}
 
         # 4–5. end to end and idle pick-up with one serving worker
         e2e_file = str(workdir / "e2e")
@@ -312,7 +324,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "otel_sampled_1pct_overhead_pct": traced.get("otel_sampled_1pct_overhead_pct"),
             "otel_sampled_1pct_spans_exported": traced.get("otel_sampled_1pct_spans_exported"),
             "drain_control_per_s": traced.get("drain_control_per_s"),
+            "otel_repeats": repeats if args.otel else None,
         }
+
+
+def otel_repeats(args: argparse.Namespace) -> int:
+    """Rounds of traced drains: ``--otel-repeats``, else 3 for a real run and 1 for a
+    small one (a test's: each drain there is mostly a worker's start-up)."""
+    if args.otel_repeats is not None:
+        return args.otel_repeats
+    return 3 if args.messages >= 1000 else 1
+
+
+def median(values: list[float | None]) -> float | None:
+    found = sorted(value for value in values if value is not None)
+    if not found:
+        return None
+    middle = len(found) // 2
+    return found[middle] if len(found) % 2 else round((found[middle - 1] + found[middle]) / 2, 1)
 
 
 def traced_drain(url: str, worker_args: list[str], extra_env: dict[str, str], workdir: Path, message_type: str,
@@ -346,7 +375,7 @@ def traced_drain(url: str, worker_args: list[str], extra_env: dict[str, str], wo
     finally:
         tracing.uninstall()
     reclaim_dead_rows()  # the drain before left dead rows; this one starts as that one did
-    drain_file = str(workdir / f"drain-otel-{ratio or 1}-{otel}")
+    drain_file = str(workdir / f"drain-otel-{ratio or 1}-{otel}-{start}")
     sampler = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": str(ratio)} if ratio else {}
     with OtlpSink(keep=True) as sink:
         env = worker_env(url, {**extra_env, "BENCH_RECORD_FILE": drain_file, "SLUICE_OTEL": "1" if otel else "0",
