@@ -342,8 +342,8 @@ class MessagePump:
         try:
             failure = self.recoverability.on_failure(message, failed.cause)
         except BaseException:
-            if traced is not None and failed.call is not None and len(failed.call.messages) == 1:
-                traced.hold(failed.call.span)  # no decision: the receive rolls back (abandon)
+            if failed.call is not None:
+                failed.call.undecided()
             raise
         records.handler_failed(message, failure, failed.started_us)
         if traced is not None:

@@ -128,6 +128,14 @@ class Call:
         if len(self.messages) > 1:
             self.span.end()
 
+    def undecided(self) -> None:
+        """The pump could not decide what becomes of the failed message (its
+        recoverability step raised, and the receive rolls back): a single message's span
+        is held, to end with the receive (:meth:`BatchTrace.abandon`); a batch call's has
+        ended already."""
+        if len(self.messages) == 1:
+            self.batch.hold(self.span)
+
     def abandoned(self, exc: BaseException) -> None:
         """Something other than an Exception stopped the handler (the thread is going):
         no decision will follow, so the span ends now."""

@@ -27,7 +27,7 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from core.tracing.state import HISTOGRAMS, SCHEMA_URL, SCOPE
+from core.tracing.names import HISTOGRAMS, SCHEMA_URL, SCOPE
 from sluice import __version__
 
 #: An attribute set, as a hashable tuple of (key, value) pairs.
@@ -48,7 +48,7 @@ class _Series:
 
 
 class Histograms:
-    """The aggregates of the histograms in :data:`core.tracing.state.HISTOGRAMS`; written by
+    """The aggregates of the histograms in :data:`core.tracing.names.HISTOGRAMS`; written by
     pump threads after each batch's commit, read by the exporter's thread."""
 
     def __init__(self, delta: bool = False) -> None:

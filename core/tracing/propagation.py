@@ -50,20 +50,11 @@ def plain_span_context(traceparent: str) -> SpanContext | None:
     """A plain version-00 ``traceparent`` read without the propagator, which costs several
     times as much and runs once per message; None for anything else (the propagator then
     reads it, so both give the same answer: tests/test_tracing_fast_paths.py)."""
-    found = plain_traceparent(traceparent)
-    if found is None:
-        return None
-    trace_id, span_id, flags = found
-    return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags))
-
-
-def plain_traceparent(traceparent: str) -> tuple[int, int, int] | None:
-    """(trace id, span id, flags) of a plain version-00 ``traceparent``; None for anything else."""
     parts = plain_traceparent_parts(traceparent)
     if parts is None:
         return None
     trace_id, span_id, flags = parts
-    return int(trace_id, 16), int(span_id, 16), flags
+    return SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True, trace_flags=TraceFlags(flags))
 
 
 def plain_traceparent_parts(traceparent: str) -> tuple[str, str, int] | None:

@@ -36,7 +36,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.util import types
 
-from core.tracing.state import SCHEMA_URL, SCOPE
+from core.tracing.names import SCHEMA_URL, SCOPE
 from sluice import __version__
 
 log = logging.getLogger("sluice.tracing")
@@ -195,24 +195,14 @@ class RecordedSpan(trace.Span):
     def add_event(self, name: str, attributes: types.Attributes = None, timestamp: int | None = None) -> None:
         limits = self._recorder.limits
         event = Event(name, BoundedAttributes(limits.max_event_attributes, attributes, immutable=True), timestamp)
-        with self._recorder.lock:
-            if self._ended("add_event"):
-                return
-            if self._events is None:
-                self._events = BoundedList(limits.max_events)
-            self._events.append(event)
+        self._append("_events", limits.max_events, event, "add_event")
 
     def add_link(self, context: SpanContext, attributes: types.Attributes = None) -> None:
         if not (context and (context.is_valid or attributes or context.trace_state)):
             return  # the SDK keeps an invalid context's link only when it carries something
         limits = self._recorder.limits
         link = Link(context, BoundedAttributes(limits.max_link_attributes, attributes, immutable=True))
-        with self._recorder.lock:
-            if self._ended("add_link"):
-                return
-            if self._links is None:
-                self._links = BoundedList(limits.max_links)
-            self._links.append(link)
+        self._append("_links", limits.max_links, link, "add_link")
 
     def update_name(self, name: str) -> None:
         with self._recorder.lock:
@@ -240,6 +230,17 @@ class RecordedSpan(trace.Span):
         }
         found.update(attributes or {})
         self.add_event("exception", found, timestamp)
+
+    def _append(self, slot: str, limit: int | None, item: Any, call: str) -> None:
+        """An event or a link, into its bounded list (made on first use: most spans have none)."""
+        with self._recorder.lock:
+            if self._ended(call):
+                return
+            items = getattr(self, slot)
+            if items is None:
+                items = BoundedList(limit)
+                setattr(self, slot, items)
+            items.append(item)
 
     def _bounded_attributes(self) -> BoundedAttributes:
         attributes = self.attributes

@@ -15,34 +15,19 @@ from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
 from core.conf import get_settings
+# What the spans and metrics are called; also importable from here, as before.
+from core.tracing.names import (  # noqa: F401
+    CRITICAL_TIME, CRITICAL_TIME_BOUNDS, DURATION_BOUNDS, HISTOGRAMS, MESSAGE_TYPE, PROCESS_DURATION, SCHEMA_URL,
+    SCOPE,
+)
 from sluice import __version__
 
-if TYPE_CHECKING:  # core.tracing.histograms and .recorded need the SDK, an optional extra
+if TYPE_CHECKING:  # core.tracing.histograms and .recorded need the SDK, an optional extra (and import
+    # core.tracing.names, never this module: the contract in pyproject.toml keeps it so)
     from core.tracing.histograms import Histograms
     from core.tracing.recorded import Recorder
 
 log = logging.getLogger("sluice.tracing")
-
-#: The instrumentation scope of every span and instrument.
-SCOPE = "sluice"
-#: The messaging semantic conventions these spans and metrics follow.
-SCHEMA_URL = "https://opentelemetry.io/schemas/1.27.0"
-#: Metric attribute for the message type (no semantic-convention name exists for it).
-MESSAGE_TYPE = "sluice.message.type"
-
-PROCESS_DURATION = "messaging.process.duration"
-CRITICAL_TIME = "sluice.message.critical_time"
-#: Bucket bounds in seconds: the messaging conventions' advice for durations; critical
-#: time (which includes the wait in the queue) goes on to an hour.
-DURATION_BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
-CRITICAL_TIME_BOUNDS = (*DURATION_BOUNDS, 30.0, 60.0, 300.0, 900.0, 3600.0)
-#: The histograms: unit, description and bounds (the SDK's instruments and
-#: core.tracing.histograms both use these).
-HISTOGRAMS = {
-    PROCESS_DURATION: ("s", "Handler time per message (a batch handler's call shared out)", DURATION_BOUNDS),
-    CRITICAL_TIME: ("s", "Processing ended - (DeliverAt or TimeSent): how late a message's work is done",
-                    CRITICAL_TIME_BOUNDS),
-}
 
 
 class Instruments:
