@@ -15,6 +15,7 @@ to stderr; stdout carries exactly one JSON line, the result.
 #: Benchmark name → module (relative to this package).  Add new benchmarks here.
 BENCHMARKS: dict[str, str] = {
     "transport": "benchmarks.transport",
+    "otel_cost": "benchmarks.otel_cost",
     "delayed": "benchmarks.delayed",
     "purge": "benchmarks.purge",
     "outbox": "benchmarks.outbox",

@@ -60,3 +60,18 @@ class OtlpSink:
     def __exit__(self, *exc: Any) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def serve_until_stdin_closes() -> None:
+    """``python -m benchmarks.otlp_sink``: a receiver in a process of its own (its CPU
+    then counts against nobody's measurement); prints its endpoint, serves until its
+    standard input closes."""
+    import sys
+
+    with OtlpSink() as sink:
+        print(sink.endpoint, flush=True)
+        sys.stdin.read()
+
+
+if __name__ == "__main__":
+    serve_until_stdin_closes()

@@ -350,30 +350,10 @@ def traced_drain(url: str, worker_args: list[str], extra_env: dict[str, str], wo
     """Phase 3b (module doc): refill with traced sends, drain with SLUICE_OTEL=1; every
     message sampled (``ratio`` None), or that share of traces by producer and worker.
     ``otel`` False: the control, the same refill and drain with tracing off."""
-    from django.db import transaction
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
-    from core import tracing
-    from core.transport import Transport
-
-    # Sends traced as an instrumented producer's are (spans made, none exported): the
-    # messages carry traceparent, and the worker's process spans hang from it.
-    tracing.install(TracerProvider(sampler=ParentBased(TraceIdRatioBased(ratio))) if ratio else TracerProvider())
     end = start + count
-    try:
-        transport = Transport()
-        for first in range(start, end, SEND_MANY_BATCH):
-            bodies = [{"i": i} for i in range(first, min(first + SEND_MANY_BATCH, end))]
-            with transaction.atomic():
-                if ratio:  # one send span per message: a sampling decision per trace
-                    for body in bodies:
-                        transport.send(QUEUE, body, message_type=message_type)
-                else:
-                    transport.send_many(QUEUE, bodies, message_type=message_type)
-    finally:
-        tracing.uninstall()
+    refill_traced(start, count, message_type, ratio)
     reclaim_dead_rows()  # the drain before left dead rows; this one starts as that one did
     drain_file = str(workdir / f"drain-otel-{ratio or 1}-{otel}-{start}")
     sampler = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": str(ratio)} if ratio else {}
@@ -398,6 +378,32 @@ def traced_drain(url: str, worker_args: list[str], extra_env: dict[str, str], wo
     log(f"{'traced' if otel else 'control'} drain: {count} in {drain_s:.2f} s = {traced_per_s or 0:.0f} msg/s; {spans} spans exported; "
         f"overhead {overhead if overhead is not None else float('nan'):.1f} %")
     return {"drain_otel_per_s": traced_per_s, "otel_overhead_pct": overhead, "otel_spans_exported": spans}
+
+
+def refill_traced(start: int, count: int, message_type: str, ratio: float | None) -> None:
+    """Send messages ``start`` … ``start + count − 1`` traced as an instrumented producer's
+    are (spans made, none exported): they carry ``traceparent``, sampled in the share
+    ``ratio`` of traces (None: every one), and a worker's process spans hang from it.
+    One send and one trace per message, as when each comes from a request of its own:
+    no two share a ``traceparent`` or a ``TimeSent`` (a batch's shared values would
+    flatter whatever a worker caches of them)."""
+    from django.db import transaction
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    from core import tracing
+    from core.transport import Transport
+
+    tracing.install(TracerProvider(sampler=ParentBased(TraceIdRatioBased(1.0 if ratio is None else ratio))))
+    end = start + count
+    try:
+        transport = Transport()
+        for first in range(start, end, SEND_MANY_BATCH):
+            with transaction.atomic():
+                for i in range(first, min(first + SEND_MANY_BATCH, end)):
+                    transport.send(QUEUE, {"i": i}, message_type=message_type)
+    finally:
+        tracing.uninstall()
 
 
 def reclaim_dead_rows() -> None:

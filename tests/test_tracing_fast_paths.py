@@ -173,6 +173,53 @@ def test_sluices_histograms_hold_what_the_sdk_would(name):
             expected.min, expected.max, dict(expected.attributes))
 
 
+@settings(max_examples=100, deadline=None)
+@given(name=st.sampled_from([PROCESS_DURATION, CRITICAL_TIME]),
+       batches=st.lists(st.lists(st.floats(min_value=0, max_value=1e5, allow_nan=False), max_size=40), max_size=5))
+def test_batches_of_any_values_in_any_order_are_bucketed_as_the_sdk_buckets_them_one_by_one(name, batches):
+    # Sluice sorts each batch and counts per bound; the SDK places each value on its own.
+    # Values on a bound, between bounds, zero, repeated, unsorted, in empty batches.
+    batches = [batch + [HISTOGRAMS[name][2][i % len(HISTOGRAMS[name][2])] for i in range(len(batch) % 3)]
+               for batch in batches]
+    reader = InMemoryMetricReader()
+    unit, description, bounds = HISTOGRAMS[name]
+    instrument = MeterProvider(metric_readers=[reader]).get_meter("sluice").create_histogram(
+        name, unit, description, explicit_bucket_boundaries_advisory=bounds)
+    histograms = Histograms()
+    for batch in batches:
+        for value in batch:
+            instrument.record(value, dict(LABELS))
+        histograms.record_all(name, LABELS, iter(batch))  # any iterable, read once
+    expected = points(reader.get_metrics_data(), name) if any(batches) else []
+    got = [point for metric in histograms.collect() for point in metric.data.data_points]
+    assert [(p.count, p.sum, list(p.bucket_counts), p.min, p.max) for p in got] == \
+           [(p.count, p.sum, list(p.bucket_counts), p.min, p.max) for p in expected]
+
+
+def test_a_call_makes_its_span_current_through_opentelemetrys_own_attach_under_another_runtime_context(monkeypatch):
+    # The default runtime context is a context variable, set and reset directly; any other
+    # (OTEL_PYTHON_CONTEXT) goes through opentelemetry.context.attach and detach.
+    from opentelemetry import context as otel_context
+    from opentelemetry.context.context import _RuntimeContext
+
+    from core.tracing import consuming
+
+    assert consuming._attach.__self__ is otel_context._RUNTIME_CONTEXT._current_context
+
+    class Elsewhere(_RuntimeContext):
+        def attach(self, context):
+            return context
+
+        def get_current(self):
+            return Context()
+
+        def detach(self, token):
+            pass
+
+    monkeypatch.setattr(otel_context, "_RUNTIME_CONTEXT", Elsewhere())
+    assert consuming._context_switch() == (otel_context.attach, otel_context.detach)
+
+
 @pytest.mark.parametrize("delta", [False, True])
 def test_the_exporter_gets_the_histograms_in_sluices_scope_beside_the_sdks_metrics(delta):
     from opentelemetry.sdk.metrics import Histogram as HistogramInstrument

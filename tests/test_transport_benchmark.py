@@ -44,6 +44,17 @@ def test_the_transport_benchmark_prints_its_figures():
     assert 0 <= data["otel_sampled_1pct_spans_exported"] < 120
 
 
+def test_the_otel_cost_benchmark_compares_tracing_off_and_on_in_one_process():
+    data = run_benchmark("otel_cost", "--db", "sqlite", "--messages", "40", "--rounds", "2")
+    assert data["benchmark"] == "otel_cost" and data["messages"] == 40 and data["rounds"] == 2
+    for variant in ("off", "every", "10pct", "1pct"):
+        assert data[f"cpu_us_per_msg_{variant}"] > 0 and data[f"wall_us_per_msg_{variant}"] > 0, variant
+    for suffix in ("", "_10pct", "_1pct"):  # what tracing adds: a figure, whatever its sign on a busy machine
+        added = data[f"otel_cpu_us_per_msg{suffix}"]
+        off = data["cpu_us_per_msg_off"]
+        assert isinstance(added, float) and data[f"otel_cpu_overhead_pct{suffix}"] == pytest.approx(100 * added / off, abs=1)
+
+
 def test_the_delayed_benchmark_reports_lateness_at_the_handler_and_the_movers():
     data = run_benchmark("delayed", "--db", "sqlite", "--messages", "40", "--rate", "200", "--lead", "1",
                          "--peek-delay", "0.05")

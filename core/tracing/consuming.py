@@ -28,6 +28,8 @@ from typing import Any, Sequence
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
+from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+from opentelemetry.trace.propagation import _SPAN_KEY
 from opentelemetry.trace import (
     INVALID_SPAN, Link, NonRecordingSpan, Span, SpanContext, SpanKind, StatusCode, TraceFlags,
 )
@@ -40,6 +42,21 @@ from core.tracing.producing import SYSTEM, error_type
 from core.tracing.propagation import extract, links, plain_traceparent_parts
 
 _EMPTY = Context()
+
+
+def _context_switch() -> tuple[Any, Any]:
+    """How a call makes its span current and stops: OpenTelemetry's attach and detach, or —
+    with the default runtime context, a context variable — that variable's own set and
+    reset, which is what those two end in after three more Python calls each (a message
+    pays for both)."""
+    runtime = getattr(otel_context, "_RUNTIME_CONTEXT", None)
+    variable = getattr(runtime, "_current_context", None)
+    if type(runtime) is ContextVarsRuntimeContext and variable is not None:  # noqa: E721 — exactly the SDK's
+        return variable.set, variable.reset
+    return otel_context.attach, otel_context.detach
+
+
+_attach, _detach = _context_switch()
 
 #: On the span of a call whose work was rolled back with its savepoint (a later message
 #: of its chunk failed): the call runs again, under a span of its own.
@@ -98,31 +115,43 @@ class Unsampled(NonRecordingSpan):
 class Call:
     """One handler call's span, current while the handler runs."""
 
-    __slots__ = ("batch", "span", "messages", "started", "_token")
+    __slots__ = ("batch", "span", "messages", "started", "recording", "_token")
 
-    def __init__(self, batch: "BatchTrace", span: Span, messages: Sequence[Message], base: Context) -> None:
+    def __init__(self, batch: "BatchTrace", span: Span, messages: Sequence[Message], base: Context,
+                 recording: bool) -> None:
         self.batch = batch
         self.span = span
         self.messages = messages
+        #: Whether the span records (an unsampled message's never does: nothing to end or hold).
+        self.recording = recording
+        # The span made current as trace.set_span_in_context would, without its copy of an
+        # empty context.
+        self._token = _attach(Context({_SPAN_KEY: span}) if base is _EMPTY else trace.set_span_in_context(span, base))
         self.started = time.perf_counter()
-        self._token = otel_context.attach(trace.set_span_in_context(span, base))
 
     def done(self) -> None:
         """The handler returned."""
-        otel_context.detach(self._token)
         took = time.perf_counter() - self.started
-        share = took / len(self.messages)
-        for message in self.messages:
-            self.batch.durations[id(message)] = share  # a re-run after a rollback overwrites
-        if self.batch.work_rolls_back:
-            self.batch.hold(self.span)
+        _detach(self._token)
+        batch = self.batch
+        messages = self.messages
+        if len(messages) == 1:
+            batch.durations[id(messages[0])] = took  # a re-run after a rollback overwrites
+        else:
+            share = took / len(messages)
+            for message in messages:
+                batch.durations[id(message)] = share
+        if not self.recording:
+            return
+        if batch.work_rolls_back:
+            batch.hold(self.span)
         else:  # receive_only: the handler's work committed on its own connection already
             self.span.end()
 
     def raised(self, exc: BaseException) -> None:
         """The handler raised: a single message's span waits for the pump's decision
         (:meth:`BatchTrace.failed`); a batch call's ends (it runs again message by message)."""
-        otel_context.detach(self._token)
+        _detach(self._token)
         self.span.set_attribute("error.type", error_type(exc))
         self.span.set_status(StatusCode.ERROR, str(exc)[:200])
         if len(self.messages) > 1:
@@ -199,8 +228,10 @@ class BatchTrace:
           (core.tracing.recorded)."""
         headers = message.headers
         traceparent = headers.get(Headers.TRACEPARENT)
+        # (starts_new_trace, written out: this runs for every message)
         if (not traceparent or Headers.TRACESTATE in headers or Headers.BAGGAGE in headers
-                or starts_new_trace(headers)):
+                or Headers.DELIVER_AT in headers or Headers.RETRY_OF in headers
+                or headers.get(Headers.DELAYED_RETRIES, "0") not in ("", "0")):
             return None
         parts = plain_traceparent_parts(traceparent)
         if parts is None:
@@ -221,12 +252,13 @@ class BatchTrace:
         """The span of a handler call for ``messages`` (one, or a batch handler's list)."""
         if len(messages) == 1:
             span, base = self._start(messages[0])
-            return Call(self, span, messages, base)
+            return Call(self, span, messages, base, type(span) is not Unsampled and span.is_recording())
         span = self.telemetry.tracer.start_span(
             self.name, context=Context(), kind=SpanKind.CONSUMER, links=links(m.headers for m in messages))
-        if span.is_recording():
+        recording = span.is_recording()
+        if recording:
             span.set_attributes({**self.common, "messaging.batch.message_count": len(messages)})
-        return Call(self, span, messages, Context())
+        return Call(self, span, messages, Context(), recording)
 
     def failed(self, message: Message, cause: BaseException, decision: str, call: Call | None) -> None:
         """The pump's decision for a failed message, as an event on its span (a span of
@@ -282,28 +314,43 @@ class BatchTrace:
         self._held.clear()
         if not self.telemetry.measures:
             return
-        types = [message.message_type or "" for message in messages]
-        counts = Counter(zip(outcomes, types))
-        # Per message type: the handler times and critical times of the successes (list
-        # comprehensions, not a loop of appends: this runs for every message).
+        # Per message type: the handler times and critical times of the successes.  Written
+        # for the usual batch (one type, every message handled): a few passes in C over the
+        # batch, no Python call per message.
+        enclosed = Headers.ENCLOSED_MESSAGE_TYPES
+        types = [message.headers.get(enclosed) or "" for message in messages]
         succeeded = MessageOutcome.SUCCEEDED
-        done = [(message, message_type) for message, outcome, message_type in zip(messages, outcomes, types)
-                if outcome is succeeded]
-        by_type: dict[str, list[Message]] = {}
-        if done and all(message_type == done[0][1] for _, message_type in done):
-            by_type[done[0][1]] = [message for message, _ in done]  # the usual batch: one type
-        else:
-            for message, message_type in done:
-                by_type.setdefault(message_type, []).append(message)
-        now_us = time.time_ns() // 1000
         took_by_id = self.durations
+        by_type: dict[str, list[Message]]
+        if types.count(types[0]) == len(types):
+            one_type = types[0]
+            counts: dict[tuple[MessageOutcome, str], int] = {
+                (outcome, one_type): count for outcome, count in Counter(outcomes).items()}
+            if outcomes.count(succeeded) == len(outcomes) and len(took_by_id) == len(messages):
+                by_type = {one_type: list(messages)}
+                took_by_type = {one_type: list(took_by_id.values())}
+            else:
+                by_type = {one_type: [m for m, outcome in zip(messages, outcomes) if outcome is succeeded]}
+                took_by_type = None
+        else:
+            counts = Counter(zip(outcomes, types))
+            by_type = {}
+            for message, outcome, message_type in zip(messages, outcomes, types):
+                if outcome is succeeded:
+                    by_type.setdefault(message_type, []).append(message)
+            took_by_type = None
+        now_us = time.time_ns() // 1000
+        deliver_at, time_sent = Headers.DELIVER_AT, Headers.TIME_SENT
         durations: dict[str, list[float]] = {}
         critical: dict[str, list[float]] = {}
         for message_type, of_type in by_type.items():
-            took = [value for value in (took_by_id.get(id(message)) for message in of_type) if value is not None]
-            sent = [sent_us(message.headers.get(Headers.DELIVER_AT) or message.headers.get(Headers.TIME_SENT))
-                    for message in of_type]
-            late = [max(now_us - value, 0) / 1e6 for value in sent if value is not None]
+            if took_by_type is not None:
+                took = took_by_type[message_type]
+            else:
+                took = [value for value in map(took_by_id.get, map(id, of_type)) if value is not None]
+            sent = [sent_us(message.headers.get(deliver_at) or message.headers.get(time_sent)) for message in of_type]
+            # A clock behind the sender's counts as no wait, not a negative one.
+            late = [(now_us - value) / 1e6 if value < now_us else 0.0 for value in sent if value is not None]
             if took:
                 durations[message_type] = took
             if late:

@@ -103,6 +103,15 @@ def tracer_provider(exporter: SpanExporter | None) -> tuple[SluiceTracerProvider
     return provider, (Recorder(provider, processor) if isinstance(exporter, WireSpanExporter) else None)
 
 
+def sdk_meter_provider(exporter: MetricExporter) -> tuple[MeterProvider, Histograms]:
+    """Sluice's meter provider exporting through ``exporter`` periodically, and the
+    histograms it aggregates itself (core.tracing.histograms) merged into each export."""
+    histograms = Histograms(delta=prefers_delta(exporter))
+    provider = MeterProvider(metric_readers=[PeriodicExportingMetricReader(WithHistograms(exporter, histograms))],
+                             resource=resource())
+    return provider, histograms
+
+
 def providers() -> tuple[trace.TracerProvider, metrics.MeterProvider, Histograms | None, Recorder | None]:
     """The process's SDK providers: the application's when it made them, else new ones,
     set as global; when Sluice made the meter provider, the histograms its exporter adds
@@ -119,10 +128,7 @@ def providers() -> tuple[trace.TracerProvider, metrics.MeterProvider, Histograms
             # Traces only: the no-op meter makes recording free, not merely unexported.
             meter_provider = metrics.NoOpMeterProvider()
         else:
-            histograms = Histograms(delta=prefers_delta(exporter))
-            meter_provider = MeterProvider(
-                metric_readers=[PeriodicExportingMetricReader(WithHistograms(exporter, histograms))],
-                resource=resource())
+            meter_provider, histograms = sdk_meter_provider(exporter)
             metrics.set_meter_provider(meter_provider)
     log.info("OpenTelemetry on: traces and metrics of endpoint %s", get_settings().ENDPOINT)
     return provider, meter_provider, histograms, recorder

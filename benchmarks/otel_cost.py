@@ -1,0 +1,168 @@
+"""Tracing's CPU cost per message, measured in one process, A against B.
+
+    python -m benchmarks otel_cost --db postgresql|sqlite [--messages N] [--rounds R]
+
+The transport benchmark's traced drains (``otel_overhead_pct``) are three-second runs of
+separate worker processes: on a small machine whose speed drifts within a minute, one
+such comparison moves by ±15 %.  This one asks a narrower question with far less noise:
+how much CPU does one message cost the worker process with tracing on, against off?
+
+Each round refills queue ``bench`` with N noop messages sent traced (``traceparent``),
+then drains them in this process with one :class:`~core.pump.MessagePump` thread —
+the real receive, handler call, processing records and commit — under each variant in
+turn: tracing off, every message sampled, 10 % and 1 % of traces sampled (the SDK set
+up as ``SLUICE_OTEL=1`` sets it up: Sluice's tracer and meter providers, the batch span
+processor, the OTLP/HTTP exporters, to a receiver in a process of its own).  The
+drain's process CPU time (every thread: the export thread's encoding counts) ends after
+the span processor has flushed.  The variants' order turns from round to round, and
+each figure is the median over the rounds:
+
+- ``cpu_us_per_msg_off`` / ``_every`` / ``_10pct`` / ``_1pct``: CPU µs per message;
+- ``otel_cpu_us_per_msg`` / ``_10pct`` / ``_1pct``: what tracing adds, in µs, and
+  ``otel_cpu_overhead_pct`` / ``_10pct`` / ``_1pct`` as a share of the untraced cost;
+- ``wall_us_per_msg_off`` and friends: the same drains' wall time (one thread, so the
+  database's round trips count here, which they do not in the CPU figures).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import (
+    REPO_ROOT, BenchmarkError, add_database_argument, bench_database, database_version, log, positive_int,
+    setup_django, standard_main,
+)
+from benchmarks.records import NOOP, QUEUE
+
+HELP = "tracing's CPU cost per message: one process drains traced messages with tracing off and on, in turn"
+#: Variant → the share of traces sampled (None: tracing off; 1.0: every message).
+VARIANTS: dict[str, float | None] = {"off": None, "every": 1.0, "10pct": 0.1, "1pct": 0.01}
+#: Messages each variant drains once before the rounds, uncounted (at most ``--messages``).
+WARM_UP = 500
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_database_argument(parser)
+    parser.add_argument("--messages", type=positive_int, default=10000, metavar="N",
+                        help="messages per drain (default 10000)")
+    parser.add_argument("--rounds", type=positive_int, default=5, metavar="R",
+                        help="rounds of the four drains, reported as medians (default 5)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return standard_main("otel_cost", HELP, add_arguments, run, argv)
+
+
+class Sink:
+    """benchmarks/otlp_sink.py in a process of its own: its CPU is nobody's cost here."""
+
+    def __enter__(self) -> str:
+        self.process = subprocess.Popen([sys.executable, "-m", "benchmarks.otlp_sink"], cwd=REPO_ROOT,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.process.stdout is not None
+        endpoint = self.process.stdout.readline().strip()
+        if not endpoint.startswith("http://"):
+            raise BenchmarkError(f"the OTLP receiver did not start (it printed {endpoint!r})")
+        return endpoint
+
+    def __exit__(self, *exc: Any) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait(10)
+
+
+def drain(ratio: float | None, count: int) -> tuple[float, float]:
+    """Drain the queue in this process with tracing as ``ratio`` says; (CPU s, wall s)."""
+    from core import tracing
+    from core.pump import MessagePump
+    from core.startup import settle_heap
+    from core.tracing import sdk
+
+    telemetry = None
+    if ratio is not None:
+        os.environ["OTEL_TRACES_SAMPLER"] = "parentbased_traceidratio"
+        os.environ["OTEL_TRACES_SAMPLER_ARG"] = str(ratio)
+        provider, recorder = sdk.tracer_provider(sdk.span_exporter())
+        meter_provider, histograms = sdk.sdk_meter_provider(sdk.metric_exporter())
+        telemetry = tracing.install(provider, meter_provider, histograms, recorder)
+    pump = MessagePump(QUEUE, concurrency=1)
+    settle_heap()  # as `sluice worker` does once it has started: a drain starts from a quiet heap
+    try:
+        handled = 0
+        cpu, wall = time.process_time(), time.perf_counter()
+        while handled < count:
+            got = pump.receive_and_process(pump.batch_size)
+            if not got:
+                raise BenchmarkError(f"the queue ran dry after {handled} of {count} messages")
+            handled += got
+        if telemetry is not None:
+            telemetry.tracer_provider.force_flush()  # the export thread's encoding counts too
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    finally:
+        pump.close()
+        if telemetry is not None:
+            tracing.uninstall()
+            telemetry.tracer_provider.shutdown()
+            telemetry.meter_provider.shutdown()
+    return cpu, wall
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from benchmarks.transport import reclaim_dead_rows, refill_traced
+
+    n = args.messages
+    os.environ["SLUICE_HANDLER_MODULES"] = "benchmarks.handlers"
+    record_file = Path(tempfile.mkdtemp(prefix="sluice-otel-cost-")) / "records"
+    os.environ["BENCH_RECORD_FILE"] = str(record_file)
+    with bench_database(args.db) as url, Sink() as endpoint:
+        os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
+        os.environ.setdefault("OTEL_SERVICE_NAME", "sluice-bench")
+        setup_django(url)
+        import benchmarks.handlers  # noqa: F401 — registers the noop handler in this process
+
+        cpu: dict[str, list[float]] = {name: [] for name in VARIANTS}
+        wall: dict[str, list[float]] = {name: [] for name in VARIANTS}
+        names = list(VARIANTS)
+        start = 0
+        # A warm-up of each variant, not counted: imports, prepared statements, connections.
+        warm_up = min(WARM_UP, n)
+        for ratio in VARIANTS.values():
+            refill_traced(start, warm_up, NOOP, ratio)
+            start += warm_up
+            drain(ratio, warm_up)
+        for round_index in range(args.rounds):
+            order = names[round_index % len(names):] + names[:round_index % len(names)]
+            for name in order:
+                ratio = VARIANTS[name]
+                refill_traced(start, n, NOOP, ratio)
+                start += n
+                reclaim_dead_rows()
+                took_cpu, took_wall = drain(ratio, n)
+                cpu[name].append(took_cpu / n * 1e6)
+                wall[name].append(took_wall / n * 1e6)
+                log(f"round {round_index + 1}/{args.rounds} {name}: {cpu[name][-1]:.1f} µs CPU, "
+                    f"{wall[name][-1]:.1f} µs wall per message")
+        record_file.unlink(missing_ok=True)
+        version = database_version()
+    medians = {name: statistics.median(values) for name, values in cpu.items()}
+    result: dict[str, Any] = {"benchmark": "otel_cost", "db": args.db, "db_version": version, "messages": n,
+                              "rounds": args.rounds}
+    for name in VARIANTS:
+        result[f"cpu_us_per_msg_{name}"] = round(medians[name], 1)
+        result[f"wall_us_per_msg_{name}"] = round(statistics.median(wall[name]), 1)
+    for name, suffix in (("every", ""), ("10pct", "_10pct"), ("1pct", "_1pct")):
+        added = medians[name] - medians["off"]
+        result[f"otel_cpu_us_per_msg{suffix}"] = round(added, 1)
+        result[f"otel_cpu_overhead_pct{suffix}"] = round(100 * added / medians["off"], 1)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())
