@@ -113,6 +113,34 @@ def test_an_unsampled_senders_message_is_not_recorded_and_its_sends_stay_in_the_
     assert onward.trace_id == int(TRACE_ID, 16) and onward.trace_flags == int(flags, 16)
 
 
+def test_an_unsampled_messages_span_id_comes_from_the_providers_own_id_generator(
+        transport, queue, pump_for, temp_handlers):
+    # The SDK's random generator is drawn from directly; any other is asked.
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+    from core.tracing.state import span_id_source
+
+    class Counting(RandomIdGenerator):
+        def __init__(self):
+            self.next = 41
+
+        def generate_span_id(self):
+            self.next += 1
+            return self.next
+
+    assert span_id_source(TracerProvider().get_tracer("t"))() != 0
+    seen = []
+    temp_handlers(queue, "PlaceOrder", lambda m, ctx: seen.append(trace.get_current_span().get_span_context()))
+    unsampled_send(transport, queue)
+    tracing.install(TracerProvider(sampler=ParentBased(ALWAYS_ON), id_generator=Counting()),
+                    MeterProvider(metric_readers=[InMemoryMetricReader()]))
+    try:
+        drain(pump_for(queue, concurrency=1))
+    finally:
+        tracing.uninstall()
+    assert [context.span_id for context in seen] == [42]
+
+
 def test_a_sampler_that_samples_unsampled_parents_still_gets_its_span(
         spans, transport, queue, pump_for, temp_handlers):
     temp_handlers(queue, "PlaceOrder", lambda m, ctx: None)

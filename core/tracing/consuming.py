@@ -209,6 +209,9 @@ class BatchTrace:
         short_cut = self._short_cut(message)
         if short_cut is not None:
             return short_cut, _EMPTY
+        return self._start_by_the_sdk(message)
+
+    def _start_by_the_sdk(self, message: Message) -> tuple[Span, Context]:
         base, found = parent_of(message.headers)
         span = self.telemetry.tracer.start_span(self.name, context=base, kind=SpanKind.CONSUMER, links=found)
         if span.is_recording():
@@ -246,13 +249,18 @@ class BatchTrace:
             return recorder.start(self.name, remote, self._attributes(message))
         if not telemetry.follows_unsampled_parent:
             return None
-        return Unsampled(trace_id, telemetry.tracer.id_generator.generate_span_id(), flags)
+        return Unsampled(trace_id, telemetry.new_span_id() or telemetry.tracer.id_generator.generate_span_id(), flags)
 
     def begin(self, messages: Sequence[Message]) -> Call:
         """The span of a handler call for ``messages`` (one, or a batch handler's list)."""
         if len(messages) == 1:
-            span, base = self._start(messages[0])
-            return Call(self, span, messages, base, type(span) is not Unsampled and span.is_recording())
+            span = self._short_cut(messages[0])  # (_start, written out: this runs for every message)
+            if type(span) is Unsampled:
+                return Call(self, span, messages, _EMPTY, False)
+            if span is not None:
+                return Call(self, span, messages, _EMPTY, span.is_recording())
+            span, base = self._start_by_the_sdk(messages[0])
+            return Call(self, span, messages, base, span.is_recording())
         span = self.telemetry.tracer.start_span(
             self.name, context=Context(), kind=SpanKind.CONSUMER, links=links(m.headers for m in messages))
         recording = span.is_recording()

@@ -7,8 +7,10 @@ OpenTelemetry's process-global provider, which can be set only once per process.
 """
 from __future__ import annotations
 
+import functools
 import logging
-from typing import TYPE_CHECKING
+import random
+from typing import TYPE_CHECKING, Callable
 
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import MeterProvider
@@ -76,6 +78,9 @@ class Telemetry:
         #: whatever else (OpenTelemetry's default, parent-based sampling): then that span is
         #: made without the sampler (core.tracing.consuming), a third of a message's cost.
         self.follows_unsampled_parent = follows_unsampled_parent(self.tracer)
+        #: A new span id, as the tracer's id generator makes them (core.tracing.consuming's
+        #: unsampled spans).
+        self.new_span_id = span_id_source(self.tracer)
         #: Sluice's own span recorder when it built the whole trace pipeline (core.tracing.sdk):
         #: sampled process spans skip the SDK's span machinery (core.tracing.recorded).
         self.recorder = recorder
@@ -99,6 +104,23 @@ def follows_unsampled_parent(tracer: trace.Tracer) -> bool:
     unsampled = trace.NonRecordingSpan(trace.SpanContext(1, 1, is_remote=True, trace_flags=trace.TraceFlags(0)))
     probe = sampler.should_sample(trace.set_span_in_context(unsampled), 1, "process", trace.SpanKind.CONSUMER)
     return not probe.decision.is_recording()
+
+
+def span_id_source(tracer: trace.Tracer) -> Callable[[], int] | None:
+    """The tracer's way of making a span id (None: a tracer without an id generator): its
+    id generator's, or — for the SDK's random generator, which draws 64 random bits until
+    they are not all zero — that draw itself, without a Python call.  Its caller draws
+    again on 0 (once in 2⁶⁴ draws)."""
+    generator = getattr(tracer, "id_generator", None)
+    if generator is None:
+        return None
+    try:
+        from opentelemetry.sdk.trace.id_generator import RandomIdGenerator  # noqa: PLC0415 — the optional SDK
+    except ImportError:
+        return generator.generate_span_id
+    if type(generator) is not RandomIdGenerator:  # noqa: E721 — exactly the SDK's, not a subclass
+        return generator.generate_span_id
+    return functools.partial(random.getrandbits, 64)
 
 
 #: None: tracing is off (the default).  Read as ``state.current``, never imported by name:
