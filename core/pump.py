@@ -271,7 +271,8 @@ class MessagePump:
             with writer_turn(self.receive_alias), transaction.atomic(using=self.receive_alias):
                 messages = self.receiver.receive_batch(self.queue, limit)
                 batch = self.strategy.batch(messages)
-                traced = batch_trace(self.queue, self.mode, len(messages)) if messages else None
+                traced = batch_trace(self.queue, self.mode, len(messages),
+                                     self.strategy.work_rolls_back_with_receive) if messages else None
                 resolved: dict[str | None, tuple[Any, bool]] = {}  # one registry look-up per type per batch
                 if getattr(batch, "chunked", False):
                     outcomes = self._process_chunked(messages, batch, records, resolved, traced)

@@ -51,6 +51,9 @@ class TransactionMode(abc.ABC):
     """Base: where the receive runs (``receive_alias``) and what a handler sends with."""
 
     name = ""
+    #: Whether a handler's work commits or rolls back with the receive's transaction (and
+    #: with a chunk's savepoint); receive_only's handlers write on a connection of their own.
+    work_rolls_back_with_receive = True
 
     def __init__(self, business_alias: str) -> None:
         self.business_alias = business_alias
@@ -164,6 +167,7 @@ class ChunkedScope:
 
 class ReceiveOnly(_StatelessMode):
     name = "receive_only"
+    work_rolls_back_with_receive = False
 
     def __init__(self, business_alias: str) -> None:
         super().__init__(business_alias)

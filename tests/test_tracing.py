@@ -204,6 +204,32 @@ def test_a_call_whose_work_rolled_back_with_its_chunk_says_so_and_its_rerun_has_
     assert traced.total("sluice.messages.processed", messaging_destination_name=queue) == 2
 
 
+@pytest.mark.django_db(transaction=True, databases="__all__")
+def test_in_receive_only_mode_a_handlers_span_ends_with_the_handler_as_its_work_committed(
+        traced, transport, queue, pump_for, temp_handlers, settings):
+    """receive_only's handlers write on a connection of their own: their work has committed
+    when they return, so their spans end then, not with the receive, and are never marked
+    rolled back."""
+    from django.db import connection
+
+    if connection.vendor == "sqlite":
+        pytest.skip("receive_only needs concurrent writers (refused on SQLite)")
+    exported_while_handling = []
+
+    def handler(message, context):
+        exported_while_handling.append(len(traced.spans(f"process {queue}")))
+
+    temp_handlers(queue, None, handler)
+    for n in (1, 2):
+        transport.send(queue, n)
+    drain(pump_for(queue, concurrency=1, receive_batch_size=10, transaction_mode="receive_only"))
+    spans = traced.spans(f"process {queue}")
+    assert exported_while_handling == [0, 1]  # the first call's span ended before the second began
+    assert [s.attributes["sluice.transaction_mode"] for s in spans] == ["receive_only"] * 2
+    assert all("sluice.rolled_back" not in s.attributes for s in spans)
+    assert traced.total("sluice.messages.processed", messaging_destination_name=queue) == 2
+
+
 def test_a_settled_message_whose_chunk_rolled_back_says_so_too(traced, transport, queue, pump_for, temp_handlers):
     """A message no handler takes, then one whose handler fails, in one chunk: the first
     one's move to the error queue rolled back with the chunk and was done again."""

@@ -176,7 +176,8 @@ class Call:
 class BatchTrace:
     """The spans and measurements of one receive batch; made only while tracing is on."""
 
-    def __init__(self, telemetry: state.Telemetry, queue: str, mode: str, received: int) -> None:
+    def __init__(self, telemetry: state.Telemetry, queue: str, mode: str, received: int,
+                 work_rolls_back: bool = True) -> None:
         self.telemetry = telemetry
         self.queue = queue
         self.name = f"process {queue}"
@@ -189,9 +190,10 @@ class BatchTrace:
         #: held until what they describe is committed or rolled back (:meth:`rollback_to`,
         #: :meth:`finish`, :meth:`abandon`).
         self._held: list[tuple[Span, int]] = []
-        #: Whether a handler's work rolls back with the receive (every mode but
-        #: receive_only, whose handlers write on a connection of their own).
-        self.work_rolls_back = mode != "receive_only"
+        #: Whether a handler's work rolls back with the receive (the transaction mode's
+        #: word: every mode's but receive_only's, whose handlers write on a connection of
+        #: their own).
+        self.work_rolls_back = work_rolls_back
         self._metric_attributes_by_type: dict[str, dict[str, str]] = {}
 
     def _attributes(self, message: Message) -> dict[str, Any]:
@@ -405,7 +407,7 @@ class BatchTrace:
         return found
 
 
-def batch_trace(queue: str, mode: str, received: int) -> BatchTrace | None:
+def batch_trace(queue: str, mode: str, received: int, work_rolls_back: bool = True) -> BatchTrace | None:
     """A receive batch's :class:`BatchTrace`, or None while tracing is off."""
     telemetry = state.current
-    return None if telemetry is None else BatchTrace(telemetry, queue, mode, received)
+    return None if telemetry is None else BatchTrace(telemetry, queue, mode, received, work_rolls_back)
