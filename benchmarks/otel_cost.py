@@ -1,6 +1,6 @@
 """Tracing's CPU cost per message, measured in one process, A against B.
 
-    python -m benchmarks otel_cost --db postgresql|sqlite [--messages N] [--rounds R]
+    python -m benchmarks otel_cost --db postgresql|sqlite [--messages N] [--rounds R] [--instructions N]
 
 The transport benchmark's traced drains (``otel_overhead_pct``) are three-second runs of
 separate worker processes: on a small machine whose speed drifts within a minute, one
@@ -22,18 +22,29 @@ each figure is the median over the rounds:
   ``otel_cpu_overhead_pct`` / ``_10pct`` / ``_1pct`` as a share of the untraced cost;
 - ``wall_us_per_msg_off`` and friends: the same drains' wall time (one thread, so the
   database's round trips count here, which they do not in the CPU figures).
+
+Those move with the machine's speed (±15 % from one drain to the next on a small shared
+machine).  ``--instructions N`` adds a count that does not: each variant drains N more
+messages in a process of its own under valgrind's callgrind (benchmarks/counted_drain.py),
+counting the machine instructions the drain executes — the same to within about 1 % run
+after run, whatever else the machine does: ``instructions_per_msg_off`` / ``_every`` /
+``_10pct`` / ``_1pct`` and ``otel_instructions_pct`` / ``_10pct`` / ``_1pct``, what tracing
+adds as a share (``instructions_messages``: N).  Under valgrind a drain runs some fifty
+times slower: 3,000 messages take about a minute per variant.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from benchmarks.common import (
     REPO_ROOT, BenchmarkError, add_database_argument, bench_database, database_version, log, positive_int,
@@ -44,6 +55,10 @@ from benchmarks.records import NOOP, QUEUE
 HELP = "tracing's CPU cost per message: one process drains traced messages with tracing off and on, in turn"
 #: Variant → the share of traces sampled (None: tracing off; 1.0: every message).
 VARIANTS: dict[str, float | None] = {"off": None, "every": 1.0, "10pct": 0.1, "1pct": 0.01}
+#: The variants compared with "off", and their keys' suffixes.
+SUFFIXES = (("every", ""), ("10pct", "_10pct"), ("1pct", "_1pct"))
+#: Messages a counted drain takes before it counts (connections, prepared statements).
+COUNTED_WARM_UP = 50
 #: Messages each variant drains once before the rounds, uncounted (at most ``--messages``).
 WARM_UP = 500
 
@@ -54,6 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="messages per drain (default 10000)")
     parser.add_argument("--rounds", type=positive_int, default=5, metavar="R",
                         help="rounds of the four drains, reported as medians (default 5)")
+    parser.add_argument("--instructions", type=int, default=0, metavar="N",
+                        help="also count the machine instructions of a drain of N messages per variant, "
+                             "under valgrind's callgrind: the same figure run after run (default 0: not counted)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,8 +96,11 @@ class Sink:
         self.process.wait(10)
 
 
-def drain(ratio: float | None, count: int) -> tuple[float, float]:
-    """Drain the queue in this process with tracing as ``ratio`` says; (CPU s, wall s)."""
+def drain(ratio: float | None, count: int, warm: int = 0,
+          around: tuple[Callable[[], None], Callable[[], None]] | None = None) -> tuple[float, float]:
+    """Drain the queue in this process with tracing as ``ratio`` says; (CPU s, wall s) of
+    the last ``count`` messages, after ``warm`` untimed ones; ``around``: called just before
+    and just after the timed part (the instruction count's switch)."""
     from core import tracing
     from core.pump import MessagePump
     from core.startup import settle_heap
@@ -93,8 +114,12 @@ def drain(ratio: float | None, count: int) -> tuple[float, float]:
         meter_provider, histograms = sdk.sdk_meter_provider(sdk.metric_exporter())
         telemetry = tracing.install(provider, meter_provider, histograms, recorder)
     pump = MessagePump(QUEUE, concurrency=1)
-    settle_heap()  # as `sluice worker` does once it has started: a drain starts from a quiet heap
     try:
+        if warm:
+            pump.receive_and_process(warm)
+        settle_heap()  # as `sluice worker` does once it has started: a drain starts from a quiet heap
+        if around is not None:
+            around[0]()
         handled = 0
         cpu, wall = time.process_time(), time.perf_counter()
         while handled < count:
@@ -105,6 +130,8 @@ def drain(ratio: float | None, count: int) -> tuple[float, float]:
         if telemetry is not None:
             telemetry.tracer_provider.force_flush()  # the export thread's encoding counts too
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        if around is not None:
+            around[1]()
     finally:
         pump.close()
         if telemetry is not None:
@@ -149,6 +176,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 wall[name].append(took_wall / n * 1e6)
                 log(f"round {round_index + 1}/{args.rounds} {name}: {cpu[name][-1]:.1f} µs CPU, "
                     f"{wall[name][-1]:.1f} µs wall per message")
+        counted = count_instructions(args.instructions, url, start) if args.instructions else {}
         record_file.unlink(missing_ok=True)
         version = database_version()
     medians = {name: statistics.median(values) for name, values in cpu.items()}
@@ -157,11 +185,43 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for name in VARIANTS:
         result[f"cpu_us_per_msg_{name}"] = round(medians[name], 1)
         result[f"wall_us_per_msg_{name}"] = round(statistics.median(wall[name]), 1)
-    for name, suffix in (("every", ""), ("10pct", "_10pct"), ("1pct", "_1pct")):
+    for name, suffix in SUFFIXES:
         added = medians[name] - medians["off"]
         result[f"otel_cpu_us_per_msg{suffix}"] = round(added, 1)
         result[f"otel_cpu_overhead_pct{suffix}"] = round(100 * added / medians["off"], 1)
-    return result
+    return {**result, **counted}
+
+
+def count_instructions(n: int, url: str, start: int) -> dict[str, Any]:
+    """Each variant's drain of ``n`` messages in a process of its own under callgrind
+    (benchmarks/counted_drain.py): instructions per message, and what tracing adds as a
+    share of the untraced count."""
+    from benchmarks.transport import reclaim_dead_rows, refill_traced
+
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        raise BenchmarkError("--instructions needs valgrind (Debian's package valgrind: apt-get install valgrind)")
+    per_message: dict[str, float] = {}
+    for name, ratio in VARIANTS.items():
+        refill_traced(start, n + COUNTED_WARM_UP, NOOP, ratio)
+        start += n + COUNTED_WARM_UP
+        reclaim_dead_rows()
+        result = subprocess.run(
+            ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=/dev/null",
+             sys.executable, "-m", "benchmarks.counted_drain", "off" if ratio is None else str(ratio), str(n),
+             str(COUNTED_WARM_UP)],
+            cwd=REPO_ROOT, env={**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "sluice.settings"},
+            capture_output=True, text=True, timeout=600 + n)
+        found = re.search(r"Collected : (\d+)", result.stderr)
+        if result.returncode != 0 or found is None:
+            raise BenchmarkError(f"the counted drain ({name}) failed:\n{result.stderr[-3000:]}")
+        per_message[name] = int(found.group(1)) / n
+        log(f"instructions, {name}: {per_message[name]:,.0f} per message")
+    counted: dict[str, Any] = {"instructions_messages": n}
+    for name in VARIANTS:
+        counted[f"instructions_per_msg_{name}"] = round(per_message[name])
+    for name, suffix in SUFFIXES:
+        counted[f"otel_instructions_pct{suffix}"] = round(100 * (per_message[name] / per_message["off"] - 1), 1)
+    return counted
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ EXTRAS=test,docs,mssql,pipeline,otel
 # --- system packages -------------------------------------------------------------
 # pyodbc (imported by mssql-django at import time) needs libodbc.so.2.
 apt_install libodbc2 unixodbc
+# The otel_cost benchmark's instruction counts (and their test) run drains under callgrind.
+apt_install valgrind
 # PySpark needs a JVM; only when the project depends on it.
 if grep -qi 'pyspark' pyproject.toml && ! command -v java >/dev/null 2>&1; then
     apt_install openjdk-17-jre-headless

@@ -55,6 +55,17 @@ def test_the_otel_cost_benchmark_compares_tracing_off_and_on_in_one_process():
         assert isinstance(added, float) and data[f"otel_cpu_overhead_pct{suffix}"] == pytest.approx(100 * added / off, abs=1)
 
 
+def test_the_otel_cost_benchmark_counts_instructions_under_callgrind_when_asked():
+    # valgrind comes with scripts/bootstrap.sh (make test's set-up).
+    data = run_benchmark("otel_cost", "--db", "sqlite", "--messages", "20", "--rounds", "1", "--instructions", "60")
+    assert data["instructions_messages"] == 60
+    counts = {variant: data[f"instructions_per_msg_{variant}"] for variant in ("off", "every", "10pct", "1pct")}
+    assert all(isinstance(count, int) and count > 10_000 for count in counts.values()), counts
+    # Every message traced costs more instructions than none: a count, not a clock, so no noise flips it.
+    assert counts["every"] > counts["off"] and data["otel_instructions_pct"] > 0
+    assert data["otel_instructions_pct"] == pytest.approx(100 * (counts["every"] / counts["off"] - 1), abs=0.1)
+
+
 def test_the_delayed_benchmark_reports_lateness_at_the_handler_and_the_movers():
     data = run_benchmark("delayed", "--db", "sqlite", "--messages", "40", "--rate", "200", "--lead", "1",
                          "--peek-delay", "0.05")
