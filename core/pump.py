@@ -346,30 +346,30 @@ class MessagePump:
             if failed.call is not None:
                 failed.call.undecided()
             raise
-        records.handler_failed(message, failure, failed.started_us)
-        if traced is not None:
-            traced.failed(message, failed.cause, failure.value, failed.call)
+        # The span first: the record keeps the trace it is in.
+        trace_id = traced.failed(message, failed.cause, failure.value, failed.call) if traced is not None else None
+        records.handler_failed(message, failure, failed.started_us, trace_id)
         return MessageOutcome.ERRORED if failure is FailureOutcome.ERROR else MessageOutcome.RETRIED
 
     def _settle(self, message: Message, records: RecordBatch | NoRecords, traced: BatchTrace | None) -> MessageOutcome:
         """A message no handler sees: poison, expired, or no handler for its type."""
+        # Each span first: the record keeps the trace it is in.
         if message.poison:
             self.recoverability.move_poison(message)
-            records.to_error_queue(message)
-            if traced is not None:
-                traced.settled(message, "sluice.moved_to_error_queue", PoisonMessage(message.poison))
+            trace_id = None if traced is None else traced.settled(
+                message, "sluice.moved_to_error_queue", PoisonMessage(message.poison))
+            records.to_error_queue(message, trace_id)
             return MessageOutcome.POISON
         if message.expired:
             action = on_expired_receive(self.receiver, message)
-            records.expired(message, action)
-            if traced is not None:
-                traced.settled(message, "sluice.expired", **{"sluice.expiry.action": action})
+            trace_id = None if traced is None else traced.settled(
+                message, "sluice.expired", **{"sluice.expiry.action": action})
+            records.expired(message, action, trace_id)
             return MessageOutcome.EXPIRED
         missing = NoHandler(f"no handler on {self.queue} for message type {message.message_type!r}")
         self.recoverability.move_to_error(message, missing)
-        records.to_error_queue(message)
-        if traced is not None:
-            traced.settled(message, "sluice.moved_to_error_queue", missing)
+        trace_id = None if traced is None else traced.settled(message, "sluice.moved_to_error_queue", missing)
+        records.to_error_queue(message, trace_id)
         return MessageOutcome.ERRORED
 
     def _run(self, unit: Unit, batch: BatchScope, records: RecordBatch | NoRecords,
@@ -402,7 +402,7 @@ class MessagePump:
             if debug:
                 log.debug("message %s on %s is a duplicate: handler skipped", unit.messages[0].id, self.queue)
             return outcome
-        records.processed_all(unit.messages, started_us)
+        records.processed_all(unit.messages, started_us, call.trace_id if call is not None else None)
         for message in unit.messages:
             if RETRY_OF in message.headers:  # a retried failed message succeeded: its record is resolved
                 mark_resolved(message.headers[RETRY_OF], using=self.receive_alias, queue=message.queue)

@@ -131,6 +131,41 @@ def test_a_delayed_send_starts_a_new_trace_linked_to_the_sender(traced, transpor
     assert linked(process) == {ids(send)}
 
 
+def test_each_processing_record_keeps_the_trace_its_process_span_is_in(
+        traced, transport, queue, pump_for, temp_handlers, store):
+    """A first delivery's process span is in its sender's trace; a delayed delivery's is in
+    a trace of its own (linked to the sender): its record names that one, so the
+    conversation view leads to the processing without following links."""
+    from core.records.models import ProcessingRecord
+
+    temp_handlers(queue, None, lambda m, ctx: None)
+    now_id = transport.send(queue, "now")
+    later_id = transport.send(queue, "later", delay=0.05)
+    assert move_due(store) == 1
+    drain(pump_for(queue))
+    trace_of = {s.attributes["messaging.message.id"]: f"{s.context.trace_id:032x}"
+                for s in traced.spans(f"process {queue}")}
+    sent_trace = {s.attributes["messaging.message.id"]: f"{s.context.trace_id:032x}"
+                  for s in traced.spans(f"send {queue}")}
+    recorded = {r.message_id: r.trace_id for r in ProcessingRecord.objects.filter(queue=queue)}
+    assert recorded[now_id] == trace_of[now_id] == sent_trace[now_id]
+    assert recorded[later_id] == trace_of[later_id] != sent_trace[later_id]
+
+
+def test_with_tracing_off_a_processing_record_keeps_the_senders_trace(transport, queue, pump_for, temp_handlers,
+                                                                       store, traced):
+    from core import tracing
+    from core.records.models import ProcessingRecord
+
+    temp_handlers(queue, None, lambda m, ctx: None)
+    later_id = transport.send(queue, "later", delay=0.05)
+    [send] = traced.spans(f"send {queue}")
+    tracing.uninstall()  # the worker's side traces nothing
+    assert move_due(store) == 1
+    drain(pump_for(queue))
+    assert ProcessingRecord.objects.get(message_id=later_id).trace_id == f"{send.context.trace_id:032x}"
+
+
 def test_retries_the_error_queue_and_an_operators_retry_keep_the_senders_context(
         traced, transport, queue, pump_for, temp_handlers, store, error_queue):
     fail = {"on": True}

@@ -96,31 +96,34 @@ class RecordBatch:
         self.rows: list[tuple] = []
 
     # -- one call per decision point of the pump ---------------------------------------------
-    def processed(self, message: Message, started_us: int) -> None:
-        self._add(message, schema.PROCESSED, started_us)
+    # ``trace_id``: the trace the message's process span belongs to when it is not the one
+    # its traceparent names (a delayed delivery's or a retry's new trace); None: that one.
+    def processed(self, message: Message, started_us: int, trace_id: str | None = None) -> None:
+        self._add(message, schema.PROCESSED, started_us, trace_id=trace_id)
 
-    def processed_all(self, messages: Sequence[Message], started_us: int) -> None:
+    def processed_all(self, messages: Sequence[Message], started_us: int, trace_id: str | None = None) -> None:
         """The messages one handler call processed together (a batch handler): each gets
         an equal share of the call's time, so a batch of 100 taking 50 ms records 0.5 ms
         per message, not 50 (processing-time percentiles stay per message)."""
         if len(messages) == 1:
-            self.processed(messages[0], started_us)
+            self.processed(messages[0], started_us, trace_id)
             return
         share = (now_us() - started_us) // len(messages)
         for message in messages:
-            self._add(message, schema.PROCESSED, None, share)
+            self._add(message, schema.PROCESSED, None, share, trace_id)
 
-    def handler_failed(self, message: Message, decision: str, started_us: int | None) -> None:
+    def handler_failed(self, message: Message, decision: str, started_us: int | None,
+                       trace_id: str | None = None) -> None:
         """``decision`` is Recoverability.on_failure's: "error" means this was the last attempt."""
-        self._add(message, schema.FAILED if decision == "error" else schema.RETRIED, started_us)
+        self._add(message, schema.FAILED if decision == "error" else schema.RETRIED, started_us, trace_id=trace_id)
 
-    def expired(self, message: Message, action: str) -> None:
+    def expired(self, message: Message, action: str, trace_id: str | None = None) -> None:
         """``action`` is core.expiry.on_expired_receive's ("dead-lettered" or dropped)."""
-        self._add(message, schema.DEAD_LETTERED if action == "dead-lettered" else schema.EXPIRED)
+        self._add(message, schema.DEAD_LETTERED if action == "dead-lettered" else schema.EXPIRED, trace_id=trace_id)
 
-    def to_error_queue(self, message: Message) -> None:
+    def to_error_queue(self, message: Message, trace_id: str | None = None) -> None:
         """A poison row or a message nobody handles: no handler ran."""
-        self._add(message, schema.ERROR_QUEUE)
+        self._add(message, schema.ERROR_QUEUE, trace_id=trace_id)
 
     # -- a chunk's savepoint (core.pump): its records go when it rolls back ---------------------
     def mark(self) -> int:
@@ -130,7 +133,8 @@ class RecordBatch:
         del self.rows[mark:]
 
     # -----------------------------------------------------------------------------------------
-    def _add(self, message: Message, outcome: str, started: int | None = None, took: int | None = None) -> None:
+    def _add(self, message: Message, outcome: str, started: int | None = None, took: int | None = None,
+             trace_id: str | None = None) -> None:
         ended = now_us()
         if took is not None:
             started = ended - took
@@ -155,7 +159,7 @@ class RecordBatch:
             _cut(headers.get(Headers.ORIGINATING_ENDPOINT), "originating_endpoint"),
             _cut(headers.get(Headers.ORIGINATING_MACHINE), "originating_host"),
             self.worker,
-            trace_id_of(headers.get(Headers.TRACEPARENT)),
+            trace_id or trace_id_of(headers.get(Headers.TRACEPARENT)),
         ))
 
     def write(self, using: str) -> int:
@@ -203,13 +207,14 @@ def insert_rows(rows: Sequence[tuple], using: str) -> None:
 class NoRecords:
     """SLUICE_PROCESSING_RECORDS off: every call does nothing."""
 
-    def processed(self, message: Message, started_us: int) -> None:
+    def processed(self, message: Message, started_us: int, trace_id: str | None = None) -> None:
         pass
 
-    def processed_all(self, messages: Sequence[Message], started_us: int) -> None:
+    def processed_all(self, messages: Sequence[Message], started_us: int, trace_id: str | None = None) -> None:
         pass
 
-    def handler_failed(self, message: Message, decision: str, started_us: int | None) -> None:
+    def handler_failed(self, message: Message, decision: str, started_us: int | None,
+                       trace_id: str | None = None) -> None:
         pass
 
     def mark(self) -> int:
@@ -218,10 +223,10 @@ class NoRecords:
     def rollback_to(self, mark: int) -> None:
         pass
 
-    def expired(self, message: Message, action: str) -> None:
+    def expired(self, message: Message, action: str, trace_id: str | None = None) -> None:
         pass
 
-    def to_error_queue(self, message: Message) -> None:
+    def to_error_queue(self, message: Message, trace_id: str | None = None) -> None:
         pass
 
     def write(self, using: str) -> int:

@@ -85,6 +85,13 @@ def parent_of(headers: dict[str, str]) -> tuple[Context, list[Link]]:
     return trace.set_span_in_context(INVALID_SPAN, carried), ([Link(sender)] if sender.is_valid else [])
 
 
+def trace_id_of_span(span: Span) -> str | None:
+    """A span's trace id as the processing records keep it (32 lower-case hex digits), or
+    None for an invalid span (a no-op tracer's)."""
+    context = span.get_span_context()
+    return format(context.trace_id, "032x") if context.is_valid else None
+
+
 class Unsampled(NonRecordingSpan):
     """The span of a message whose sender was not sampled, as the SDK's parent-based
     sampler makes it — non-recording, a span id of its own, the parent's flags passed on
@@ -115,15 +122,19 @@ class Unsampled(NonRecordingSpan):
 class Call:
     """One handler call's span, current while the handler runs."""
 
-    __slots__ = ("batch", "span", "messages", "started", "recording", "_token")
+    __slots__ = ("batch", "span", "messages", "started", "recording", "trace_id", "_token")
 
     def __init__(self, batch: "BatchTrace", span: Span, messages: Sequence[Message], base: Context,
-                 recording: bool) -> None:
+                 recording: bool, trace_id: str | None = None) -> None:
         self.batch = batch
         self.span = span
         self.messages = messages
         #: Whether the span records (an unsampled message's never does: nothing to end or hold).
         self.recording = recording
+        #: The trace the span belongs to, for the processing records, when it is not the one
+        #: the message's ``traceparent`` names (a delayed delivery's, a retry's, a batch
+        #: call's new trace); None: that one.
+        self.trace_id = trace_id
         # The span made current as trace.set_span_in_context would, without its copy of an
         # empty context.
         self._token = _attach(Context({_SPAN_KEY: span}) if base is _EMPTY else trace.set_span_in_context(span, base))
@@ -207,20 +218,22 @@ class BatchTrace:
             attributes["sluice.message.type"] = message.message_type
         return attributes
 
-    def _start(self, message: Message) -> tuple[Span, Context]:
+    def _start(self, message: Message) -> tuple[Span, Context, str | None]:
+        """A message's span, the context it starts from, and its trace when that is not
+        the one the message's ``traceparent`` names (:attr:`Call.trace_id`)."""
         short_cut = self._short_cut(message)
         if short_cut is not None:
-            return short_cut, _EMPTY
+            return short_cut, _EMPTY, None  # the sender's trace, as the traceparent says
         return self._start_by_the_sdk(message)
 
-    def _start_by_the_sdk(self, message: Message) -> tuple[Span, Context]:
+    def _start_by_the_sdk(self, message: Message) -> tuple[Span, Context, str | None]:
         base, found = parent_of(message.headers)
         span = self.telemetry.tracer.start_span(self.name, context=base, kind=SpanKind.CONSUMER, links=found)
         if span.is_recording():
             # Set after the start, and only on a sampled span: cleaning a dozen attributes
             # was most of a span's cost, and an unsampled message should cost next to nothing.
             span.set_attributes(self._attributes(message))
-        return span, base
+        return span, base, trace_id_of_span(span)
 
     def _short_cut(self, message: Message) -> Span | None:
         """The span the SDK would make for a first delivery whose headers hold only a plain
@@ -261,37 +274,41 @@ class BatchTrace:
                 return Call(self, span, messages, _EMPTY, False)
             if span is not None:
                 return Call(self, span, messages, _EMPTY, span.is_recording())
-            span, base = self._start_by_the_sdk(messages[0])
-            return Call(self, span, messages, base, span.is_recording())
+            span, base, trace_id = self._start_by_the_sdk(messages[0])
+            return Call(self, span, messages, base, span.is_recording(), trace_id)
         span = self.telemetry.tracer.start_span(
             self.name, context=Context(), kind=SpanKind.CONSUMER, links=links(m.headers for m in messages))
         recording = span.is_recording()
         if recording:
             span.set_attributes({**self.common, "messaging.batch.message_count": len(messages)})
-        return Call(self, span, messages, Context(), recording)
+        return Call(self, span, messages, Context(), recording, trace_id_of_span(span))
 
-    def failed(self, message: Message, cause: BaseException, decision: str, call: Call | None) -> None:
+    def failed(self, message: Message, cause: BaseException, decision: str, call: Call | None) -> str | None:
         """The pump's decision for a failed message, as an event on its span (a span of
-        its own when the failure had none: the database refused its sends)."""
+        its own when the failure had none: the database refused its sends); the span's
+        trace for the message's processing record (:attr:`Call.trace_id`)."""
         if call is not None and len(call.messages) == 1:
-            span = call.span
+            span, trace_id = call.span, call.trace_id
         else:
-            span, _ = self._start(message)
+            span, _, trace_id = self._start(message)
             span.set_attribute("error.type", error_type(cause))
             span.set_status(StatusCode.ERROR, str(cause)[:200])
         span.add_event(FAILURE_EVENTS.get(decision, f"sluice.{decision}"),
                        {"sluice.attempt": message.total_failed_attempts + 1, "error.type": error_type(cause)})
         self.hold(span)  # the decision is written in the receive's transaction
+        return trace_id
 
     def settled(self, message: Message, event: str, cause: BaseException | None = None,
-                **attributes: Any) -> None:
-        """A message no handler saw (expired, poison, no handler): its span and an event."""
-        span, _ = self._start(message)
+                **attributes: Any) -> str | None:
+        """A message no handler saw (expired, poison, no handler): its span and an event;
+        the span's trace for the message's processing record (:attr:`Call.trace_id`)."""
+        span, _, trace_id = self._start(message)
         if cause is not None:
             span.set_attribute("error.type", error_type(cause))
             span.set_status(StatusCode.ERROR, str(cause)[:200])
         span.add_event(event, attributes)
         self.hold(span)
+        return trace_id
 
     def hold(self, span: Span) -> None:
         """``span`` is finished: it ends when what it describes is committed or rolled back
