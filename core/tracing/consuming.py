@@ -29,7 +29,6 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
-from opentelemetry.trace.propagation import _SPAN_KEY
 from opentelemetry.trace import (
     INVALID_SPAN, Link, NonRecordingSpan, Span, SpanContext, SpanKind, StatusCode, TraceFlags,
 )
@@ -42,6 +41,9 @@ from core.tracing.producing import SYSTEM, error_type
 from core.tracing.propagation import extract, links, plain_traceparent_parts
 
 _EMPTY = Context()
+#: The key under which a context holds its current span, asked of the public API (the
+#: module that defines it keeps it private).
+_SPAN_KEY = next(iter(trace.set_span_in_context(INVALID_SPAN, _EMPTY)))
 
 
 def _context_switch() -> tuple[Any, Any]:
