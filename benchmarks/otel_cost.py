@@ -51,10 +51,11 @@ from benchmarks.common import (
     setup_django, standard_main,
 )
 from benchmarks.records import NOOP, QUEUE
+from benchmarks.transport import RARE_RATIO, SAMPLED_RATIO, reclaim_dead_rows, refill_traced
 
 HELP = "tracing's CPU cost per message: one process drains traced messages with tracing off and on, in turn"
 #: Variant → the share of traces sampled (None: tracing off; 1.0: every message).
-VARIANTS: dict[str, float | None] = {"off": None, "every": 1.0, "10pct": 0.1, "1pct": 0.01}
+VARIANTS: dict[str, float | None] = {"off": None, "every": 1.0, "10pct": SAMPLED_RATIO, "1pct": RARE_RATIO}
 #: The variants compared with "off", and their keys' suffixes.
 SUFFIXES = (("every", ""), ("10pct", "_10pct"), ("1pct", "_1pct"))
 #: Messages a counted drain takes before it counts (connections, prepared statements).
@@ -69,9 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="messages per drain (default 10000)")
     parser.add_argument("--rounds", type=positive_int, default=5, metavar="R",
                         help="rounds of the four drains, reported as medians (default 5)")
-    parser.add_argument("--instructions", type=int, default=0, metavar="N",
+    parser.add_argument("--instructions", type=positive_int, default=None, metavar="N",
                         help="also count the machine instructions of a drain of N messages per variant, "
-                             "under valgrind's callgrind: the same figure run after run (default 0: not counted)")
+                             "under valgrind's callgrind: the same figure run after run (default: not counted)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,8 +143,6 @@ def drain(ratio: float | None, count: int, warm: int = 0,
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from benchmarks.transport import reclaim_dead_rows, refill_traced
-
     n = args.messages
     os.environ["SLUICE_HANDLER_MODULES"] = "benchmarks.handlers"
     record_file = Path(tempfile.mkdtemp(prefix="sluice-otel-cost-")) / "records"
@@ -196,8 +195,6 @@ def count_instructions(n: int, url: str, start: int) -> dict[str, Any]:
     """Each variant's drain of ``n`` messages in a process of its own under callgrind
     (benchmarks/counted_drain.py): instructions per message, and what tracing adds as a
     share of the untraced count."""
-    from benchmarks.transport import reclaim_dead_rows, refill_traced
-
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise BenchmarkError("--instructions needs valgrind (Debian's package valgrind: apt-get install valgrind)")
     per_message: dict[str, float] = {}

@@ -226,9 +226,6 @@ class BatchTrace:
         short_cut = self._short_cut(message)
         if short_cut is not None:
             return short_cut, _EMPTY, None  # the sender's trace, as the traceparent says
-        return self._start_by_the_sdk(message)
-
-    def _start_by_the_sdk(self, message: Message) -> tuple[Span, Context, str | None]:
         base, found = parent_of(message.headers)
         span = self.telemetry.tracer.start_span(self.name, context=base, kind=SpanKind.CONSUMER, links=found)
         if span.is_recording():
@@ -248,10 +245,8 @@ class BatchTrace:
           (core.tracing.recorded)."""
         headers = message.headers
         traceparent = headers.get(Headers.TRACEPARENT)
-        # (starts_new_trace, written out: this runs for every message)
         if (not traceparent or Headers.TRACESTATE in headers or Headers.BAGGAGE in headers
-                or Headers.DELIVER_AT in headers or Headers.RETRY_OF in headers
-                or headers.get(Headers.DELAYED_RETRIES, "0") not in ("", "0")):
+                or starts_new_trace(headers)):
             return None
         parts = plain_traceparent_parts(traceparent)
         if parts is None:
@@ -271,13 +266,9 @@ class BatchTrace:
     def begin(self, messages: Sequence[Message]) -> Call:
         """The span of a handler call for ``messages`` (one, or a batch handler's list)."""
         if len(messages) == 1:
-            span = self._short_cut(messages[0])  # (_start, written out: this runs for every message)
-            if type(span) is Unsampled:
-                return Call(self, span, messages, _EMPTY, False)
-            if span is not None:
-                return Call(self, span, messages, _EMPTY, span.is_recording())
-            span, base, trace_id = self._start_by_the_sdk(messages[0])
-            return Call(self, span, messages, base, span.is_recording(), trace_id)
+            span, base, trace_id = self._start(messages[0])
+            # An unsampled span never records: no need to ask it.
+            return Call(self, span, messages, base, type(span) is not Unsampled and span.is_recording(), trace_id)
         span = self.telemetry.tracer.start_span(
             self.name, context=Context(), kind=SpanKind.CONSUMER, links=links(m.headers for m in messages))
         recording = span.is_recording()
