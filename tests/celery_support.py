@@ -357,6 +357,15 @@ class CeleryCluster:
         for proc in reversed(self.procs):
             proc.stop()
 
+    def report(self) -> None:
+        """Each process's output into ``<tmp>/<name>.log`` and its tail printed (pytest shows
+        what a failed test printed)."""
+        for proc in self.procs:
+            log = self.tmp / f"{proc.name}.log"
+            log.write_text(proc.text)
+            print(f"\n===== {proc.name} (pid {proc.pid}, exit {proc.popen.returncode}; all of it in {log}) =====\n"
+                  f"{proc.tail(150)}")
+
 
 def all_task_runs(procs: list[Proc], name: str) -> list[TaskRun]:
     return sorted((run for p in procs for run in p.task_runs(name)), key=lambda r: r.started)

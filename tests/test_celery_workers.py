@@ -55,11 +55,7 @@ def cluster(demo, redis_server, tmp_path):
     c = CeleryCluster(redis_server, tmp_path)
     yield c
     c.stop_all()
-    for proc in c.procs:
-        log = tmp_path / f"{proc.name}.log"
-        log.write_text(proc.text)
-        print(f"\n===== {proc.name} (pid {proc.pid}, exit {proc.popen.returncode}; all of it in {log}) =====\n"
-              f"{proc.tail(150)}")
+    c.report()
     clear_delayed()
 
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 
 import django
-from celery import Celery, bootsteps, signals
+from celery import Celery, bootsteps, platforms, signals
 from django.apps import apps
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "sluice.settings")
@@ -126,6 +127,27 @@ def settle_worker_heap(**kwargs) -> None:
 @signals.beat_init.connect
 def refuse_insecure_beat(**kwargs) -> None:
     refuse_to_start_insecurely("Celery beat")
+
+
+@signals.beat_init.connect
+def stop_beat_by_unwinding(sender, **kwargs) -> None:
+    """SIGTERM and SIGINT stop beat by unwinding its loop; the loop's own ``finally`` then
+    saves and closes the schedule, with nothing half done.
+
+    Celery's handler closes the schedule and the broker connection inside the signal
+    handler and only then raises SystemExit.  When the signal lands while a task is being
+    published, the half-read Redis reply fails on the closed socket, that error replaces
+    SystemExit, and beat ticks on over a closed schedule until it crashes: exit code 1 and
+    a CRITICAL log on about one stop in 25 in our tests (every deploy stops beat).
+    ``sender`` is beat's Service, whose ``start`` has installed Celery's handler already."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # a beat embedded in a worker's thread: signals are the worker's
+
+    def stop(signum, frame) -> None:
+        sender.stop()  # the loop stops even if something up the stack swallowed SystemExit
+        raise SystemExit()
+
+    platforms.signals.update(SIGTERM=stop, SIGINT=stop)
 
 
 @signals.after_setup_logger.connect
