@@ -48,38 +48,30 @@ messages", one per batch).
 
 The worker runs with ``SLUICE_LOG_LEVEL=WARNING``: at INFO it logs one line per
 expired message it drops (a million lines here), which would flood the pipe this
-benchmark reads.  PostgreSQL runs use a database of their own, ``sluice_bench_purge``.
+benchmark reads.  PostgreSQL runs use a database of their own, ``sluice_bench_purge``
+(``<SLUICE_BENCH_DATABASE>_purge`` when that is set).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import os
 import statistics
-import threading
 import time
 from typing import Any
 
 from benchmarks import common
 from benchmarks.common import (
-    BenchmarkError, Progress, Worker, database_version, log, positive_int, rate, standard_main,
-    setup_django, worker_env,
+    BenchmarkError, Progress, Worker, database_version, log, positive_int, rate, standard_main, setup_django,
+    worker_env,
 )
+from benchmarks.purge_fill import LIVE_TABLE, QUEUE, fill, live_stride
+from benchmarks.purge_watch import DATABASE_NAME, BatchLog, LockMonitor, PingSampler, ping_rows, server_url
 
 HELP = "purge of expired rows while receivers run: purge speed, receiver slowdown, deadlocks"
-QUEUE = "demo"
-MESSAGE_TYPE = "Ping"
-DATABASE_NAME = "sluice_bench_purge"
 #: Defaults per database: (expired N, live L).
 DEFAULT_SIZES = {"postgresql": (1_000_000, 20_000), "sqlite": (200_000, 4_000)}
-#: Rows per fill statement (PostgreSQL) / per transaction (SQLite): progress granularity.
-FILL_CHUNK = {"postgresql": 100_000, "sqlite": 10_000}
-#: The TTL the expired rows were "sent" with (their TimeToBeReceived header), seconds.
-EXPIRED_TTL = 60
-LIVE_TABLE = "bench_purge_live"
-SAMPLE_INTERVAL = 0.5
 DEADLOCK_MARKERS = ("deadlock", "40p01")
 
 
@@ -108,10 +100,6 @@ def main(argv: list[str] | None = None) -> int:
     return standard_main("purge", HELP, add_arguments, run, argv)
 
 
-def server_url() -> str:
-    return os.environ.get(common.POSTGRES_URL_ENV, common.DEFAULT_POSTGRES_URL)
-
-
 def pg_deadlocks() -> int:
     """pg_stat_database.deadlocks of the benchmark database, read on a fresh connection
     (no cached stats snapshot)."""
@@ -122,171 +110,7 @@ def pg_deadlocks() -> int:
     return int(row[0]) if row else 0
 
 
-# -- filling ----------------------------------------------------------------------------------
-def live_stride(expired: int, live: int) -> int:
-    """Row g (1-based) is live when g % k == 0 and g // k <= live."""
-    return (expired + live) // live
-
-
-def fill(kind: str, expired: int, live: int, label: str) -> float:
-    """Empty ``demo``, the Ping table and the live-id table, then fill the queue.  Returns seconds."""
-    from django.db import connection
-
-    from core.transport import Transport
-
-    d = Transport().dialect
-    t = d.table(QUEUE)
-    started = time.perf_counter()
-    with connection.cursor() as cursor:
-        if kind == "postgresql":
-            cursor.execute(f"CREATE TABLE IF NOT EXISTS {LIVE_TABLE} (id text PRIMARY KEY)")
-            cursor.execute(f"TRUNCATE {t}, sluice_demo_ping, {LIVE_TABLE} RESTART IDENTITY")
-        else:
-            cursor.execute(f"CREATE TABLE IF NOT EXISTS {LIVE_TABLE} (id TEXT PRIMARY KEY)")
-            for table in (t, "sluice_demo_ping", LIVE_TABLE):
-                cursor.execute(f"DELETE FROM {table}")
-            cursor.execute("DELETE FROM sqlite_sequence WHERE name = %s", [QUEUE])
-    if kind == "postgresql":
-        fill_postgresql(expired, live, label)
-    else:
-        fill_sqlite(expired, live, label)
-    with connection.cursor() as cursor:
-        cursor.execute(f'INSERT INTO {LIVE_TABLE} (id) SELECT "Id" FROM {t} WHERE "Expires" IS NULL'
-                       if kind == "sqlite" else
-                       f'INSERT INTO {LIVE_TABLE} (id) SELECT "Id"::text FROM {t} WHERE "Expires" IS NULL')
-        cursor.execute(f"SELECT COUNT(*) FROM {LIVE_TABLE}")
-        got = cursor.fetchone()[0]
-    if got != live:
-        raise BenchmarkError(f"fill: {got} live rows, expected {live}")
-    vacuum_started = time.perf_counter()
-    if kind == "postgresql":
-        with connection.cursor() as cursor:  # Django runs in autocommit: VACUUM is allowed
-            cursor.execute(f"VACUUM (ANALYZE) {t}")
-            cursor.execute(f"ANALYZE {LIVE_TABLE}")
-            cursor.execute("SELECT pg_total_relation_size(%s)", [t])
-            size = cursor.fetchone()[0]
-        log(f"{label}: VACUUM (ANALYZE) in {time.perf_counter() - vacuum_started:.1f} s; "
-            f"table + indexes {size / 2**20:.0f} MiB")
-    else:
-        with connection.cursor() as cursor:
-            cursor.execute("ANALYZE")
-    elapsed = time.perf_counter() - started
-    log(f"{label}: {expired} expired + {live} live rows in {elapsed:.1f} s")
-    return elapsed
-
-
-def fill_postgresql(expired: int, live: int, label: str) -> None:
-    from django.db import connection
-
-    from core.conf import get_settings
-    from core.messages import Headers
-    from core.transport import Transport
-
-    t = Transport().dialect.table(QUEUE)
-    total, k = expired + live, live_stride(expired, live)
-    endpoint = json.dumps(get_settings().ENDPOINT)
-
-    def key(name: str) -> str:  # '"Name":' as SQL literal text (header names hold no quotes)
-        return json.dumps(name) + ":"
-
-    # The headers Transport.build writes, in its order, as compact JSON (encode_headers).
-    headers_sql = (
-        f"""'{{{key(Headers.MESSAGE_ID)}"' || r.id::text || '",'"""
-        f"""|| '{key(Headers.CORRELATION_ID)}"' || r.id::text || '",'"""
-        f"""|| '{key(Headers.CONVERSATION_ID)}"' || gen_random_uuid()::text || '",'"""
-        f"""|| '{key(Headers.CONTENT_TYPE)}"application/json",'"""
-        f"""|| '{key(Headers.TIME_SENT)}"' || to_char(r.sent AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS:US') || ' Z",'"""
-        f"""|| '{key(Headers.ORIGINATING_ENDPOINT)}' || %s || ','"""
-        f"""|| '{key(Headers.ENCLOSED_MESSAGE_TYPES)}"{MESSAGE_TYPE}"'"""
-        f"""|| CASE WHEN r.live THEN '' ELSE ',{key(Headers.TIME_TO_BE_RECEIVED)}"00:01:00"' END"""
-        f"""|| '}}'"""
-    )
-    # RowVersion is given explicitly (= g, so the order is the series' order without a sort
-    # of wide rows); the identity sequence is moved past it afterwards.
-    statement = (
-        f'INSERT INTO {t} ("Id", "CorrelationId", "ReplyToAddress", "Recoverable", "Expires", "Headers", "Body", '
-        f'"RowVersion") '
-        f"SELECT r.id, r.id::text, NULL, TRUE, CASE WHEN r.live THEN NULL ELSE r.at - interval '1 hour' END, "
-        f"{headers_sql}, convert_to('{{}}', 'UTF8'), r.g "
-        f"FROM (SELECT g, gen_random_uuid() AS id, (g %% %s = 0 AND g / %s <= %s) AS live, "
-        f"statement_timestamp() AS at, "
-        f"CASE WHEN g %% %s = 0 AND g / %s <= %s THEN statement_timestamp() "
-        f"ELSE statement_timestamp() - interval '1 hour' - make_interval(secs => %s) END AS sent "
-        f"FROM generate_series(%s::bigint, %s::bigint) AS g) AS r"
-    )
-    progress = Progress(label, total)
-    chunk = FILL_CHUNK["postgresql"]
-    with connection.cursor() as cursor:
-        for first in range(1, total + 1, chunk):
-            last = min(first + chunk - 1, total)
-            cursor.execute(statement, [endpoint, k, k, live, k, k, live, EXPIRED_TTL, first, last])
-            progress.update(last)
-        cursor.execute(f"SELECT setval(pg_get_serial_sequence(%s, 'RowVersion'), %s)", [t, total])
-    progress.done()
-    check_headers_like_send()
-
-
-def check_headers_like_send() -> None:
-    """The generated rows must carry the header names Transport.build gives a Ping."""
-    from django.db import connection
-
-    from core.messages import Headers, decode_headers
-    from core.transport import Transport
-
-    t = Transport().dialect.table(QUEUE)
-    built = Transport().build(QUEUE, {}, message_type=MESSAGE_TYPE)
-    built_ttl = Transport().build(QUEUE, {}, message_type=MESSAGE_TYPE, ttl=EXPIRED_TTL)
-    with connection.cursor() as cursor:
-        cursor.execute(f'SELECT "Id"::text, "Headers" FROM {t} WHERE "Expires" IS NULL ORDER BY "RowVersion" LIMIT 1')
-        live_id, live_headers = cursor.fetchone()
-        cursor.execute(f'SELECT "Headers" FROM {t} WHERE "Expires" IS NOT NULL ORDER BY "RowVersion" LIMIT 1')
-        expired_headers = cursor.fetchone()[0]
-    live_h, expired_h = decode_headers(live_headers), decode_headers(expired_headers)
-    if list(live_h) != list(built.headers) or list(expired_h) != list(built_ttl.headers):
-        raise BenchmarkError(f"fill: generated headers {list(live_h)} / {list(expired_h)} differ from "
-                             f"Transport.build's {list(built.headers)} / {list(built_ttl.headers)}")
-    if live_h[Headers.MESSAGE_ID] != live_id or expired_h[Headers.TIME_TO_BE_RECEIVED] != built_ttl.headers[
-            Headers.TIME_TO_BE_RECEIVED]:
-        raise BenchmarkError(f"fill: generated header values look wrong: {live_h} / {expired_h}")
-
-
-def fill_sqlite(expired: int, live: int, label: str) -> None:
-    import datetime as dt
-
-    from django.db import connection, transaction
-
-    from core.messages import encode_headers
-    from core.transport import Transport
-
-    transport = Transport()
-    d = transport.dialect
-    total, k = expired + live, live_stride(expired, live)
-    insert = d.insert_with_expires(QUEUE)
-    progress = Progress(label, total)
-    chunk = FILL_CHUNK["sqlite"]
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {d.now_sql()}", [])
-        expires = d.datetime_param(d.to_datetime(cursor.fetchone()[0]) - dt.timedelta(hours=1))
-    for first in range(1, total + 1, chunk):
-        rows = []
-        for g in range(first, min(first + chunk - 1, total) + 1):
-            is_live = g % k == 0 and g // k <= live
-            m = transport.build(QUEUE, {}, message_type=MESSAGE_TYPE, ttl=None if is_live else EXPIRED_TTL)
-            rows.append([m.row_id, m.correlation_id, m.reply_to, None if is_live else expires,
-                         encode_headers(m.headers), m.body])
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.executemany(insert, rows)
-        progress.update(first + len(rows) - 1)
-    progress.done()
-
-
 # -- measuring ---------------------------------------------------------------------------------
-def ping_rows() -> int:
-    from core.demo.models import PingRecord
-
-    return PingRecord.objects.count()
-
-
 def parse_stats(line: str | None) -> dict[str, int]:
     import re
 
@@ -294,134 +118,6 @@ def parse_stats(line: str | None) -> dict[str, int]:
         return {}
     return {key.replace(" ", "_"): int(value)
             for key, value in re.findall(r"(received|handled|retried|to error|expired|poison) (\d+)", line)}
-
-
-class PingSampler(threading.Thread):
-    """Counts sluice_demo_ping rows every SAMPLE_INTERVAL seconds (its own connection)."""
-
-    def __init__(self) -> None:
-        super().__init__(daemon=True, name="ping-sampler")
-        self.samples: list[tuple[float, int]] = []
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        from django.db import connections
-
-        try:
-            while not self._halt.is_set():
-                self.samples.append((time.perf_counter(), ping_rows()))
-                self._halt.wait(SAMPLE_INTERVAL)
-        finally:
-            connections.close_all()
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join(10)
-
-    def per_second(self, since: float, until: float | None = None) -> list[int]:
-        """Pings handled in each whole second from ``since`` (the count at each second is
-        the last sample taken at or before it)."""
-        points = sorted(self.samples)
-        if not points:
-            return []
-        end = until if until is not None else points[-1][0]
-
-        def at(moment: float) -> int:
-            value = points[0][1]
-            for t, count in points:
-                if t > moment:
-                    break
-                value = count
-            return value
-
-        marks = [since + s for s in range(int(end - since) + 1)]
-        return [at(b) - at(a) for a, b in zip(marks, marks[1:])]
-
-
-class LockMonitor(threading.Thread):
-    """Samples pg_stat_activity of the benchmark database: who waits on a heavyweight
-    lock (wait_event_type = 'Lock'), and who blocks them."""
-
-    def __init__(self, purge_pid: int, interval: float) -> None:
-        super().__init__(daemon=True, name="lock-monitor")
-        self.purge_pid = purge_pid
-        self.interval = interval
-        self.samples = 0
-        self.purge_active = 0      # samples with the purge's statement running
-        self.purge_waits = 0       # … and waiting on a lock
-        self.receiver_active = 0
-        self.receiver_waits = 0
-        self.receivers_blocked_by_purge = 0
-        self.purge_blocked_by_receiver = 0
-        self.examples: list[str] = []
-        self.error: str | None = None
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        import psycopg
-
-        url = common._with_database(server_url(), DATABASE_NAME)
-        query = (
-            "SELECT pid, state, wait_event_type, wait_event, left(query, 60), "
-            "CASE WHEN wait_event_type = 'Lock' THEN pg_blocking_pids(pid) END "
-            "FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid() AND state = 'active'"
-        )
-        try:
-            with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
-                while not self._halt.is_set():
-                    rows = conn.execute(query, [DATABASE_NAME]).fetchall()
-                    self.samples += 1
-                    for pid, state, wtype, wevent, text, blockers in rows:
-                        is_purge = pid == self.purge_pid
-                        is_receive = not is_purge and not text.startswith("SELECT COUNT(*)")
-                        if not (is_purge or is_receive):
-                            continue
-                        waiting = wtype == "Lock"
-                        if is_purge:
-                            self.purge_active += 1
-                            self.purge_waits += waiting
-                            if waiting and blockers and any(b != self.purge_pid for b in blockers):
-                                self.purge_blocked_by_receiver += 1
-                        else:
-                            self.receiver_active += 1
-                            self.receiver_waits += waiting
-                            if waiting and blockers and self.purge_pid in blockers:
-                                self.receivers_blocked_by_purge += 1
-                        if waiting and len(self.examples) < 10:
-                            self.examples.append(f"{'purge' if is_purge else 'receiver'} pid {pid} waits on "
-                                                 f"{wevent} held by {blockers}: {text}")
-                    self._halt.wait(self.interval)
-        except Exception as exc:  # a monitor failure must not sink the measurement
-            self.error = f"{type(exc).__name__}: {exc}"
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join(10)
-
-    def record(self) -> dict[str, Any]:
-        return {
-            "samples": self.samples,
-            "purge_active": self.purge_active,
-            "purge_lock_waits": self.purge_waits,
-            "purge_blocked_by_receiver": self.purge_blocked_by_receiver,
-            "receiver_active": self.receiver_active,
-            "receiver_lock_waits": self.receiver_waits,
-            "receivers_blocked_by_purge": self.receivers_blocked_by_purge,
-            "error": self.error,
-        }
-
-
-class BatchLog(logging.Handler):
-    """Collects the times of the "purged N expired messages from Q" records (one per batch:
-    purge_expired_messages calls Transport.purge with max_batches=1)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.records: list[tuple[float, int]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.msg.startswith("purged") and len(record.args) >= 1:
-            self.records.append((time.perf_counter(), int(record.args[0])))
 
 
 def explain(kind: str, size: int, analyze: bool = False) -> list[str]:

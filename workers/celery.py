@@ -138,7 +138,8 @@ def stop_beat_by_unwinding(sender, **kwargs) -> None:
     handler and only then raises SystemExit.  When the signal lands while a task is being
     published, the half-read Redis reply fails on the closed socket, that error replaces
     SystemExit, and beat ticks on over a closed schedule until it crashes: exit code 1 and
-    a CRITICAL log on about one stop in 25 in our tests (every deploy stops beat).
+    a CRITICAL log, for about one in 25 stops timed just after a send began (every deploy
+    stops beat; tests/test_celery_beat.py lands the signal there every time).
     ``sender`` is beat's Service, whose ``start`` has installed Celery's handler already."""
     if threading.current_thread() is not threading.main_thread():
         return  # a beat embedded in a worker's thread: signals are the worker's
