@@ -100,6 +100,18 @@ def test_any_spans_encode_as_the_sdk_encodes_them(specs):
     assert wire_request(spans) == sdk_request(spans)
 
 
+#: One encoder for every example of the next test: whatever its caches hold from earlier
+#: batches (pairs, names, kinds, the last status, keys turned wide), it writes what the SDK writes.
+SHARED = Encoder()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(span_specs(), min_size=1, max_size=6))
+def test_an_encoder_used_for_any_batches_in_turn_encodes_each_as_the_sdk_does(specs):
+    spans = make_spans(specs)
+    assert wire_request(spans, SHARED) == sdk_request(spans)
+
+
 def test_an_encoder_keeps_its_answers_across_batches_sharing_values():
     """The second batch comes from the cache; it must still equal the SDK's."""
     specs = [{"name": "process q", "kind": SpanKind.CONSUMER, "parent": None, "trace_state": {}, "links": [],
@@ -130,8 +142,8 @@ def test_an_id_key_stops_being_cached_and_stays_right():
     encoder = Encoder()
     assert wire_request(spans, encoder) == sdk_request(spans)
     assert "messaging.message.id" in encoder._wide
-    assert all(key[0] != "messaging.message.id" for key in encoder._pairs)
-    assert ("messaging.system", str, "sluice") in encoder._pairs
+    assert all(key[0] != "messaging.message.id" for key in [*encoder._pairs, *encoder._strings])
+    assert ("messaging.system", "sluice") in encoder._strings
 
 
 def test_spans_of_two_resources_keep_their_own():
@@ -195,5 +207,5 @@ def test_long_strings_are_encoded_every_time_not_kept():
     spans = make_spans(specs)
     encoder = Encoder()
     assert wire_request(spans, encoder) == sdk_request(spans)
-    kept = {key[0] for key in encoder._pairs}
+    kept = {key[0] for key in [*encoder._pairs, *encoder._strings]}
     assert "short" in kept and "exception.stacktrace" not in kept

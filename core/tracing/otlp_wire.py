@@ -38,6 +38,9 @@ _pack_double = struct.Struct("<d").pack
 _pack_fixed64 = struct.Struct("<Q").pack
 _pack_fixed32 = struct.Struct("<I").pack
 _CACHED = (str, int, bool)
+#: Span.flags (fixed32, field 16), for a remote parent and for a local one (or none).
+_REMOTE_PARENT_FLAGS = b"\x85\x01" + _pack_fixed32(HAS_IS_REMOTE | IS_REMOTE)
+_LOCAL_PARENT_FLAGS = b"\x85\x01" + _pack_fixed32(HAS_IS_REMOTE)
 
 
 class Unencodable(Exception):
@@ -87,6 +90,13 @@ def any_value(value: Any) -> bytes:
     raise Unencodable(f"attribute value of type {type(value).__name__}")
 
 
+def _status_field(status: Any) -> bytes:
+    """A ``Status`` field's bytes: its description, then its code unless UNSET (0)."""
+    description, code = status.description, status.status_code.value
+    return _field(b"\x7a", (_field(b"\x12", description.encode("utf-8")) if description else b"")
+                  + (b"\x18" + varint(code) if code else b""))
+
+
 def key_value(key: str, value: Any) -> bytes:
     """A ``KeyValue`` message's bytes (the value always present, as the SDK's encoder has it)."""
     return (_field(b"\x0a", key.encode("utf-8")) if key else b"") + _field(b"\x12", any_value(value))
@@ -97,11 +107,24 @@ class Encoder:
     shared, and a batch span processor calls its exporter from one thread)."""
 
     def __init__(self) -> None:
-        #: (key, value's type, value) → the KeyValue's length prefix and bytes.
+        #: (key, string value) → the KeyValue's length prefix and bytes: looked up for a
+        #: span's every attribute at once, in C (``map``), the (key, value) items as they
+        #: are.  Strings only: no value of another type equals a string, so a hit is right.
+        self._strings: dict[tuple[str, str], bytes] = {}
+        #: (key, value's type, value) → the same, for integers and booleans: their type is
+        #: part of the key, since ``True == 1`` would hand one's bytes to the other.
         self._pairs: dict[tuple[str, type, Any], bytes] = {}
         #: Values cached per key, and the keys with too many to cache (ids).
         self._distinct: dict[str, int] = {}
         self._wide: set[str] = set()
+        #: A wide key's own field (its values are written every time, its name need not be).
+        self._key_fields: dict[str, bytes] = {}
+        #: Span names → their field (a process span's name is its queue's).
+        self._names: dict[str, bytes] = {}
+        #: The last status and span kind seen, with their fields: Sluice's spans share one
+        #: status object until something fails, and a kind's ``.value`` is a slow property.
+        self._status: tuple[Any, bytes] = (None, b"")
+        self._kinds: dict[int, tuple[Any, bytes]] = {}
         #: Resources by identity → their encoded messages.
         self._headers: dict[int, tuple[Any, bytes]] = {}
 
@@ -132,9 +155,13 @@ class Encoder:
             schema = resource.schema_url
             out.append(_field(b"\x0a", _field(b"\x0a", resource_bytes) + b"".join(scope_spans)
                               + (_field(b"\x1a", schema.encode()) if schema else b"")))
-        if len(self._pairs) > CACHE_LIMIT:  # many keys of a few values each: start over
+        if len(self._pairs) + len(self._strings) > CACHE_LIMIT:  # many keys of a few values each: start over
             self._pairs.clear()
+            self._strings.clear()
             self._distinct.clear()
+        if len(self._names) > CACHE_LIMIT or len(self._key_fields) > CACHE_LIMIT:
+            self._names.clear()
+            self._key_fields.clear()
         return b"".join(out)
 
     def span(self, span: Any) -> bytes:
@@ -146,9 +173,13 @@ class Encoder:
             out.append(_field(b"\x1a", ",".join(f"{k}={v}" for k, v in context.trace_state.items()).encode()))
         if parent is not None:
             out.append(b"\x22\x08" + parent.span_id.to_bytes(8, "big"))
-        if span.name:
-            out.append(_field(b"\x2a", span.name.encode("utf-8")))
-        out.append(b"\x30" + varint(span.kind.value + 1))  # the protocol counts from UNSPECIFIED = 0
+        name = span.name
+        if name:
+            name_field = self._names.get(name)
+            if name_field is None:
+                name_field = self._names[name] = _field(b"\x2a", name.encode("utf-8"))
+            out.append(name_field)
+        out.append(self._kind(span.kind))
         if span.start_time:
             out.append(b"\x39" + _pack_fixed64(span.start_time))
         if span.end_time:
@@ -166,43 +197,75 @@ class Encoder:
             out.append(b"\x70" + varint(span.dropped_links))
         status = span.status
         if status is not None:
-            description = status.description
-            out.append(_field(b"\x7a", (_field(b"\x12", description.encode("utf-8")) if description else b"")
-                              + (b"\x18" + varint(status.status_code.value) if status.status_code.value else b"")))
-        flags = HAS_IS_REMOTE | (IS_REMOTE if parent is not None and parent.is_remote else 0)
-        out.append(b"\x85\x01" + _pack_fixed32(flags))
+            seen, status_field = self._status
+            if status is not seen:
+                status_field = _status_field(status)
+                self._status = (status, status_field)
+            out.append(status_field)
+        out.append(_REMOTE_PARENT_FLAGS if parent is not None and parent.is_remote else _LOCAL_PARENT_FLAGS)
         return b"".join(out)
+
+    def _kind(self, kind: Any) -> bytes:
+        """The span kind's field, by the kind's identity (an enum member lives for ever)."""
+        found = self._kinds.get(id(kind))
+        if found is None or found[0] is not kind:
+            found = self._kinds[id(kind)] = (kind, b"\x30" + varint(kind.value + 1))  # the protocol counts from UNSPECIFIED = 0
+        return found[1]
 
     def attributes(self, tag: bytes, attributes: Mapping[str, Any] | None) -> bytes:
         """Every attribute as a ``KeyValue`` field with ``tag``; pairs seen before come
         from the cache."""
         if not attributes:
             return b""
-        pairs = self._pairs
-        wide = self._wide
-        out = []
-        for key, value in attributes.items():
-            # Only strings, integers and booleans are kept: their (key, type, value) tells
-            # their bytes apart (0.0 == -0.0, and (True,) == (1,) would not).
-            cache_key = ((key, type(value), value) if type(value) in _CACHED and key not in wide
-                         and (type(value) is not str or len(value) <= CACHED_LENGTH) else None)
-            encoded = pairs.get(cache_key) if cache_key is not None else None
+        items = attributes.items()
+        try:
+            found = list(map(self._strings.get, items))
+        except TypeError:  # an unhashable value (a list): every pair the long way
+            found = [None] * len(attributes)
+        if None in found:
+            found = [encoded if encoded is not None else self._pair(key, value)
+                     for (key, value), encoded in zip(items, found)]
+        return tag + tag.join(found)
+
+    def _pair(self, key: str, value: Any) -> bytes:
+        """One attribute's length prefix and ``KeyValue`` bytes, kept for next time unless
+        its key is an id's or its value long."""
+        kind = type(value)
+        if key in self._wide:
+            if kind is str:  # an id: the key's field is kept, the value written
+                return self._wide_string(key, value)
+        elif kind in _CACHED and (kind is not str or len(value) <= CACHED_LENGTH):
+            # Integers and booleans by (key, type, value): their type tells their bytes
+            # apart (0.0 == -0.0, and (True,) == (1,) would not; only these are kept).
+            cache_key = (key, kind, value)
+            encoded = self._pairs.get(cache_key)
             if encoded is None:
                 found = key_value(key, value)
                 encoded = varint(len(found)) + found
-                if cache_key is not None:
-                    self._keep(cache_key, encoded)
-            out.append(tag)
-            out.append(encoded)
-        return b"".join(out)
+                self._keep(key, value, cache_key, encoded)
+            return encoded
+        found = key_value(key, value)
+        return varint(len(found)) + found
 
-    def _keep(self, cache_key: tuple[str, type, Any], encoded: bytes) -> None:
-        key = cache_key[0]
+    def _wide_string(self, key: str, value: str) -> bytes:
+        key_field = self._key_fields.get(key)
+        if key_field is None:
+            key_field = self._key_fields[key] = _field(b"\x0a", key.encode("utf-8")) if key else b""
+        data = value.encode("utf-8")
+        any_value_bytes = b"\x0a" + varint(len(data)) + data
+        found = key_field + b"\x12" + varint(len(any_value_bytes)) + any_value_bytes
+        return varint(len(found)) + found
+
+    def _keep(self, key: str, value: Any, cache_key: tuple[str, type, Any], encoded: bytes) -> None:
         seen = self._distinct[key] = self._distinct.get(key, 0) + 1
         if seen > DISTINCT_LIMIT:  # a message id: its values do not come back
             self._wide.add(key)
             for old in [k for k in self._pairs if k[0] == key]:
                 del self._pairs[old]
+            for old_string in [k for k in self._strings if k[0] == key]:
+                del self._strings[old_string]
+        elif type(value) is str:
+            self._strings[(key, value)] = encoded
         else:
             self._pairs[cache_key] = encoded
 

@@ -119,8 +119,16 @@ class RecordedSpan(trace.Span):
     SDK's rules: cleaning, limits, what may change after the end."""
 
     __slots__ = ("_recorder", "name", "context", "parent", "attributes", "status", "start_time", "end_time",
-                 "_events", "_links")
+                 "instrumentation_scope", "_events", "_links")
     kind = SpanKind.CONSUMER
+    # The rest of what the exporter reads, as plain values rather than properties: it
+    # reads them for every span, and they change only when a handler adds an attribute, an
+    # event or a link (most spans keep these defaults of the class).
+    events: Sequence[Event] = ()
+    links: Sequence[Link] = ()
+    dropped_attributes = 0
+    dropped_events = 0
+    dropped_links = 0
 
     def __init__(self, recorder: Recorder, name: str, context: SpanContext, parent: SpanContext,
                  attributes: dict[str, Any]) -> None:
@@ -133,6 +141,7 @@ class RecordedSpan(trace.Span):
         self.status = _UNSET
         self.start_time = time_ns()
         self.end_time: int | None = None
+        self.instrumentation_scope: InstrumentationScope = recorder.scope
         self._events: BoundedList | None = None
         self._links: BoundedList | None = None
 
@@ -142,30 +151,6 @@ class RecordedSpan(trace.Span):
         # The provider's, read when exported: a forked child's SDK gives its provider a
         # resource of its own (a new service.instance.id).
         return self._recorder.provider.resource
-
-    @property
-    def instrumentation_scope(self) -> InstrumentationScope:
-        return self._recorder.scope
-
-    @property
-    def events(self) -> Sequence[Event]:
-        return tuple(self._events) if self._events is not None else ()
-
-    @property
-    def links(self) -> Sequence[Link]:
-        return tuple(self._links) if self._links is not None else ()
-
-    @property
-    def dropped_attributes(self) -> int:
-        return self.attributes.dropped if isinstance(self.attributes, BoundedAttributes) else 0
-
-    @property
-    def dropped_events(self) -> int:
-        return self._events.dropped if self._events is not None else 0
-
-    @property
-    def dropped_links(self) -> int:
-        return self._links.dropped if self._links is not None else 0
 
     # The span API.
     def get_span_context(self) -> SpanContext:
@@ -185,24 +170,28 @@ class RecordedSpan(trace.Span):
     def set_attribute(self, key: str, value: types.AnyValue) -> None:
         with self._recorder.lock:
             if not self._ended("set_attribute"):
-                self._bounded_attributes()[key] = value
+                attributes = self._bounded_attributes()
+                attributes[key] = value
+                self.dropped_attributes = attributes.dropped
 
     def set_attributes(self, attributes: Mapping[str, types.AnyValue]) -> None:
         with self._recorder.lock:
             if not self._ended("set_attributes"):
-                self._bounded_attributes()._set_items(attributes)  # what the SDK's span calls
+                bounded = self._bounded_attributes()
+                bounded._set_items(attributes)  # what the SDK's span calls
+                self.dropped_attributes = bounded.dropped
 
     def add_event(self, name: str, attributes: types.Attributes = None, timestamp: int | None = None) -> None:
         limits = self._recorder.limits
         event = Event(name, BoundedAttributes(limits.max_event_attributes, attributes, immutable=True), timestamp)
-        self._append("_events", limits.max_events, event, "add_event")
+        self._append("events", limits.max_events, event, "add_event")
 
     def add_link(self, context: SpanContext, attributes: types.Attributes = None) -> None:
         if not (context and (context.is_valid or attributes or context.trace_state)):
             return  # the SDK keeps an invalid context's link only when it carries something
         limits = self._recorder.limits
         link = Link(context, BoundedAttributes(limits.max_link_attributes, attributes, immutable=True))
-        self._append("_links", limits.max_links, link, "add_link")
+        self._append("links", limits.max_links, link, "add_link")
 
     def update_name(self, name: str) -> None:
         with self._recorder.lock:
@@ -231,16 +220,19 @@ class RecordedSpan(trace.Span):
         found.update(attributes or {})
         self.add_event("exception", found, timestamp)
 
-    def _append(self, slot: str, limit: int | None, item: Any, call: str) -> None:
-        """An event or a link, into its bounded list (made on first use: most spans have none)."""
+    def _append(self, kind: str, limit: int | None, item: Any, call: str) -> None:
+        """An event or a link (``kind``: ``events`` or ``links``), into its bounded list
+        (made on first use: most spans have none); what the exporter reads follows."""
         with self._recorder.lock:
             if self._ended(call):
                 return
-            items = getattr(self, slot)
+            items = getattr(self, f"_{kind}")
             if items is None:
                 items = BoundedList(limit)
-                setattr(self, slot, items)
+                setattr(self, f"_{kind}", items)
             items.append(item)
+            setattr(self, kind, tuple(items))
+            setattr(self, f"dropped_{kind}", items.dropped)
 
     def _bounded_attributes(self) -> BoundedAttributes:
         attributes = self.attributes
