@@ -141,6 +141,11 @@ def run_main(module_main, argv: list[str] | None) -> int:
 
 
 # -- the benchmark's own database ----------------------------------------------------------
+def server_url() -> str:
+    """The PostgreSQL server benchmarks make their databases on (its admin database's URL)."""
+    return os.environ.get(POSTGRES_URL_ENV, DEFAULT_POSTGRES_URL)
+
+
 def _with_database(url: str, name: str) -> str:
     parts = urlsplit(url)
     return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
@@ -165,19 +170,19 @@ def bench_database(kind: str, name: str = BENCH_DATABASE) -> Iterator[str]:
     import psycopg
     from psycopg import sql
 
-    server_url = os.environ.get(POSTGRES_URL_ENV, DEFAULT_POSTGRES_URL)
+    server = server_url()
     ident = sql.Identifier(name)
 
     def admin(statement) -> None:
-        with psycopg.connect(server_url, autocommit=True, connect_timeout=10) as conn:
+        with psycopg.connect(server, autocommit=True, connect_timeout=10) as conn:
             conn.execute(statement)
 
     try:
         admin(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(ident))
         admin(sql.SQL("CREATE DATABASE {}").format(ident))
     except psycopg.Error as exc:
-        raise BenchmarkError(f"cannot (re)create database {name} via {_redact(server_url)}: {exc}") from exc
-    url = _with_database(server_url, name)
+        raise BenchmarkError(f"cannot (re)create database {name} via {_redact(server)}: {exc}") from exc
+    url = _with_database(server, name)
     log(f"database: postgresql {_redact(url)}")
     try:
         yield url

@@ -67,7 +67,7 @@ from benchmarks.common import (
     worker_env,
 )
 from benchmarks.purge_fill import LIVE_TABLE, QUEUE, fill, live_stride
-from benchmarks.purge_watch import DATABASE_NAME, BatchLog, LockMonitor, PingSampler, ping_rows, server_url
+from benchmarks.purge_watch import DATABASE_NAME, BatchLog, LockMonitor, PingSampler, ping_rows
 
 HELP = "purge of expired rows while receivers run: purge speed, receiver slowdown, deadlocks"
 #: Defaults per database: (expired N, live L).
@@ -105,7 +105,7 @@ def pg_deadlocks() -> int:
     (no cached stats snapshot)."""
     import psycopg
 
-    with psycopg.connect(server_url(), autocommit=True, connect_timeout=10) as conn:
+    with psycopg.connect(common.server_url(), autocommit=True, connect_timeout=10) as conn:
         row = conn.execute("SELECT deadlocks FROM pg_stat_database WHERE datname = %s", [DATABASE_NAME]).fetchone()
     return int(row[0]) if row else 0
 

@@ -3,7 +3,6 @@ per second, lock waits in ``pg_stat_activity``, and the purge's batches."""
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from typing import Any
@@ -12,10 +11,6 @@ from benchmarks import common
 
 DATABASE_NAME = f"{common.BENCH_DATABASE}_purge"  # sluice_bench_purge unless SLUICE_BENCH_DATABASE says
 SAMPLE_INTERVAL = 0.5
-
-
-def server_url() -> str:
-    return os.environ.get(common.POSTGRES_URL_ENV, common.DEFAULT_POSTGRES_URL)
 
 
 def ping_rows() -> int:
@@ -88,7 +83,7 @@ class LockMonitor(threading.Thread):
     def run(self) -> None:
         import psycopg
 
-        url = common._with_database(server_url(), DATABASE_NAME)
+        url = common._with_database(common.server_url(), DATABASE_NAME)
         query = (
             "SELECT pid, state, wait_event_type, wait_event, left(query, 60), "
             "CASE WHEN wait_event_type = 'Lock' THEN pg_blocking_pids(pid) END "

@@ -97,9 +97,14 @@ def _status_field(status: Any) -> bytes:
                   + (b"\x18" + varint(code) if code else b""))
 
 
+def key_field(key: str) -> bytes:
+    """A ``KeyValue``'s key field (none for an empty key)."""
+    return _field(b"\x0a", key.encode("utf-8")) if key else b""
+
+
 def key_value(key: str, value: Any) -> bytes:
     """A ``KeyValue`` message's bytes (the value always present, as the SDK's encoder has it)."""
-    return (_field(b"\x0a", key.encode("utf-8")) if key else b"") + _field(b"\x12", any_value(value))
+    return key_field(key) + _field(b"\x12", any_value(value))
 
 
 class Encoder:
@@ -117,7 +122,7 @@ class Encoder:
         #: Values cached per key, and the keys with too many to cache (ids).
         self._distinct: dict[str, int] = {}
         self._wide: set[str] = set()
-        #: A wide key's own field (its values are written every time, its name need not be).
+        #: Keys → their field (an id key's values are written every time, its name need not be).
         self._key_fields: dict[str, bytes] = {}
         #: Span names → their field (a process span's name is its queue's).
         self._names: dict[str, bytes] = {}
@@ -229,32 +234,24 @@ class Encoder:
 
     def _pair(self, key: str, value: Any) -> bytes:
         """One attribute's length prefix and ``KeyValue`` bytes, kept for next time unless
-        its key is an id's or its value long."""
+        its key is an id's or its value long (an id's key field is kept all the same)."""
         kind = type(value)
-        if key in self._wide:
-            if kind is str:  # an id: the key's field is kept, the value written
-                return self._wide_string(key, value)
-        elif kind in _CACHED and (kind is not str or len(value) <= CACHED_LENGTH):
-            # Integers and booleans by (key, type, value): their type tells their bytes
-            # apart (0.0 == -0.0, and (True,) == (1,) would not; only these are kept).
-            cache_key = (key, kind, value)
+        # Strings (missed in ``_strings``), integers and booleans are kept by (key, type,
+        # value): the type tells their bytes apart (0.0 == -0.0, and (True,) == (1,) would not).
+        cache_key = ((key, kind, value) if key not in self._wide and kind in _CACHED
+                     and (kind is not str or len(value) <= CACHED_LENGTH) else None)
+        if cache_key is not None:
             encoded = self._pairs.get(cache_key)
-            if encoded is None:
-                found = key_value(key, value)
-                encoded = varint(len(found)) + found
-                self._keep(key, value, cache_key, encoded)
-            return encoded
-        found = key_value(key, value)
-        return varint(len(found)) + found
-
-    def _wide_string(self, key: str, value: str) -> bytes:
-        key_field = self._key_fields.get(key)
-        if key_field is None:
-            key_field = self._key_fields[key] = _field(b"\x0a", key.encode("utf-8")) if key else b""
-        data = value.encode("utf-8")
-        any_value_bytes = b"\x0a" + varint(len(data)) + data
-        found = key_field + b"\x12" + varint(len(any_value_bytes)) + any_value_bytes
-        return varint(len(found)) + found
+            if encoded is not None:
+                return encoded
+        key_bytes = self._key_fields.get(key)
+        if key_bytes is None:
+            key_bytes = self._key_fields[key] = key_field(key)
+        found = key_bytes + _field(b"\x12", any_value(value))
+        encoded = varint(len(found)) + found
+        if cache_key is not None:
+            self._keep(key, value, cache_key, encoded)
+        return encoded
 
     def _keep(self, key: str, value: Any, cache_key: tuple[str, type, Any], encoded: bytes) -> None:
         seen = self._distinct[key] = self._distinct.get(key, 0) + 1
