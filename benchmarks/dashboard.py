@@ -249,7 +249,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from django.test import Client
         from django.test.utils import setup_test_environment
 
-        from dashboard import stats
+        from dashboard.counting import stats
 
         from django.conf import settings
         from django.test.utils import override_settings
@@ -309,7 +309,7 @@ def alerts_eval_p95(queues: list[str], evaluations: int) -> float:
     rules (with content filters), and every health rule.  The first evaluation (which creates
     the alerts) is not timed."""
     from core.alerts.evaluator import evaluate
-    from core.alerts.models import AlertRule, AlertTarget, RuleKind
+    from core.models.alerts import AlertRule, AlertTarget, RuleKind
 
     AlertTarget.objects.create(name="bench", url="http://127.0.0.1:9/bench", max_per_hour=0)
     groups = sorted({name[:-1] + "*" for name in queues})[:10]

@@ -53,10 +53,10 @@ def fill(records: int, queues: list[str]) -> None:
     """Records, samples, windows and markers (see the module doc); nothing when ``records`` is 0."""
     from django.db import connection, transaction
 
-    from core.db_clock import database_now_us
-    from core.monitoring_models import RollupMark
-    from core.queue_samples import roll_up_minutes
-    from core.records.models import MetricWindow
+    from core.db import database_now_us
+    from core.models.monitoring import RollupMark
+    from core.monitoring.queue_samples import roll_up_minutes
+    from core.models.records import MetricWindow
     from dashboard.models import DeployMarker
 
     if records <= 0:

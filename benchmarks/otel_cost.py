@@ -8,7 +8,7 @@ such comparison moves by ±15 %.  This one asks a narrower question with far les
 how much CPU does one message cost the worker process with tracing on, against off?
 
 Each round refills queue ``bench`` with N noop messages sent traced (``traceparent``),
-then drains them in this process with one :class:`~core.pump.MessagePump` thread —
+then drains them in this process with one :class:`~core.receive.pump.MessagePump` thread —
 the real receive, handler call, processing records and commit — under each variant in
 turn: tracing off, every message sampled, 10 % and 1 % of traces sampled (the SDK set
 up as ``SLUICE_OTEL=1`` sets it up: Sluice's tracer and meter providers, the batch span
@@ -103,7 +103,7 @@ def drain(ratio: float | None, count: int, warm: int = 0,
     the last ``count`` messages, after ``warm`` untimed ones; ``around``: called just before
     and just after the timed part (the instruction count's switch)."""
     from core import tracing
-    from core.pump import MessagePump
+    from core.receive.pump import MessagePump
     from core.startup import settle_heap
     from core.tracing import sdk
 

@@ -12,7 +12,7 @@
         Order.objects.bulk_create([Order(ref=m.json()["ref"]) for m in messages])
 
 A batch handler gets the messages of its type from one chunk of a receive batch (the
-whole batch while nothing fails: core.chunks.ChunkSize).  When it raises, the pump calls it again one message at a time
+whole batch while nothing fails: core.receive.chunks.ChunkSize).  When it raises, the pump calls it again one message at a time
 (one-element lists) to find the culprit: the others' work commits once, the culprit
 takes the normal failure path.  In ``outbox`` and ``receive_only`` modes it is always
 called with one message.

@@ -1,5 +1,6 @@
 """Outgoing rows: the value :meth:`core.transport.Transport.enqueue` inserts, the checks a
-new message passes, and the batch builder behind ``send_many``.
+new message passes, the batch builder behind ``send_many``, and :class:`MessageBuilder`,
+which makes rows from a new message's arguments (Transport's build / build_many / outgoing).
 
 Kept apart from core/transport.py (which re-exports these names) so the per-message
 work of a batch is in one place: a batch of 1,000 messages with the same options is
@@ -12,12 +13,17 @@ import datetime as dt
 import json
 import os
 import re
+import socket
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from core.conf import get_settings
 from core.errors import BodyTooLarge, InvalidMessage
-from core.messages import Headers, encode_headers
+from core.messages import Headers, encode_headers, parse_timespan, producer_headers, timespan, wire_time
+from core.queues import QueueInfo, registry, validate_name, validate_ttl
+from core.tracing import state as tracing_state
+from core.tracing.propagation import inject as inject_trace_context
 
 #: Namespace for turning a non-UUID message id into the table's uuid Id column.
 ID_NAMESPACE = uuid.UUID("5f1a7c2e-8b0d-4f57-9a52-3c1e5d0b7a11")
@@ -165,3 +171,114 @@ def like_first(first: OutgoingMessage, bodies: Sequence[Any], *, content_type: s
         out.append(OutgoingMessage(queue, message_id, h, data, message_id if follows_id else fixed_correlation,
                                    reply_to, ttl, None, text))
     return out
+
+
+#: NServiceBus.OriginatingMachine of every send from this process.
+HOST = socket.gethostname()
+
+
+class MessageBuilder:
+    """Making rows for queue tables on the database alias ``using``: new messages validated
+    (:meth:`build`, :meth:`build_many`) and rows from complete headers (:meth:`outgoing`).
+    :class:`core.transport.Transport` is one; nothing here touches a queue table."""
+
+    using: str
+
+    def _queue(self, name: str) -> QueueInfo:
+        validate_name(name)
+        return registry.get(name, self.using)
+
+    def build(
+        self,
+        queue: str,
+        body: Any,
+        *,
+        message_type: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        message_id: str | None = None,
+        correlation_id: str | None = None,
+        reply_to: str | None = None,
+        ttl: Any = None,
+        content_type: str | None = None,
+    ) -> OutgoingMessage:
+        """Validate everything about a new message without touching its queue table."""
+        settings = get_settings()
+        data, ctype = encode_body(body, content_type)
+        if len(data) > settings.MAX_BODY_BYTES:
+            raise BodyTooLarge(
+                f"body is {len(data)} bytes; SLUICE_MAX_BODY_BYTES allows {settings.MAX_BODY_BYTES}"
+            )
+        message_id = validate_message_id(str(uuid.uuid4()) if message_id is None else message_id)
+        if message_type is not None and (not isinstance(message_type, str) or not message_type.strip()):
+            raise InvalidMessage(f"message type must be a non-empty string, not {message_type!r}")
+        all_headers: dict[str, str] = {
+            Headers.MESSAGE_ID: message_id,
+            Headers.CORRELATION_ID: correlation_id or message_id,
+            Headers.CONVERSATION_ID: str(uuid.uuid4()),
+            Headers.CONTENT_TYPE: ctype,
+            Headers.TIME_SENT: wire_time(dt.datetime.now(dt.timezone.utc)),
+            Headers.ORIGINATING_ENDPOINT: settings.ENDPOINT,
+            Headers.ORIGINATING_MACHINE: HOST,
+            Headers.MESSAGE_INTENT: "Send",
+        }
+        if headers is not None:
+            encode_headers(headers)  # validates: flat string → string
+            all_headers.update(producer_headers(headers))
+        all_headers[Headers.MESSAGE_ID] = message_id
+        if message_type is not None:
+            all_headers[Headers.ENCLOSED_MESSAGE_TYPES] = message_type
+        if correlation_id is not None:
+            all_headers[Headers.CORRELATION_ID] = correlation_id
+        if reply_to is not None:
+            all_headers[Headers.REPLY_TO_ADDRESS] = reply_to
+        all_headers.pop(Headers.TIME_TO_BE_RECEIVED, None)  # the TTL argument decides
+        if tracing_state.current is not None:
+            # The current context (a send span: send(), send_many(), the outbox's collector)
+            # travels with the message; send_many's others copy the first's headers.
+            inject_trace_context(all_headers)
+        validate_columns(all_headers)
+        return self.outgoing(queue, message_id, all_headers, data, ttl=validate_ttl(ttl))
+
+    def build_many(self, queue: str, bodies: Sequence[Any], *, message_id: str | None = None,
+                   headers: Mapping[str, str] | None = None, correlation_id: str | None = None,
+                   content_type: str | None = None, **options: Any) -> list[OutgoingMessage]:
+        """:meth:`build` for several bodies with the same options, in order.  The options
+        are validated once (the first message is built the long way); the others copy
+        its headers with their own ids (:func:`core.outgoing.like_first`)."""
+        bodies = list(bodies)
+        same = dict(message_id=message_id, headers=headers, correlation_id=correlation_id,
+                    content_type=content_type, **options)
+        if not bodies:
+            return []
+        first = self.build(queue, bodies[0], **same)
+        if message_id is not None:  # one id for all: rare enough for the long way
+            return [first, *(self.build(queue, body, **same) for body in bodies[1:])]
+        rest = like_first(first, bodies[1:], content_type=content_type,
+                          max_body_bytes=get_settings().MAX_BODY_BYTES, options_headers=headers,
+                          correlation_id=correlation_id)
+        return [first, *(m if isinstance(m, OutgoingMessage) else self.build(queue, m, **same) for m in rest)]
+
+    def outgoing(self, queue: str, message_id: str, headers: Mapping[str, str], body: bytes, *,
+                 ttl: float | None = None, forever: bool = False) -> OutgoingMessage:
+        """A row for ``queue`` from complete headers.  ``ttl`` (seconds; None: the one in
+        the TimeToBeReceived header, if any) is capped by the queue's default TTL and
+        written back to that header; ``forever`` drops both (error and dead-letter
+        queues keep messages until someone acts).  UnknownQueue for a missing queue."""
+        info = self._queue(queue)
+        headers = dict(headers)
+        if forever:
+            ttl = None
+        else:
+            if ttl is None and Headers.TIME_TO_BE_RECEIVED in headers:
+                try:
+                    ttl = parse_timespan(headers[Headers.TIME_TO_BE_RECEIVED])
+                except ValueError:
+                    ttl = None  # unreadable: the queue's default decides
+            ttl = info.effective_ttl(ttl)
+        if ttl is None:
+            headers.pop(Headers.TIME_TO_BE_RECEIVED, None)
+        else:
+            headers[Headers.TIME_TO_BE_RECEIVED] = timespan(ttl)
+        return OutgoingMessage(queue=info.name, row_id=row_id_for(message_id), headers=headers, body=body,
+                               correlation_id=headers.get(Headers.CORRELATION_ID),
+                               reply_to=headers.get(Headers.REPLY_TO_ADDRESS), ttl_seconds=ttl)

@@ -1,6 +1,6 @@
 """Things held in memory until the end of a transaction that follow Django's savepoints.
 
-A handler's sends are held until its chunk flushes them (core.transaction_modes) or its
+A handler's sends are held until its chunk flushes them (core.receive.transaction_modes) or its
 outbox record is stored (core.outbox.sender).  The handler may wrap work in its own
 ``transaction.atomic()`` and let it roll back: what it sent inside must go with it, and
 with every atomic block nested in it, as its database writes do.

@@ -2,7 +2,7 @@
 due-time validation, and the one configured store of each process.
 
 This module sits under :mod:`core.transport` (which stores delayed sends) and
-:mod:`core.recoverability` (which stores delayed retries); the SQL store and the mover
+:mod:`core.receive.recoverability` (which stores delayed retries); the SQL store and the mover
 in :mod:`core.delayed` sit above them both.  The configured store is found by its
 dotted path (``SLUICE_DELAYED_STORE``), so nothing here imports the package that
 implements it.

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import socket
-import uuid
 from dataclasses import dataclass
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Sequence
@@ -21,23 +19,20 @@ from django.db import DatabaseError, connections, transaction
 from core.conf import get_settings
 from core.db import StatementCursor
 from core.dialects import Dialect, dialect_for
-from core.errors import BodyTooLarge, InvalidMessage, PoisonMessage, UnknownQueue
-from core.messages import (Headers, Message, decode_headers, encode_headers, parse_timespan, producer_headers,
-                           timespan, wire_time)
-from core.outgoing import (ID_NAMESPACE, MAX_MESSAGE_ID_LENGTH, OutgoingMessage, encode_body, like_first,  # noqa: F401
-                           row_id_for, validate_columns, validate_message_id)
-from core.queues import QueueInfo, create_queue, registry, validate_name, validate_ttl
-from core.tracing import producing as tracing, state as tracing_state
-from core.tracing.propagation import inject as inject_trace_context
+from core.errors import PoisonMessage, UnknownQueue
+from core.messages import Headers, Message, decode_headers, wire_time
+# The names of a new message's checks and rows, where callers have always imported them.
+from core.outgoing import (HOST, ID_NAMESPACE, MAX_MESSAGE_ID_LENGTH, MessageBuilder, OutgoingMessage,  # noqa: F401
+                           encode_body, like_first, row_id_for, validate_columns, validate_message_id)
+from core.queues import create_queue, registry
+from core.tracing import producing as tracing
 from core.scheduling import DelayedMessage, DelayedMessageStore, delayed_store, resolve_due
-from core.wakeups import notify_queue, on_commit_wake, queue_key, wake_hub
+from core.runtime.wakeups import notify_queue, on_commit_wake, queue_key, wake_hub
 
 log = logging.getLogger("sluice.transport")
 
 #: The most rows one purge statement deletes (SQL Server escalates past 5,000 row locks).
 MAX_PURGE_BATCH = 4000
-#: NServiceBus.OriginatingMachine of every send from this process.
-HOST = socket.gethostname()
 
 
 @dataclass(frozen=True)
@@ -53,7 +48,7 @@ class QueueCounts:
         return self.total - self.expired
 
 
-class Transport:
+class Transport(MessageBuilder):
     """Queue-table operations on one database alias.
 
     ``delayed`` is the store delayed sends go to (default: the process's configured
@@ -71,108 +66,8 @@ class Transport:
     def delayed(self) -> DelayedMessageStore:
         return self._delayed or delayed_store(self.using)
 
-    def _queue(self, name: str) -> QueueInfo:
-        validate_name(name)
-        return registry.get(name, self.using)
-
     def _cursor(self) -> StatementCursor:
         return StatementCursor(self.using)
-
-    # -- making rows -------------------------------------------------------------
-    def build(
-        self,
-        queue: str,
-        body: Any,
-        *,
-        message_type: str | None = None,
-        headers: Mapping[str, str] | None = None,
-        message_id: str | None = None,
-        correlation_id: str | None = None,
-        reply_to: str | None = None,
-        ttl: Any = None,
-        content_type: str | None = None,
-    ) -> OutgoingMessage:
-        """Validate everything about a new message without touching its queue table."""
-        settings = get_settings()
-        data, ctype = encode_body(body, content_type)
-        if len(data) > settings.MAX_BODY_BYTES:
-            raise BodyTooLarge(
-                f"body is {len(data)} bytes; SLUICE_MAX_BODY_BYTES allows {settings.MAX_BODY_BYTES}"
-            )
-        message_id = validate_message_id(str(uuid.uuid4()) if message_id is None else message_id)
-        if message_type is not None and (not isinstance(message_type, str) or not message_type.strip()):
-            raise InvalidMessage(f"message type must be a non-empty string, not {message_type!r}")
-        all_headers: dict[str, str] = {
-            Headers.MESSAGE_ID: message_id,
-            Headers.CORRELATION_ID: correlation_id or message_id,
-            Headers.CONVERSATION_ID: str(uuid.uuid4()),
-            Headers.CONTENT_TYPE: ctype,
-            Headers.TIME_SENT: wire_time(dt.datetime.now(dt.timezone.utc)),
-            Headers.ORIGINATING_ENDPOINT: settings.ENDPOINT,
-            Headers.ORIGINATING_MACHINE: HOST,
-            Headers.MESSAGE_INTENT: "Send",
-        }
-        if headers is not None:
-            encode_headers(headers)  # validates: flat string → string
-            all_headers.update(producer_headers(headers))
-        all_headers[Headers.MESSAGE_ID] = message_id
-        if message_type is not None:
-            all_headers[Headers.ENCLOSED_MESSAGE_TYPES] = message_type
-        if correlation_id is not None:
-            all_headers[Headers.CORRELATION_ID] = correlation_id
-        if reply_to is not None:
-            all_headers[Headers.REPLY_TO_ADDRESS] = reply_to
-        all_headers.pop(Headers.TIME_TO_BE_RECEIVED, None)  # the TTL argument decides
-        if tracing_state.current is not None:
-            # The current context (a send span: send(), send_many(), the outbox's collector)
-            # travels with the message; send_many's others copy the first's headers.
-            inject_trace_context(all_headers)
-        validate_columns(all_headers)
-        return self.outgoing(queue, message_id, all_headers, data, ttl=validate_ttl(ttl))
-
-    def build_many(self, queue: str, bodies: Sequence[Any], *, message_id: str | None = None,
-                   headers: Mapping[str, str] | None = None, correlation_id: str | None = None,
-                   content_type: str | None = None, **options: Any) -> list[OutgoingMessage]:
-        """:meth:`build` for several bodies with the same options, in order.  The options
-        are validated once (the first message is built the long way); the others copy
-        its headers with their own ids (:func:`core.outgoing.like_first`)."""
-        bodies = list(bodies)
-        same = dict(message_id=message_id, headers=headers, correlation_id=correlation_id,
-                    content_type=content_type, **options)
-        if not bodies:
-            return []
-        first = self.build(queue, bodies[0], **same)
-        if message_id is not None:  # one id for all: rare enough for the long way
-            return [first, *(self.build(queue, body, **same) for body in bodies[1:])]
-        rest = like_first(first, bodies[1:], content_type=content_type,
-                          max_body_bytes=get_settings().MAX_BODY_BYTES, options_headers=headers,
-                          correlation_id=correlation_id)
-        return [first, *(m if isinstance(m, OutgoingMessage) else self.build(queue, m, **same) for m in rest)]
-
-    def outgoing(self, queue: str, message_id: str, headers: Mapping[str, str], body: bytes, *,
-                 ttl: float | None = None, forever: bool = False) -> OutgoingMessage:
-        """A row for ``queue`` from complete headers.  ``ttl`` (seconds; None: the one in
-        the TimeToBeReceived header, if any) is capped by the queue's default TTL and
-        written back to that header; ``forever`` drops both (error and dead-letter
-        queues keep messages until someone acts).  UnknownQueue for a missing queue."""
-        info = self._queue(queue)
-        headers = dict(headers)
-        if forever:
-            ttl = None
-        else:
-            if ttl is None and Headers.TIME_TO_BE_RECEIVED in headers:
-                try:
-                    ttl = parse_timespan(headers[Headers.TIME_TO_BE_RECEIVED])
-                except ValueError:
-                    ttl = None  # unreadable: the queue's default decides
-            ttl = info.effective_ttl(ttl)
-        if ttl is None:
-            headers.pop(Headers.TIME_TO_BE_RECEIVED, None)
-        else:
-            headers[Headers.TIME_TO_BE_RECEIVED] = timespan(ttl)
-        return OutgoingMessage(queue=info.name, row_id=row_id_for(message_id), headers=headers, body=body,
-                               correlation_id=headers.get(Headers.CORRELATION_ID),
-                               reply_to=headers.get(Headers.REPLY_TO_ADDRESS), ttl_seconds=ttl)
 
     # -- inserting: every row goes in through enqueue() ----------------------------
     def enqueue(self, messages: Sequence[OutgoingMessage]) -> None:
@@ -211,7 +106,7 @@ class Transport:
     def _announce_on_commit(self, queues: Sequence[str], d: Dialect) -> None:
         """Once the rows are committed, wake the queues' pumps: this process's at once,
         other processes' through the debounced NOTIFY where the database has one
-        (core.wakeups).  A rolled-back insert wakes no one."""
+        (core.runtime.wakeups).  A rolled-back insert wakes no one."""
         notify_sql = d.notify() if d.supports_notify else None
         using = self.using
 

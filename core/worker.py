@@ -12,13 +12,13 @@ from core.conf import get_settings
 from core.delayed import DelayedMover
 from core.demo.traffic import DemoTraffic
 from core.handlers import handlers, load_handler_modules
-from core.health import HealthPublisher
-from core.loops import ThreadRunner
+from core.runtime.health import HealthPublisher
+from core.runtime.loops import ThreadRunner
 from core.outbox import OutboxDispatcher, worker_loops
-from core.pump import MessagePump
-from core.queue_samples import QueueSampler
+from core.receive.pump import MessagePump
+from core.monitoring.queue_samples import QueueSampler
 from core.queues import registry
-from core.tracing import gauges
+from core.monitoring import gauges
 
 log = logging.getLogger("sluice.worker")
 

@@ -6,7 +6,7 @@ import datetime as dt
 
 from django.db import transaction
 
-from core.db_clock import database_now_us
+from core.db import database_now_us
 from dashboard.actions.audit import Audit
 from dashboard.models import AuditOutcome, DeployMarker
 

@@ -1,5 +1,5 @@
 """``GET /metrics``: Prometheus text, no login (scrapers have none; nothing here is a
-message's content).  Built from the cached statistics snapshot (dashboard/stats.py), so a
+message's content).  Built from the cached statistics snapshot (dashboard/counting/stats.py), so a
 scrape costs what an overview refresh costs, at most once per few seconds."""
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
 from core.conf import get_settings
-from dashboard import stats
+from core.models.alerts import Alert, AlertState
+from dashboard.counting import stats
 
 FIRING_KEY = "sluice:alerts:firing"
 
@@ -61,8 +62,6 @@ def registry_for(snap: stats.Snapshot) -> CollectorRegistry:
 def add_alerts(registry: CollectorRegistry) -> None:
     """``sluice_alerts_firing{rule, severity, fingerprint, …}``: 1 per firing alert (one indexed
     read of the firing rows; the scope labels a rule may add are in ``scope``)."""
-    from core.alerts.models import Alert, AlertState
-
     firing = Gauge("sluice_alerts_firing", "1 for each firing Sluice alert.", ["rule", "severity", "scope", "fingerprint"],
                    registry=registry)
     rows = stats._cache_get(FIRING_KEY)  # shared like the snapshot: a scrape reads nothing most times

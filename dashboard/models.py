@@ -58,7 +58,7 @@ class ApiToken(models.Model):
     """An API token (``Authorization: Token <key>``), stored as the SHA-256 of its key: the
     key itself is shown once, when ``sluice user token`` issues it, and never again.  Keys
     are 160 random bits, so a plain hash is enough (no password-style slow hash needed).
-    dashboard/tokens.py issues, checks and revokes them."""
+    dashboard/security/tokens.py issues, checks and revokes them."""
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="sluice_api_tokens")
     digest = models.CharField(max_length=64, unique=True)

@@ -1,6 +1,6 @@
 """The live monitoring tab's data, as the pages (dashboard/views/monitoring.py) and the JSON
 API (dashboard/api/monitoring.py) both read it: query parameters → a period, then every
-queue's figures (core.monitoring), the failed count of each queue (the statistics snapshot
+queue's figures (core.monitoring.live), the failed count of each queue (the statistics snapshot
 every tab shares), the workers' flags and the period's deploy markers.
 
     ?period=1m|5m|15m|1h|range&from=ISO&to=ISO&q=TEXT      (one queue: &by is implied)
@@ -14,12 +14,13 @@ from typing import Any, Mapping
 
 from django.conf import settings
 
-from core import monitoring
+from core.monitoring import live as monitoring
 from core.conf import get_settings
-from core.monitoring import Period, QueueSeries
-from core.monitoring_slices import Slice, breakdowns
-from core.monitoring_workers import Workers, worker_states
-from dashboard import deploys, stats
+from core.monitoring.live import Period, QueueSeries
+from core.monitoring.slices import Slice, breakdowns
+from core.monitoring.workers import Workers, worker_states
+from dashboard import deploys
+from dashboard.counting import stats
 from dashboard.actions import ActionError
 from dashboard.actions import validate
 from dashboard.models import DeployMarker

@@ -24,6 +24,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from core.conf import get_settings
 from core.dialects import dialect_for
 
+from dashboard.pages import error_response
+
 log = logging.getLogger("sluice.dashboard")
 
 READS = ("GET", "HEAD")
@@ -73,6 +75,4 @@ def _timed_out(request: HttpRequest, seconds: float) -> HttpResponse:
                "or try again when the database is less busy.")
     if request.path.startswith("/api/"):
         return JsonResponse({"error": message}, status=503)
-    from dashboard.views.common import error_response  # the page layout; imported late (views import models)
-
     return error_response(request, message, 503)

@@ -1,6 +1,6 @@
 from django.urls import include, path
 
-from dashboard import charts
+from dashboard.views import charts
 from dashboard.views import alerts, audit, auth, conversations, delayed, failed, health, monitoring, outbox, overview, queues
 
 app_name = "dashboard"

@@ -143,7 +143,7 @@ except urllib.error.HTTPError:
 PYEOF
 }
 
-# worker_up: the worker's loops started (its heartbeat is in Redis; core/health.py names
+# worker_up: the worker's loops started (its heartbeat is in Redis; core/runtime/health.py names
 # it <host>:<pid>); by then its start-up banner is printed and cannot bury the login.
 worker_up() {
     [ -n "$(redis-cli -u "${REDIS_URL:-redis://127.0.0.1:6379/0}" --scan \

@@ -109,8 +109,8 @@ MIDDLEWARE = [
     # Every GET's queries are bounded by SLUICE_DASHBOARD_STATEMENT_TIMEOUT (a 503 past it).
     "dashboard.timeouts.StatementTimeoutMiddleware",
     "csp.middleware.CSPMiddleware",
-    "dashboard.middleware.security_headers",
-    "dashboard.middleware.api_query_without_nul",
+    "dashboard.security.middleware.security_headers",
+    "dashboard.security.middleware.api_query_without_nul",
     # Last, as django-axes asks: it turns a locked-out login into its 429 answer.
     "axes.middleware.AxesMiddleware",
 ]
@@ -133,7 +133,7 @@ AUTH_PASSWORD_VALIDATORS = [{"NAME": f"django.contrib.auth.password_validation.{
 # An idle timeout: every request renews the cookie, so only a session left alone expires.
 SESSION_COOKIE_AGE = env_int("SLUICE_SESSION_IDLE_MINUTES", 60) * 60
 SESSION_SAVE_EVERY_REQUEST = True
-#: Lifetime of the API tokens `sluice user token` issues (dashboard/tokens.py).
+#: Lifetime of the API tokens `sluice user token` issues (dashboard/security/tokens.py).
 SLUICE_API_TOKEN_DAYS = env_int("SLUICE_API_TOKEN_DAYS", 90)
 
 # --- Content-Security-Policy (django-csp) --------------------------------------------------
@@ -152,7 +152,7 @@ CONTENT_SECURITY_POLICY = {"DIRECTIVES": {
     "frame-ancestors": ["'none'"],
     "form-action": ["'self'"],
 }}
-#: The browser features no page uses (dashboard/middleware.py sends the header).
+#: The browser features no page uses (dashboard/security/middleware.py sends the header).
 PERMISSIONS_POLICY = ("accelerometer=(), camera=(), geolocation=(), gyroscope=(), magnetometer=(), "
                       "microphone=(), payment=(), usb=(), interest-cohort=()")
 
@@ -181,12 +181,12 @@ if os.environ.get("SLUICE_OTHER_DATABASE_URL"):
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 # The JSON API (dashboard/api): session auth (with CSRF) for the browser, token auth for
-# scripts; roles from dashboard/permissions.py; errors as {"error": "..."}.
+# scripts; roles from dashboard/security/permissions.py; errors as {"error": "..."}.
 REST_FRAMEWORK = {
     # The token scheme first: DRF's 401 names it (WWW-Authenticate: Token); with the session
     # scheme first a missing login would be a 403, like a missing role.
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "dashboard.tokens.HashedTokenAuthentication",
+        "dashboard.security.tokens.HashedTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     # Reads need a role, anything else the operator role: checked, and a refusal audited,

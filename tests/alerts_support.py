@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from core.alerts.models import AlertRule, AlertTarget
+from core.models.alerts import AlertRule, AlertTarget
 from core.conf import get_settings
 from tests.conftest import wait_for  # noqa: F401 (the tests import it from here)
 

@@ -194,7 +194,7 @@ def _independent_alias(django_db_setup):
     """The receive_only pump's second connection, registered once the test database
     exists (Django's test case only allows aliases it knows when a test starts)."""
     from core.db import independent_alias
-    from core.wakeups import shutdown
+    from core.runtime.wakeups import shutdown
 
     independent_alias("default")
     yield
@@ -367,7 +367,7 @@ def pump_for(transactional_db):
     """Make message pumps for a test; closed afterwards.  Defaults suit tests: a 0.1 s peek
     delay and no delayed retries (failures reach the error queue after the immediate
     retries; tests/test_delayed.py covers delayed retries)."""
-    from core.pump import MessagePump
+    from core.receive.pump import MessagePump
 
     pumps = []
 

@@ -35,7 +35,7 @@ def make_user(role: str | None, name: str | None = None) -> User:
 def _fresh_dashboard_cache():
     """The overview's snapshot is cached for a few seconds (shared through Redis): every test
     starts without one."""
-    from dashboard import stats
+    from dashboard.counting import stats
 
     stats.clear_cache()
     yield

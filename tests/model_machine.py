@@ -260,7 +260,7 @@ class SluiceMachine(RuleBasedStateMachine):
     @traced
     def chunked_next(self, proc: str) -> None:
         """The pump's next batch takes the chunked path (as after a failure)."""
-        sizes = getattr(self.world.procs[proc].pump, "chunk_size", None)  # core.chunks.ChunkSize
+        sizes = getattr(self.world.procs[proc].pump, "chunk_size", None)  # core.receive.chunks.ChunkSize
         if sizes is not None:
             self.world.procs[proc].call(lambda: sizes.after(1, 1))
 

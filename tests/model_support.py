@@ -37,9 +37,9 @@ from django.db import connections, transaction
 from core.db import StatementCursor
 from core.delayed import DelayedMover
 from core.handlers import HandlerRegistry
-from core.loops import drop_broken_connections
+from core.runtime.loops import drop_broken_connections
 from core.messages import Headers, Message
-from core.pump import MessagePump
+from core.receive.pump import MessagePump
 from core.queues import dialect
 
 LEDGER = "sluice_model_ledger"
@@ -274,7 +274,7 @@ class Proc:
         self.call(make)
 
     def step(self, loop_name: str, times: int = 1) -> concurrent.futures.Future:
-        """``times`` steps of the pump or the mover, as core.loops.ThreadRunner runs them
+        """``times`` steps of the pump or the mover, as core.runtime.loops.ThreadRunner runs them
         (an exception a step lets out is a finding: the runner would only log it); the
         last step's wait."""
         def run() -> float:

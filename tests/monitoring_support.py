@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from core import failures
-from core.queue_samples import sample_now
+from core.monitoring.queue_samples import sample_now
 from core.transport import Transport
 from tests.conftest import drain
 

@@ -10,7 +10,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from core.alerts.sending import backoff, retry_after_seconds
-from core.alerts.models import AlertRule, AlertTarget
+from core.models.alerts import AlertRule, AlertTarget
 
 CONFIG = {"targets": [{"name": "am", "url": "http://alertmanager.example.test:9093/api/v2/alerts",
                        "headers": {"Authorization": "Bearer cli-secret-5"}}],

@@ -9,9 +9,9 @@ import pytest
 from django.utils import timezone
 
 from core.alerts.evaluator import evaluate
-from core.alerts.models import AlertDelivery, AlertRule, AlertTarget, RuleKind, Silence
+from core.models.alerts import AlertDelivery, AlertRule, AlertTarget, RuleKind, Silence
 from core.transport import Transport
-from dashboard import stats
+from dashboard.counting import stats
 from dashboard.metrics import FIRING_KEY
 from dashboard.models import AuditEntry
 from tests.alerts_support import own_alerts_queue  # noqa: F401 (a fixture)

@@ -12,10 +12,10 @@ import pytest
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from core.measurements import queue_levels
+from core.monitoring.measurements import queue_levels
 
 from core.alerts.evaluator import evaluate
-from core.alerts.models import AlertDelivery, AlertRule, AlertTarget, DeliveryStatus, RuleKind, TargetFormat
+from core.models.alerts import AlertDelivery, AlertRule, AlertTarget, DeliveryStatus, RuleKind, TargetFormat
 from core.alerts.notify import test_notification as send_test_notification
 from core.transport import Transport
 from tests.alerts_support import (  # noqa: F401 (a fixture)

@@ -11,7 +11,7 @@ import pytest
 from django.utils import timezone
 
 from core.alerts.delivery import send_window
-from core.alerts.models import AlertDelivery, AlertTarget, DeliveryStatus
+from core.models.alerts import AlertDelivery, AlertTarget, DeliveryStatus
 from core.alerts.notify import test_notification as send_test_notification
 from tests.alerts_support import WebhookReceiver, own_alerts_queue, wait_for  # noqa: F401 (a fixture)
 from tests.conftest import start_worker

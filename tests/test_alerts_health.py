@@ -9,8 +9,8 @@ import pytest
 from django.db import connection
 
 from core.alerts.evaluator import evaluate
-from core.alerts.models import AlertState, RuleKind
-from core.health import read_health, worker_name
+from core.models.alerts import AlertState, RuleKind
+from core.runtime.health import read_health, worker_name
 from core.worker import WorkerHost
 from tests.alerts_support import own_alerts_queue, rule, states, target, wait_for  # noqa: F401 (fixtures)
 from tests.conftest import database_url, start_worker

@@ -1,11 +1,11 @@
-"""The measurements alert rules read (core/measurements.py): bounded statements, the same
+"""The measurements alert rules read (core/monitoring/measurements.py): bounded statements, the same
 numbers on every database, and the SQL Server statement it would send (no server here)."""
 from __future__ import annotations
 
 import pytest
 from sqlglot import exp
 
-from core import measurements as m
+from core.monitoring import measurements as m
 from core.dialects.mssql import MSSQLDialect
 from core.dialects.postgresql import PostgreSQLDialect
 from core.dialects.sqlite import SQLiteDialect

@@ -12,11 +12,11 @@ import pytest
 from django.utils import timezone
 
 from core.alerts.evaluator import AlertEvaluator, evaluate
-from core.alerts.models import Alert, AlertDelivery, AlertState, RuleKind, Silence
-from core.breakers import RepeatedFailuresOverTimeCircuitBreaker
+from core.models.alerts import Alert, AlertDelivery, AlertState, RuleKind, Silence
+from core.runtime.breakers import RepeatedFailuresOverTimeCircuitBreaker
 from core.failures import ingest_errors
 from core.failures.lifecycle import archive
-from core.health import read_health
+from core.runtime.health import read_health
 from core.models import FailedMessage, OutboxRecord
 from core.transport import Transport
 from core.worker import WorkerHost

@@ -16,7 +16,7 @@ from core.delayed import delayed_store
 from core.queues import create_queue
 from core.transport import Transport
 from core.models import BulkOperation
-from dashboard import tokens
+from dashboard.security import tokens
 from dashboard.models import AuditEntry
 from tests.conftest import database_vendor
 from tests.dashboard_pages_support import fail_message, make_user

@@ -68,7 +68,7 @@ def cases(w):
 
 def alert_cases():
     """The Alerts page's actions, in an order where each good call leaves what the next needs."""
-    from core.alerts.models import AlertRule, AlertTarget, Silence
+    from core.models.alerts import AlertRule, AlertTarget, Silence
 
     def target_pk():
         return AlertTarget.objects.get(name="hook").pk

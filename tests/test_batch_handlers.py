@@ -9,7 +9,7 @@ import pytest
 from core.demo.models import PingRecord
 from core.handlers import BatchContext, handler, handlers
 from core.messages import Headers
-from core.records.models import ProcessingRecord
+from core.models.records import ProcessingRecord
 from core.transport import Transport
 from tests.conftest import drain
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 
-from core.breakers import ARMED, CLOSED, TRIGGERED, FailureRateCircuitBreaker, \
+from core.runtime.breakers import ARMED, CLOSED, TRIGGERED, FailureRateCircuitBreaker, \
     RepeatedFailuresOverTimeCircuitBreaker, breakers
 
 

@@ -16,7 +16,7 @@ from tests.dashboard_pages_support import _fresh_dashboard_cache, make_user  # n
 from playwright.sync_api import expect  # noqa: E402
 
 from core.alerts.evaluator import evaluate  # noqa: E402
-from core.alerts.models import AlertDelivery, AlertRule, DeliveryStatus  # noqa: E402
+from core.models.alerts import AlertDelivery, AlertRule, DeliveryStatus  # noqa: E402
 from core.transport import Transport  # noqa: E402
 from dashboard.models import AuditEntry  # noqa: E402
 

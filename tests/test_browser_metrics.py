@@ -14,7 +14,7 @@ from tests.dashboard_pages_support import _fresh_dashboard_cache, make_user  # n
 
 from playwright.sync_api import expect  # noqa: E402
 
-from core.records.models import MetricWindow, PipelineRun, RunStatus  # noqa: E402
+from core.models.records import MetricWindow, PipelineRun, RunStatus  # noqa: E402
 
 pytestmark = BROWSER_MARKS
 

@@ -4,7 +4,7 @@ While nothing fails a chunk is the whole batch, in one savepoint.  A failing han
 rolls its chunk back; the failure is recorded once, in the receive's transaction, the
 messages before it run again and the ones after go on, so business rows stay
 exactly-once; after a failure the pump's chunks are smaller for a while
-(core.chunks.ChunkSize)."""
+(core.receive.chunks.ChunkSize)."""
 from __future__ import annotations
 
 import signal
@@ -17,9 +17,9 @@ from django.test.utils import CaptureQueriesContext
 
 from core.demo.models import PingRecord
 from core.messages import Headers
-from core.chunks import ChunkSize
-from core.loops import ThreadRunner
-from core.records.models import ProcessingRecord
+from core.receive.chunks import ChunkSize
+from core.runtime.loops import ThreadRunner
+from core.models.records import ProcessingRecord
 from core.transport import Transport
 from tests.conftest import start_workers, wait_for
 

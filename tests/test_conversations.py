@@ -1,5 +1,5 @@
 """The conversation view: a conversation's messages from the processing records and failed
-messages (core.conversations), its flow tree, timeline and sequence (dashboard), its pages
+messages (core.records.conversations), its flow tree, timeline and sequence (dashboard), its pages
 of newest entries with what is older said and linked, the search, and the JSON API.
 
 A real conversation is made by real pumps and handlers; the shapes the pumps do not make
@@ -16,12 +16,13 @@ from django.apps import apps as django_apps
 from django.db import connection
 from django.test import Client
 
-from core import conversations, failures
+from core import failures
+from core.records import conversations
 from core.messages import Headers
 from core.models import FailedMessage
-from core.records.models import ProcessingRecord
+from core.models.records import ProcessingRecord
 from core.transport import Transport
-from dashboard.conversation_flow import flow_rows
+from dashboard.conversation.flow import flow_rows
 from tests.conftest import drain
 from tests.dashboard_api_support import api
 from tests.dashboard_pages_support import (  # noqa: F401 — fixtures

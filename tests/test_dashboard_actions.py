@@ -12,7 +12,7 @@ from core.transport import Transport
 from dashboard import actions
 from dashboard.actions.operations import BULK_TASK, TASK_QUEUE
 from dashboard.models import AuditEntry
-from dashboard.permissions import can_act, can_view
+from dashboard.security.permissions import can_act, can_view
 from tests.dashboard_api_support import clean_broker, queued_operations  # noqa: F401
 from tests.dashboard_pages_support import _fresh_dashboard_cache, fail_message, make_user, operator, viewer  # noqa: F401
 

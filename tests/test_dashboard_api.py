@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 from django.test import Client
-from dashboard import tokens
+from dashboard.security import tokens
 
 from core.delayed import delayed_store
 from core.messages import Headers

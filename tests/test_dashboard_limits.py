@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from core.conf import get_settings
 from core.scheduling import DelayedMessage
 from core.transport import Transport
-from dashboard import stats
+from dashboard.counting import stats
 from tests.dashboard_api_support import api, clean_broker  # noqa: F401 — fixture
 from tests.test_dashboard_api import delayed  # noqa: F401 — fixture
 from tests.dashboard_pages_support import (  # noqa: F401 — fixtures
@@ -372,7 +372,7 @@ def test_one_or_two_characters_are_not_searched(operator_client, queue, error_qu
 
 def test_a_search_without_an_index_reads_the_newest_records_only(operator_client, queue, error_queue, monkeypatch):
     from core.dialects import dialect_for
-    from dashboard import searching
+    from dashboard.counting import searching
 
     records = [fail_message(queue, exception_message="needle here") for _ in range(4)]
     monkeypatch.setattr(searching, "UNINDEXED_SCAN", 2)

@@ -22,7 +22,7 @@ from rest_framework import throttling
 
 from core.models import BulkOperation
 from core.transport import Transport
-from dashboard import tokens
+from dashboard.security import tokens
 from dashboard.models import ApiToken, AuditEntry
 from tests.dashboard_api_support import api
 from tests.dashboard_pages_support import (  # noqa: F401

@@ -11,10 +11,10 @@ from django.db import transaction
 
 from core.delayed import DelayedMessage, DelayedMover, SqlDelayedStore, delayed_store
 from core.errors import InvalidMessage
-from core.loops import ThreadRunner
+from core.runtime.loops import ThreadRunner
 from core.messages import Headers, parse_wire_time
 from core.models import Lease as LeaseRecord
-from core.pump import MessagePump
+from core.receive.pump import MessagePump
 from core.transport import Transport
 from tests.conftest import manage, wait_for
 

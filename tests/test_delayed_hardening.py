@@ -9,7 +9,7 @@ import pytest
 from django.db import DatabaseError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
-from core.breakers import ARMED, TRIGGERED
+from core.runtime.breakers import ARMED, TRIGGERED
 from core.delayed import DelayedMessage, DelayedMover, DelayedStoreUnavailable, SqlDelayedStore, delayed_store
 from core.delayed.listener import PostgresListener
 from core.errors import UnknownQueue

@@ -35,7 +35,7 @@ from django.db.utils import ConnectionHandler
 from sqlglot import exp
 
 from core.dialects import dialect_for
-from core.dialects.base import COLUMNS, MESSAGE_COLUMNS
+from core.dialects.rows import COLUMNS, MESSAGE_COLUMNS
 from core.dialects.mssql import MSSQLDialect
 from core.queues import MAX_TTL_SECONDS, QueueInfo, queue_model, registry, validate_name
 from core.db import StatementCursor

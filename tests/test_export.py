@@ -13,7 +13,7 @@ from django.core.management import CommandError, call_command
 from django.test.utils import override_settings
 
 from core.records.export import Export, export_records, watermark
-from core.records.models import ExportWatermark, MetricWindow, PipelineRun, ProcessingRecord
+from core.models.records import ExportWatermark, MetricWindow, PipelineRun, ProcessingRecord
 from core.records.retention import delete_exported
 from core.records.writer import insert_rows, now_us
 from tests.pipeline_support import actual_windows, assert_same_windows, expected_windows, make_records
@@ -186,7 +186,7 @@ def test_pipeline_bad_input(transactional_db, records_path):
 
 
 def test_pipeline_run_refused_while_another_holds_the_lease(transactional_db, records_path):
-    from core.lease import Lease
+    from core.runtime.lease import Lease
     from core.records.run import LEASE
 
     other = Lease(LEASE, 60, "default")

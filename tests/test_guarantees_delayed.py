@@ -6,9 +6,9 @@ import pytest
 from django.db import DatabaseError, connections
 
 from core.delayed import DelayedMessage, DelayedMover, SqlDelayedStore
-from core.loops import ThreadRunner
+from core.runtime.loops import ThreadRunner
 from core.messages import Headers
-from core.pump import MessagePump
+from core.receive.pump import MessagePump
 from core.transport import Transport
 from tests.conftest import OTHER, uses_other_database, wait_for
 from tests.test_delayed import empty, in_the_store, store  # noqa: F401 — the fixture

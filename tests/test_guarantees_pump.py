@@ -20,7 +20,7 @@ import pytest
 from django.db import DatabaseError, connection, transaction
 
 from core.demo.models import PingRecord
-from core.loops import ThreadRunner
+from core.runtime.loops import ThreadRunner
 from core.messages import Headers
 from core.outbox import OutboxSession
 from core.records import writer

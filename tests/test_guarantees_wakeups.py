@@ -10,7 +10,7 @@ import pytest
 from django.db import connection, transaction
 
 from core.delayed import DelayedMessage
-from core.wakeups import QUEUE_CHANNEL, PostgresListener, wake_hub
+from core.runtime.wakeups import QUEUE_CHANNEL, PostgresListener, wake_hub
 from tests.conftest import wait_for
 from tests.tcp_proxy import TcpProxy
 from tests.test_delayed import store  # noqa: F401 — the fixture

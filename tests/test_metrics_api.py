@@ -12,9 +12,9 @@ from urllib.parse import quote
 import pytest
 from django.contrib.auth.models import Group, User
 from django.test import Client
-from dashboard import tokens
+from dashboard.security import tokens
 
-from core.records.models import MetricWindow, PipelineRun
+from core.models.records import MetricWindow, PipelineRun
 from dashboard.models import AuditEntry
 from tests.dashboard_api_support import broker, clean_broker  # noqa: F401 — fixture
 
@@ -135,7 +135,7 @@ def test_many_windows_show_the_newest_and_the_api_pages_back(windows, monkeypatc
     odd = c.get("/api/metrics/?before=" + quote("3644-11-11T05:59:58+19:25") + "&since=" + quote("2026-11-23T10:02:00-23:59"))
     assert odd.status_code == 200, odd.content
     assert c.get("/api/metrics/?before=" + quote("0001-01-01T00:00:00+05:00")).status_code == 400
-    monkeypatch.setattr("dashboard.charts.MAX_POINTS", 4)
+    monkeypatch.setattr("dashboard.views.charts.MAX_POINTS", 4)
     response = c.get("/metrics/charts/")
     assert response.context["last"].isoformat() == newest
     assert response.context["first"].isoformat() == "2026-11-23T10:03:00+00:00"

@@ -9,9 +9,9 @@ import redis
 from django.db import connection
 from prometheus_client.parser import text_string_to_metric_families
 
-from core.health import KEY_PREFIX, HealthPublisher
+from core.runtime.health import KEY_PREFIX, HealthPublisher
 from core.transport import Transport
-from dashboard import stats
+from dashboard.counting import stats
 from tests.dashboard_pages_support import _fresh_dashboard_cache, fail_message  # noqa: F401
 
 

@@ -13,13 +13,13 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from core import monitoring
-from core.health import KEY_PREFIX
-from core.lease import Lease
-from core.monitoring_models import QueueMinute, QueueSample, grain_of
-from core.db_clock import database_now_us
-from core.queue_samples import QueueSampler, delete_old_samples, roll_up_minutes
-from core.records.models import MetricWindow, ProcessingRecord
+from core.monitoring import live as monitoring
+from core.runtime.health import KEY_PREFIX
+from core.runtime.lease import Lease
+from core.models.monitoring import QueueMinute, QueueSample, grain_of
+from core.db import database_now_us
+from core.monitoring.queue_samples import QueueSampler, delete_old_samples, roll_up_minutes
+from core.models.records import MetricWindow, ProcessingRecord
 from dashboard.models import AuditEntry, DeployMarker
 from tests.dashboard_pages_support import (  # noqa: F401 — fixtures
     _fresh_dashboard_cache, make_user, viewer, viewer_client,
@@ -157,7 +157,7 @@ def test_the_sampler_writes_one_length_per_queue_one_writer_at_a_time(busy_queue
 
 @pytest.fixture
 def heartbeats():
-    """Heartbeats written into the test's Redis the way workers write them (core.health)."""
+    """Heartbeats written into the test's Redis the way workers write them (core.runtime.health)."""
     client = redis.Redis.from_url(settings.REDIS_URL)
     written = []
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
-from core import monitoring
-from core.monitoring_slices import breakdown_query
-from core.db_clock import database_now_us
+from core.monitoring import live as monitoring
+from core.monitoring.slices import breakdown_query
+from core.db import database_now_us
 
 pytestmark = pytest.mark.skipif("connection.vendor != 'postgresql'")
 

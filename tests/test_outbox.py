@@ -9,11 +9,11 @@ from django.db import connections
 
 from core.demo.models import PingRecord
 from core.errors import ConfigurationError, InvalidMessage, InvalidTTL, UnknownQueue
-from core.loops import ThreadRunner
+from core.runtime.loops import ThreadRunner
 from core.messages import Headers
 from core.outbox import Outbox, OutboxDispatcher, UnknownDestination
 from core.outbox import OutboxSender
-from core.pump import MessagePump
+from core.receive.pump import MessagePump
 from core.queues import dialect
 from core.transport import Transport
 from tests.conftest import OTHER, drain, uses_other_database, wait_for

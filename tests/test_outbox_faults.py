@@ -21,7 +21,7 @@ from collections import Counter
 
 from core.demo.models import PingRecord
 from core.messages import Headers
-from core.pump import MessagePump
+from core.receive.pump import MessagePump
 from core.transport import Transport
 from tests.celery_support import clear_delayed
 from tests.conftest import OTHER, ROOT, database_url, uses_other_database

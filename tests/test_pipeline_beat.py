@@ -6,8 +6,8 @@ import threading
 import pytest
 from django.test.utils import override_settings
 
-from core.lease import Lease
-from core.records.models import PipelineRun
+from core.runtime.lease import Lease
+from core.models.records import PipelineRun
 from core.records.run import LEASE, LEASE_SECONDS
 
 

@@ -180,7 +180,7 @@ import django
 django.setup()
 from django.core.management import call_command
 call_command("migrate", verbosity=0)
-from core.records.models import MetricWindow
+from core.models.records import MetricWindow
 from core.records.run import run_pipeline
 from core.records.writer import insert_rows
 records = json.load(open(sys.argv[1]))

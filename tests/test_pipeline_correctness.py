@@ -15,13 +15,13 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 
-from core.lease import Lease
+from core.runtime.lease import Lease
 from core.models import Lease as LeaseRecord
 from core.records import horizon
 from core.records.export import (LEASE, Export, ExportBusy, ExportConflict, export_records, watermark,
                                  watermark_name)
 from core.records.location import location
-from core.records.models import ExportWatermark, MetricWindow, PipelineRun, ProcessingRecord
+from core.models.records import ExportWatermark, MetricWindow, PipelineRun, ProcessingRecord
 from core.records.results import NoResults, load_path
 from core.records.run import LeaseLost, run_pipeline
 from core.records.writer import now_us

@@ -48,9 +48,9 @@ def test_the_pipeline_commands_say_what_to_install(without_extra, command):
 @pytest.mark.no_database
 def test_everything_else_imports_and_the_package_command_works(without_extra, tmp_path):
     check = without_extra("-c", "import django; django.setup()\n"
-                          "import core.pump, core.records.run, core.cli.records, dashboard.urls, dashboard.charts, "
+                          "import core.receive.pump, core.records.run, core.cli.records, dashboard.urls, dashboard.views.charts, "
                           "workers.tasks\n"
-                          "from dashboard.charts import pipeline_missing\n"
+                          "from dashboard.views.charts import pipeline_missing\n"
                           "print(pipeline_missing())\n"
                           "try:\n    import pyspark\nexcept ImportError:\n    print('hidden')\n")
     assert check.returncode == 0, check.stderr
@@ -65,7 +65,7 @@ def test_a_queued_run_without_the_extra_fails_with_the_reason(transactional_db, 
     """The dashboard's "run now" queues a run row first: it must end failed, with what to
     install, not stay queued (the charts page polls while a run is queued)."""
     from core.records.extra import PipelineExtraMissing
-    from core.records.models import PipelineRun
+    from core.models.records import PipelineRun
     from core.records.run import run_pipeline
 
     queued = PipelineRun.objects.create(trigger="web")

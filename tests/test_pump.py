@@ -10,7 +10,7 @@ from core.conf import get_settings
 from core.demo.models import PingRecord
 from core.errors import ConfigurationError
 from core.messages import Headers
-from core.pump import MessagePump
+from core.receive.pump import MessagePump
 from core.queues import dialect
 from core.transport import Transport
 from tests.conftest import drain
@@ -260,7 +260,7 @@ def test_graceful_stop_finishes_the_current_batch(transport, queue, pump_for, te
 
 
 def test_each_transaction_mode_is_its_own_strategy_and_an_unknown_one_is_refused(transactional_db, queue):
-    from core.transaction_modes import SendsAtomicWithReceive
+    from core.receive.transaction_modes import SendsAtomicWithReceive
 
     pump = MessagePump(queue, transaction_mode="sends_atomic_with_receive", peek_delay=0.1)
     try:

@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext, override_settings
 
 from core.messages import Headers
 from core.queues import dialect
-from core.records.models import ProcessingRecord
+from core.models.records import ProcessingRecord
 from core.outgoing import valid_correlation_id
 from core.records.writer import insert_rows, intent_of, now_us, sent_us, trace_id_of
 from tests.conftest import drain

@@ -13,7 +13,7 @@ from core.delayed import DelayedMover, SqlDelayedStore
 from core.failures import ingest_errors, retry, run_retry
 from core.handlers import handlers
 from core.messages import Headers
-from core.tracing import gauges
+from core.monitoring import gauges
 from core.tracing.propagation import span_context
 from tests.conftest import drain
 from tests.tracing_support import ids, linked, parent_id, traced  # noqa: F401 — the fixture
@@ -136,7 +136,7 @@ def test_each_processing_record_keeps_the_trace_its_process_span_is_in(
     """A first delivery's process span is in its sender's trace; a delayed delivery's is in
     a trace of its own (linked to the sender): its record names that one, so the
     conversation view leads to the processing without following links."""
-    from core.records.models import ProcessingRecord
+    from core.models.records import ProcessingRecord
 
     temp_handlers(queue, None, lambda m, ctx: None)
     now_id = transport.send(queue, "now")
@@ -155,7 +155,7 @@ def test_each_processing_record_keeps_the_trace_its_process_span_is_in(
 def test_with_tracing_off_a_processing_record_keeps_the_senders_trace(transport, queue, pump_for, temp_handlers,
                                                                        store, traced):
     from core import tracing
-    from core.records.models import ProcessingRecord
+    from core.models.records import ProcessingRecord
 
     temp_handlers(queue, None, lambda m, ctx: None)
     later_id = transport.send(queue, "later", delay=0.05)

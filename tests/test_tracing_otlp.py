@@ -63,7 +63,7 @@ SCRIPT = textwrap.dedent("""
     django.setup()
     from core import tracing
     from core.handlers import handlers
-    from core.pump import MessagePump
+    from core.receive.pump import MessagePump
     from core.transport import Transport
 
     queue = {queue!r}

@@ -9,7 +9,7 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from dashboard.permissions import can_act, can_view
+from dashboard.security.permissions import can_act, can_view
 
 # Passwords Django's validators accept (length, not common, not numeric, unlike the name).
 PW1, PW2, PW3 = "tidal-basin-7304", "ferry-lantern-5521", "gravel-orchid-9190"

@@ -1,7 +1,7 @@
 """Wake-ups: an idle pump picks up a new message at once, not at its next peek.
 
 Each pump here waits 10 s between peeks of an empty queue, so a handling within 1 s
-can only come from a wake-up (core.wakeups)."""
+can only come from a wake-up (core.runtime.wakeups)."""
 from __future__ import annotations
 
 import threading
@@ -11,8 +11,8 @@ import pytest
 from django.db import connection, transaction
 
 from core.delayed import DelayedMover
-from core.loops import ThreadRunner
-from core.wakeups import QUEUE_CHANNEL, acquire_listener, release_listener
+from core.runtime.loops import ThreadRunner
+from core.runtime.wakeups import QUEUE_CHANNEL, acquire_listener, release_listener
 from tests.conftest import manage, wait_for
 from tests.test_delayed import store  # noqa: F401 — the fixture
 

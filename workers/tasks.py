@@ -10,7 +10,7 @@ from typing import Iterator
 from celery import shared_task
 
 from core.conf import get_settings
-from core.lease import Lease
+from core.runtime.lease import Lease
 
 log = logging.getLogger("sluice.tasks")
 
@@ -116,7 +116,7 @@ def evaluate_alerts() -> dict:
 def sample_queues() -> dict:
     """One queue-length sample (the monitoring tab's history), for pools whose workers host no
     loops: the sampler's own lease keeps it to one writer at a time, released at once after."""
-    from core.queue_samples import QueueSampler  # like the tasks above: models load after the app registry
+    from core.monitoring.queue_samples import QueueSampler  # like the tasks above: models load after the app registry
 
     sampler = QueueSampler()
     try:

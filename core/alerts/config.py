@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 from django.db import transaction
 
-from core.alerts.models import AlertRule, AlertTarget, RuleKind, Severity, TargetFormat
+from core.models.alerts import AlertRule, AlertTarget, RuleKind, Severity, TargetFormat
 from core.conf import get_settings
 
 TARGET_FIELDS = {"name", "format", "url", "headers", "routing_key", "recipients", "max_per_hour", "enabled"}

@@ -47,7 +47,7 @@ from django.db.models.functions import Now
 from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
-from core.alerts.models import AlertDelivery, DeliveryStatus
+from core.models.alerts import AlertDelivery, DeliveryStatus
 from core.alerts.notify import MESSAGE_TYPE
 from core.alerts.sending import Attempt, attempt_delivery, backoff, redact
 from core.conf import get_settings

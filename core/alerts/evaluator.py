@@ -1,4 +1,4 @@
-"""The alert evaluator: a loop (core.loops) that evaluates every enabled rule each
+"""The alert evaluator: a loop (core.runtime.loops) that evaluates every enabled rule each
 ``SLUICE_ALERTS_INTERVAL`` seconds.
 
 Every worker hosts one, but only the holder of the ``alerts-evaluator`` lease evaluates
@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 
 from django.db import DatabaseError, transaction
 
-from core.alerts.models import AlertRule
+from core.models.alerts import AlertRule
 from core.alerts.notify import active_silences, announce_rule_events
 from core.alerts.rules import Readings, breaches
 from core.alerts.state import active_alerts, advance, write
 from core.conf import get_settings
-from core.lease import Lease
+from core.runtime.lease import Lease
 
 log = logging.getLogger("sluice.alerts")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
-from core.alerts.models import Alert, AlertDelivery, AlertRule, AlertTarget, DeliveryStatus, Silence
+from core.models.alerts import Alert, AlertDelivery, AlertRule, AlertTarget, DeliveryStatus, Silence
 from core.conf import get_settings
 from core.errors import UnknownQueue
 from core.queues import create_queue, registry

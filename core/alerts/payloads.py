@@ -8,7 +8,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from core.alerts.models import Alert, AlertTarget, TargetFormat
+from core.models.alerts import Alert, AlertTarget, TargetFormat
 from core.conf import get_settings
 
 SEVERITY_PAGERDUTY = {"critical": "critical", "error": "error", "warning": "warning", "info": "info"}

@@ -13,8 +13,8 @@ from typing import Any, Callable
 from django.conf import settings
 from django.utils import timezone
 
-from core import measurements as m
-from core.alerts.models import AlertDelivery, AlertRule, DeliveryStatus, RuleKind, WorkerSighting
+from core.monitoring import measurements as m
+from core.models.alerts import AlertDelivery, AlertRule, DeliveryStatus, RuleKind, WorkerSighting
 from core.conf import get_settings
 
 #: A worker gone longer than this is forgotten (no more heartbeat alerts for it).

@@ -20,7 +20,7 @@ from typing import Any
 from django.core.mail import EmailMessage, get_connection
 from django.utils import timezone
 
-from core.alerts.models import AlertDelivery, AlertTarget
+from core.models.alerts import AlertDelivery, AlertTarget
 from core.alerts.payloads import email_text, notice, webhook_body
 from core.conf import get_settings
 

@@ -17,7 +17,7 @@ import datetime as dt
 import hashlib
 from dataclasses import dataclass, field
 
-from core.alerts.models import Alert, AlertRule, AlertState
+from core.models.alerts import Alert, AlertRule, AlertState
 from core.alerts.rules import Breach
 
 ACTIVE = (AlertState.PENDING, AlertState.FIRING)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from core.cli.base import CommandError, Group, command_group, parse_header, positive
-from core.consumer import receive_one
+from core.receive.consumer import receive_one
 from core.messages import Headers, Message
 from core.transport import Transport
 

@@ -10,7 +10,7 @@ from typing import Any
 from django.conf import settings
 
 from core.cli.base import CommandError, Group, command_group
-from core.health import TTL_SECONDS, read_health
+from core.runtime.health import TTL_SECONDS, read_health
 from core.startup import refusal, settle_heap
 from core.worker import WorkerHost
 

@@ -11,7 +11,7 @@ due: PostgreSQL ``LISTEN/NOTIFY`` across processes (polling while the listener i
 down), an in-process hub otherwise, and a short poll where the database cannot
 notify (SQLite, SQL Server).
 
-Several workers *elect one mover* through a lease row (core.lease) rather than all
+Several workers *elect one mover* through a lease row (core.runtime.lease) rather than all
 polling — every due instant would otherwise wake every worker to race for the same
 rows.  The fetch still locks rows and skips locked ones, so even two movers
 overlapping during a lease hand-over never deliver a message twice.
@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from django.db import DatabaseError, connections, transaction
 
-from core.breakers import FailureRateCircuitBreaker, RepeatedFailuresOverTimeCircuitBreaker
+from core.runtime.breakers import FailureRateCircuitBreaker, RepeatedFailuresOverTimeCircuitBreaker
 from core.conf import get_settings
 from core.db import writer_turn
 from core.delayed.clearing import StoreClearing
@@ -40,7 +40,7 @@ from core.delayed.listener import PostgresListener, acquire_listener, release_li
 from core.delayed.sql_store import SqlDelayedStore
 from core.delayed.wake import NOTIFY_CHANNEL, wake_hub
 from core.errors import InvalidMessage
-from core.lease import Lease
+from core.runtime.lease import Lease
 from core.messages import Headers, failure_headers, wire_time
 from core.scheduling import DelayedMessage, DelayedMessageStore, delayed_store
 from core.tracing import producing as tracing
@@ -378,5 +378,5 @@ class DelayedMover:
 
 def _message_id(message: DelayedMessage) -> str:
     """The id a stored message is forwarded under: its MessageId header.  A delayed retry
-    is stored under a key of its own (core.recoverability.retry_key), never its id."""
+    is stored under a key of its own (core.receive.recoverability.retry_key), never its id."""
     return message.headers.get(Headers.MESSAGE_ID) or message.id

@@ -10,7 +10,7 @@ from typing import Any
 
 from django.db import DatabaseError, connections, transaction
 
-from core.breakers import RepeatedFailuresOverTimeCircuitBreaker
+from core.runtime.breakers import RepeatedFailuresOverTimeCircuitBreaker
 from core.conf import get_settings
 from core.db import StatementCursor
 from core.delayed.wake import NOTIFY_CHANNEL, notify_payload, on_commit_wake, wake_hub
@@ -75,7 +75,7 @@ class SqlDelayedStore:
     def store(self, message: DelayedMessage, delay: float | None = None) -> bool:
         """Store ``message`` under its id; False (logged, nothing changed) when that id is
         stored already: the first is kept.  Delayed retries have keys of their own
-        (core.recoverability.retry_key), so only a re-sent message can collide."""
+        (core.receive.recoverability.retry_key), so only a re-sent message can collide."""
         d = self.dialect
         headers = encode_headers(message.headers)
         if delay is not None:

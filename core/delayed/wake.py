@@ -1,13 +1,13 @@
 """Waking movers when a store makes an earlier message due.
 
-The mechanism is the process's one (core.wakeups): in-process, :data:`wake_hub` keyed
+The mechanism is the process's one (core.runtime.wakeups): in-process, :data:`wake_hub` keyed
 by the store's table (every store of this process calls it at commit); across processes
 on PostgreSQL, ``NOTIFY`` on :data:`NOTIFY_CHANNEL` with the payload
 ``<table>|<due epoch>`` (``*|0``: "look now"), heard by the process's one listener.
 """
 from __future__ import annotations
 
-from core.wakeups import DELAYED_CHANNEL, WakeHub, on_commit_wake, wake_hub
+from core.runtime.wakeups import DELAYED_CHANNEL, WakeHub, on_commit_wake, wake_hub
 
 NOTIFY_CHANNEL = DELAYED_CHANNEL
 

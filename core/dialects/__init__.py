@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from core.dialects.base import Dialect, Row
+from core.dialects.base import Dialect
+from core.dialects.rows import Row
 from core.dialects.outbox_sql import OutboxRow
 from core.dialects.mssql import MSSQLDialect
 from core.dialects.postgresql import PostgreSQLDialect

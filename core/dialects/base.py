@@ -13,14 +13,9 @@ from __future__ import annotations
 import abc
 import datetime as dt
 import hashlib
-import re
-import uuid
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Sequence
 
-#: Columns of a queue table, as the SQL transport lays them out.
-COLUMNS = ("Id", "CorrelationId", "ReplyToAddress", "Recoverable", "Expires", "Headers", "Body", "RowVersion")
-#: Columns a receive / browse returns, in this order, then the expired flag.
-MESSAGE_COLUMNS = ("Id", "CorrelationId", "ReplyToAddress", "Expires", "Headers", "Body", "RowVersion")
+from core.dialects.rows import COLUMNS, MESSAGE_COLUMNS, Row, row_id
 
 #: SQL fragments every dialect defines (a class attribute each, "" where it needs none):
 #: - ``limit``: ends an ordered SELECT, taking the row limit as its last parameter
@@ -31,19 +26,6 @@ MESSAGE_COLUMNS = ("Id", "CorrelationId", "ReplyToAddress", "Expires", "Headers"
 #: - ``skip_locked_suffix``: the same at the end of the statement (PostgreSQL's
 #:   ``FOR UPDATE SKIP LOCKED``; "" where one writer at a time needs no row locks).
 FRAGMENTS = ("limit", "readpast_hint", "nolock_hint", "lock_skip_hint", "skip_locked_suffix")
-
-
-class Row(NamedTuple):
-    """A queue row as the database returned it, normalised to Python types."""
-
-    id: str
-    correlation_id: str | None
-    reply_to: str | None
-    expires: dt.datetime | None
-    headers: str
-    body: bytes
-    row_version: int
-    expired: bool
 
 
 class Dialect(abc.ABC):
@@ -136,7 +118,7 @@ class Dialect(abc.ABC):
     def to_row(self, raw: tuple[Any, ...]) -> Row:
         id_, corr, reply, expires, headers, body, row_version, expired = raw
         return Row(
-            _row_id(id_),
+            row_id(id_),
             corr,
             reply,
             None if expires is None else self.to_datetime(expires),
@@ -378,27 +360,3 @@ class Dialect(abc.ABC):
         """Lock a queue table against every other writer until the transaction ends
         (None: the transaction's own lock already does, as SQLite's BEGIN IMMEDIATE)."""
         return None
-
-
-#: A UUID in its canonical text form (lower case, dashes): kept as it is.
-_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-
-
-def _row_id(value: Any) -> str:
-    """The Id column as text: a UUID in canonical form (the driver's UUID object, or text
-    in any spelling), anything else as it is."""
-    if type(value) is uuid.UUID:
-        return str(value)
-    if type(value) is str and _CANONICAL_UUID.fullmatch(value):
-        return value
-    return str(uuid.UUID(str(value))) if _is_uuid(value) else str(value)
-
-
-def _is_uuid(value: Any) -> bool:
-    if isinstance(value, uuid.UUID):
-        return True
-    try:
-        uuid.UUID(str(value))
-    except ValueError:
-        return False
-    return True

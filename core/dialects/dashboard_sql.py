@@ -1,4 +1,4 @@
-"""Named SQL the dashboard's statistics and failed-message search read (dashboard/stats.py,
+"""Named SQL the dashboard's statistics and failed-message search read (dashboard/counting/stats.py,
 core/failures): mixed into every dialect.  Bounded: never a full count of a big table."""
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ class DashboardSQL:
         return self.browse(name).replace(body, f"{self.byte_length_function}({body})", 1)
 
     def queue_levels(self, names: list[str], cap: int) -> str:
-        """What alert rules and live monitoring read (core.measurements), cheaper than
+        """What alert rules and live monitoring read (core.monitoring.measurements), cheaper than
         :meth:`queue_stats`: no expired count.  One row per queue (UNION ALL): (position, min
         RowVersion, max RowVersion, rows counted up to ``cap``, Headers of the oldest row, now).
         No parameters: positions and the cap are integers written into the text, so that the

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from django.db import DatabaseError, IntegrityError, transaction
 from django.utils import timezone
 
-from core.breakers import RepeatedFailuresOverTimeCircuitBreaker
+from core.runtime.breakers import RepeatedFailuresOverTimeCircuitBreaker
 from core.conf import get_settings
 from core.errors import UnknownQueue
 from core.failures.grouping import group_of
 from core.failures.records import MAX_IN, POISON_TYPE, append_event, base, event, short
-from core.loops import discard_connection
+from core.runtime.loops import discard_connection
 from core.messages import Headers, Message, encode_headers, parse_wire_time
 from core.models import FailedMessage, FailureStatus
 from core.scheduling import delayed_store, store_name
@@ -200,7 +200,7 @@ def ingest_errors(batch_size: int | None = None, max_batches: int | None = None,
 
 
 class ErrorIngestor:
-    """A loop (core.loops): turns error-queue messages into failed-message records."""
+    """A loop (core.runtime.loops): turns error-queue messages into failed-message records."""
 
     name = "error-ingestion"
 

@@ -124,7 +124,7 @@ def purge_archived(older_than_seconds: float | None = None, batch: int = FAILED_
 
 
 class ArchivedFailurePurger:
-    """A loop (core.loops): removes archived failures past the retention period."""
+    """A loop (core.runtime.loops): removes archived failures past the retention period."""
 
     name = "failed-message-purge"
 

@@ -1,4 +1,4 @@
-"""The outbox's loops (core.loops protocol): the background dispatcher and the clean-up."""
+"""The outbox's loops (core.runtime.loops protocol): the background dispatcher and the clean-up."""
 from __future__ import annotations
 
 import logging

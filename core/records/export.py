@@ -31,12 +31,12 @@ from typing import Any
 from django.db import IntegrityError, connections, transaction
 
 from core.conf import get_settings
-from core.lease import Lease
+from core.runtime.lease import Lease
 from core.models import Lease as LeaseRecord
 from core.records import horizon
 from core.records.extra import require
 from core.records.location import Location, location
-from core.records.models import ExportWatermark, ProcessingRecord
+from core.models.records import ExportWatermark, ProcessingRecord
 from pipeline import schema
 
 # pyarrow is imported by the functions that write Parquet, not by this module: the CLI

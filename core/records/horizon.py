@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from django.db import connections
 
 from core.queues import dialect
-from core.records.models import ExportWatermark, ProcessingRecord
+from core.models.records import ExportWatermark, ProcessingRecord
 from core.records.writer import now_us
 
 

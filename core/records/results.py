@@ -18,7 +18,7 @@ from django.db import transaction
 from core.conf import get_settings
 from core.records.extra import require
 from core.records.location import location
-from core.records.models import MetricWindow
+from core.models.records import MetricWindow
 from pipeline import schema
 from pipeline.job import hour_floor
 

@@ -11,7 +11,7 @@ from django.db import transaction
 
 from core.conf import MAX_OUTBOX_CLEANUP_BATCH, get_settings
 from core.records.export import watermark
-from core.records.models import ProcessingRecord
+from core.models.records import ProcessingRecord
 from core.records.writer import now_us
 
 BATCH = MAX_OUTBOX_CLEANUP_BATCH

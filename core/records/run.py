@@ -1,7 +1,7 @@
 """One pipeline run: export → Spark job → load the windows → retention, behind a lease.
 
 `sluice pipeline run`, the Celery beat task and the dashboard's "run it now" button all
-come here, and the lease (core.lease, ``pipeline``) lets one run at a time anywhere.
+come here, and the lease (core.runtime.lease, ``pipeline``) lets one run at a time anywhere.
 The run's stage and progress are kept in its ``PipelineRun`` row for the dashboard.
 
 The job runs in this process's Spark driver: ``local[*]`` by default (an embedded JVM),
@@ -22,12 +22,12 @@ from typing import Any
 from django.utils import timezone
 
 from core.conf import get_settings, spark_conf
-from core.lease import Lease
+from core.runtime.lease import Lease
 from core.records.export import (LEASE, LEASE_SECONDS, WATERMARK, ExportResult, LeaseLost, export_records,
                                  still_held)
 from core.records.extra import PipelineExtraMissing, require
 from core.records.location import location
-from core.records.models import ExportWatermark, PipelineRun, RunStatus
+from core.models.records import ExportWatermark, PipelineRun, RunStatus
 from core.records.results import load_path
 from core.records.retention import delete_exported
 from pipeline.job import hour_floor

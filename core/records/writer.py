@@ -17,10 +17,10 @@ from django.db import connections
 
 from core.conf import get_settings
 from core.db import StatementCursor
-from core.health import worker_name
+from core.runtime.health import worker_name
 from core.messages import Headers, Message
 from core.queues import dialect
-from core.records.models import ProcessingRecord
+from core.models.records import ProcessingRecord
 from pipeline import schema
 
 COLUMNS = ("message_id", "message_type", "queue", "endpoint", "time_sent_us", "started_us", "ended_us",
@@ -125,7 +125,7 @@ class RecordBatch:
         """A poison row or a message nobody handles: no handler ran."""
         self._add(message, schema.ERROR_QUEUE, trace_id=trace_id)
 
-    # -- a chunk's savepoint (core.pump): its records go when it rolls back ---------------------
+    # -- a chunk's savepoint (core.receive.pump): its records go when it rolls back ---------------------
     def mark(self) -> int:
         return len(self.rows)
 

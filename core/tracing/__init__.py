@@ -10,7 +10,7 @@ By what each module holds:
 - ``propagation``: W3C ``traceparent`` / ``tracestate`` / ``baggage`` in message headers;
 - ``producing``: the ``send {queue}`` span and the outbox / delayed-mover forward spans;
 - ``consuming``: the ``process {queue}`` spans of one receive batch and its metrics;
-- ``gauges``: queue length and oldest-message age as observable gauges;
+- ``parents``: where a message's process span starts (its parent context and links);
 - ``sdk``: the SDK set-up from the standard ``OTEL_*`` variables (imported only when on).
 
 Off, every hook is one test of a module attribute: no span, context or attribute

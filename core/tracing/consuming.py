@@ -29,16 +29,15 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
-from opentelemetry.trace import (
-    INVALID_SPAN, Link, NonRecordingSpan, Span, SpanContext, SpanKind, StatusCode, TraceFlags,
-)
+from opentelemetry.trace import INVALID_SPAN, Span, SpanContext, SpanKind, StatusCode, TraceFlags
 
 from core.messages import Headers, Message
 from core.outcomes import MessageOutcome
 from core.records.writer import sent_us
 from core.tracing import state
 from core.tracing.producing import SYSTEM, error_type
-from core.tracing.propagation import extract, links, plain_traceparent_parts
+from core.tracing.parents import Unsampled, parent_of, starts_new_trace, trace_id_of_span
+from core.tracing.propagation import links, plain_traceparent_parts
 
 _EMPTY = Context()
 #: The key under which a context holds its current span, asked of the public API (the
@@ -65,60 +64,9 @@ _attach, _detach = _context_switch()
 ROLLED_BACK = "sluice.rolled_back"
 
 #: The event on a failed message's process span for each of the pump's decisions
-#: (core.recoverability.FailureOutcome values).
+#: (core.receive.recoverability.FailureOutcome values).
 FAILURE_EVENTS = {"retry": "sluice.retry.immediate", "delayed-retry": "sluice.retry.delayed",
                   "error": "sluice.moved_to_error_queue"}
-
-
-def starts_new_trace(headers: dict[str, str]) -> bool:
-    """A delivery that is not its sender's direct consequence: a delayed send, a delayed
-    retry or an operator's retry."""
-    return (Headers.DELIVER_AT in headers or Headers.RETRY_OF in headers
-            or headers.get(Headers.DELAYED_RETRIES, "0") not in ("", "0"))
-
-
-def parent_of(headers: dict[str, str]) -> tuple[Context, list[Link]]:
-    """The context a message's process span starts from, and its links."""
-    carried = extract(headers)
-    if not starts_new_trace(headers):
-        return carried, []
-    sender = trace.get_current_span(carried).get_span_context()
-    # The carried baggage stays; the span is dropped, so the new span roots a new trace.
-    return trace.set_span_in_context(INVALID_SPAN, carried), ([Link(sender)] if sender.is_valid else [])
-
-
-def trace_id_of_span(span: Span) -> str | None:
-    """A span's trace id as the processing records keep it (32 lower-case hex digits), or
-    None for an invalid span (a no-op tracer's)."""
-    context = span.get_span_context()
-    return format(context.trace_id, "032x") if context.is_valid else None
-
-
-class Unsampled(NonRecordingSpan):
-    """The span of a message whose sender was not sampled, as the SDK's parent-based
-    sampler makes it — non-recording, a span id of its own, the parent's flags passed on
-    to what the handler sends (the SDK keeps only the "random trace id" bit) — with its
-    context made only when something asks for it: a send from the handler, an
-    instrumented library.  Most handlers of an unsampled message never do."""
-
-    def __init__(self, trace_id: str, span_id: int, flags: int) -> None:  # pylint: disable=super-init-not-called
-        # Not NonRecordingSpan's __init__: it takes a context, made here on demand.  The
-        # span id is drawn now: two threads asking at once must get the same one.
-        self._trace_id = trace_id
-        self._span_id = span_id
-        self._flags = flags
-        self._made: SpanContext | None = None
-
-    def get_span_context(self) -> SpanContext:
-        made = self._made
-        if made is None:
-            made = self._made = SpanContext(int(self._trace_id, 16), self._span_id, is_remote=False,
-                                            trace_flags=TraceFlags(self._flags & TraceFlags.RANDOM_TRACE_ID))
-        return made
-
-    @property
-    def _context(self) -> SpanContext:  # what NonRecordingSpan's own methods read
-        return self.get_span_context()
 
 
 class Call:
@@ -310,7 +258,7 @@ class BatchTrace:
             self._held.append((span, time.time_ns()))
 
     def mark(self) -> int:
-        """Where a savepoint starts (core.chunks journals, as the processing records)."""
+        """Where a savepoint starts (core.receive.chunks journals, as the processing records)."""
         return len(self._held)
 
     def rollback_to(self, mark: int) -> None:

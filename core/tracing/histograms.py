@@ -30,7 +30,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from core.tracing.names import HISTOGRAMS, SCHEMA_URL, SCOPE
-from sluice import __version__
+from core import __version__
 
 #: An attribute set, as a hashable tuple of (key, value) pairs.
 Labels = tuple[tuple[str, str], ...]

@@ -37,7 +37,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from opentelemetry.util import types
 
 from core.tracing.names import SCHEMA_URL, SCOPE
-from sluice import __version__
+from core import __version__
 
 log = logging.getLogger("sluice.tracing")
 

@@ -22,7 +22,7 @@ from core.tracing.names import (  # noqa: F401
     CRITICAL_TIME, CRITICAL_TIME_BOUNDS, DURATION_BOUNDS, HISTOGRAMS, MESSAGE_TYPE, PROCESS_DURATION, SCHEMA_URL,
     SCOPE,
 )
-from sluice import __version__
+from core import __version__
 
 if TYPE_CHECKING:  # core.tracing.histograms and .recorded need the SDK, an optional extra (and import
     # core.tracing.names, never this module: the contract in pyproject.toml keeps it so)
@@ -84,7 +84,7 @@ class Telemetry:
         #: Sluice's own span recorder when it built the whole trace pipeline (core.tracing.sdk):
         #: sampled process spans skip the SDK's span machinery (core.tracing.recorded).
         self.recorder = recorder
-        #: Queues whose length and oldest age are observed (core.tracing.gauges).
+        #: Queues whose length and oldest age are observed (core.monitoring.gauges).
         self.observed_queues: set[str] = set()
         self.gauges_registered = False
 

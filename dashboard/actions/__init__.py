@@ -1,6 +1,6 @@
 """THE code path of every operator action, shared by the pages and the JSON API.
 
-Each action takes the acting user first, checks :func:`dashboard.permissions.can_act`
+Each action takes the acting user first, checks :func:`dashboard.security.permissions.can_act`
 (``PermissionDenied`` otherwise), validates its input (:class:`ActionError`: a message for
 the user and an HTTP status), acts through ``core`` (or starts a ``BulkOperation`` that a
 Celery worker runs), writes one :class:`~dashboard.models.AuditEntry` with the outcome,

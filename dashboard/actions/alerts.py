@@ -10,7 +10,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from core.alerts.config import ConfigError, clean_rule, clean_target, import_config, save_rule, save_target
-from core.alerts.models import AlertRule, AlertTarget, Silence
+from core.models.alerts import AlertRule, AlertTarget, Silence
 from core.alerts.notify import test_notification
 from core.conf import get_settings
 from dashboard.actions.audit import acting

@@ -11,7 +11,7 @@ from django.db import DatabaseError
 
 from dashboard.actions.errors import ActionError
 from dashboard.models import AuditEntry, AuditOutcome
-from dashboard.permissions import can_act
+from dashboard.security.permissions import can_act
 
 log = logging.getLogger("sluice.audit")
 

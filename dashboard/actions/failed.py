@@ -13,7 +13,7 @@ from core.errors import InvalidHeaders, InvalidMessage, SluiceError
 from core.messages import Headers, encode_headers
 from core.models import FailedMessage
 
-from dashboard import masking
+from dashboard.security import masking
 from dashboard.actions import validate
 from dashboard.actions.audit import acting, describe_ids
 from dashboard.actions.errors import ActionError

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from core.records.models import PipelineRun, RunStatus
+from core.models.records import PipelineRun, RunStatus
 
 from dashboard.actions.audit import acting
 from dashboard.actions.errors import ActionError

@@ -9,7 +9,7 @@ from __future__ import annotations
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 
 from dashboard.actions.audit import OPERATORS_ONLY, record_denial
-from dashboard.permissions import CanView, can_act, can_view
+from dashboard.security.permissions import CanView, can_act, can_view
 
 
 class ViewOrAct(BasePermission):

@@ -15,10 +15,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.alerts.config import export_config
-from core.alerts.models import Alert, AlertDelivery, AlertRule, AlertState, AlertTarget, Silence
+from core.models.alerts import Alert, AlertDelivery, AlertRule, AlertState, AlertTarget, Silence
 from dashboard import actions
 from dashboard.api.schema import ERRORS_ACT, ERRORS_READ, doc, limit
-from dashboard.api.views import _act, _body, int_param
+from dashboard.api.params import act, int_param, request_object
 
 
 def _iso(value: Any) -> str | None:
@@ -185,7 +185,7 @@ class RuleList(APIView):
 
     @doc(Saved, code=201, errors=ERRORS_ACT, summary="Create (or, by name, update) a rule", request=OpenApiTypes.OBJECT)
     def post(self, request: Request) -> Response:
-        return _act(lambda: actions.save_alert_rule(request.user, _body(request), via="api"),
+        return act(lambda: actions.save_alert_rule(request.user, request_object(request), via="api"),
                     lambda r: {"saved": r.count, "audit_id": r.audit_id}, status.HTTP_201_CREATED)
 
 
@@ -194,12 +194,12 @@ class RuleItem(APIView):
 
     @doc(Saved, errors=ERRORS_ACT, summary="Change a rule", request=OpenApiTypes.OBJECT)
     def put(self, request: Request, pk: int) -> Response:
-        return _act(lambda: actions.save_alert_rule(request.user, _body(request), pk, via="api"),
+        return act(lambda: actions.save_alert_rule(request.user, request_object(request), pk, via="api"),
                     lambda r: {"saved": r.count})
 
     @doc(Count, errors=ERRORS_ACT, summary="Delete a rule and its alerts", request=None)
     def delete(self, request: Request, pk: int) -> Response:
-        return _act(lambda: actions.delete_alert_rule(request.user, pk, via="api"), lambda r: {"deleted": r.count})
+        return act(lambda: actions.delete_alert_rule(request.user, pk, via="api"), lambda r: {"deleted": r.count})
 
 
 class TargetList(APIView):
@@ -211,9 +211,9 @@ class TargetList(APIView):
 
     @doc(Saved, code=201, errors=ERRORS_ACT, summary="Create (or, by name, update) a target", request=OpenApiTypes.OBJECT)
     def post(self, request: Request) -> Response:
-        data = _body(request)
+        data = request_object(request)
         existing = AlertTarget.objects.filter(name=str(data.get("name", "")).strip()).values_list("pk", flat=True).first()
-        return _act(lambda: actions.save_alert_target(request.user, data, existing, via="api"),
+        return act(lambda: actions.save_alert_target(request.user, data, existing, via="api"),
                     lambda r: {"saved": r.count}, status.HTTP_201_CREATED)
 
 
@@ -222,12 +222,12 @@ class TargetItem(APIView):
 
     @doc(Saved, errors=ERRORS_ACT, summary="Change a target (an empty url / routing_key keeps the stored one)", request=OpenApiTypes.OBJECT)
     def put(self, request: Request, pk: int) -> Response:
-        return _act(lambda: actions.save_alert_target(request.user, _body(request), pk, via="api"),
+        return act(lambda: actions.save_alert_target(request.user, request_object(request), pk, via="api"),
                     lambda r: {"saved": r.count})
 
     @doc(Count, errors=ERRORS_ACT, summary="Delete a target", request=None)
     def delete(self, request: Request, pk: int) -> Response:
-        return _act(lambda: actions.delete_alert_target(request.user, pk, via="api"), lambda r: {"deleted": r.count})
+        return act(lambda: actions.delete_alert_target(request.user, pk, via="api"), lambda r: {"deleted": r.count})
 
 
 class TargetTest(APIView):
@@ -235,7 +235,7 @@ class TargetTest(APIView):
 
     @doc(Count, code=202, errors=ERRORS_ACT, summary="Queue a test notification to the target", request=None)
     def post(self, request: Request, pk: int) -> Response:
-        return _act(lambda: actions.test_alert_target(request.user, pk, via="api"), lambda r: {"queued": r.count},
+        return act(lambda: actions.test_alert_target(request.user, pk, via="api"), lambda r: {"queued": r.count},
                     status.HTTP_202_ACCEPTED)
 
 
@@ -250,7 +250,7 @@ class SilenceList(APIView):
     @doc(Count, code=201, errors=ERRORS_ACT,
          summary="Silence a rule (or every rule) until a time: {rule, matchers, starts_at, ends_at | minutes, comment}", request=OpenApiTypes.OBJECT)
     def post(self, request: Request) -> Response:
-        return _act(lambda: actions.create_silence(request.user, _body(request), via="api"),
+        return act(lambda: actions.create_silence(request.user, request_object(request), via="api"),
                     lambda r: {"created": r.count}, status.HTTP_201_CREATED)
 
 
@@ -259,7 +259,7 @@ class SilenceItem(APIView):
 
     @doc(Count, errors=ERRORS_ACT, summary="End a silence now", request=None)
     def delete(self, request: Request, pk: int) -> Response:
-        return _act(lambda: actions.expire_silence(request.user, pk, via="api"), lambda r: {"ended": r.count})
+        return act(lambda: actions.expire_silence(request.user, pk, via="api"), lambda r: {"ended": r.count})
 
 
 class DeliveryList(APIView):
@@ -278,7 +278,7 @@ class ConfigImport(APIView):
 
     @doc(Imported, errors=ERRORS_ACT, summary="Create or update rules and targets from {targets: [...], rules: [...]}", request=OpenApiTypes.OBJECT)
     def post(self, request: Request) -> Response:
-        return _act(lambda: actions.import_alerts(request.user, request.data, via="api"),
+        return act(lambda: actions.import_alerts(request.user, request.data, via="api"),
                     lambda r: {"imported": r.count, "detail": r.message})
 
 

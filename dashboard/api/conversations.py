@@ -1,6 +1,6 @@
 """``/api/conversations/``: find a conversation by a conversation, message or correlation id,
 and ``/api/conversations/<id>/``: a page of its messages, newest entries first, with what the
-dashboard's conversation view draws (core.conversations)."""
+dashboard's conversation view draws (core.records.conversations)."""
 from __future__ import annotations
 
 from typing import Any
@@ -10,13 +10,13 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from core import conversations
+from core.records import conversations
 from core.conf import MAX_CONVERSATION_PAGE, get_settings
-from core.conversations import Node, time_of
+from core.records.conversations import Node, time_of
 from dashboard.actions import ActionError
 from dashboard.api import schema as out
 from dashboard.api.schema import doc
-from dashboard.api.views import int_param
+from dashboard.api.params import int_param
 
 #: Longest id looked up: no column holds more.
 MAX_ID = 255

@@ -1,14 +1,15 @@
 """``/api/monitoring/`` and ``/api/monitoring/<queue>/``: the live monitoring tab's figures
-as JSON (dashboard/monitoring.py builds them for the pages too).  Shapes: dashboard/api/schema.py."""
+as JSON (dashboard/monitoring.py builds them for the pages too).  Shapes: dashboard/api/monitoring_schema.py."""
 from __future__ import annotations
 
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from core.monitoring import PERIODS
+from core.monitoring.live import PERIODS
 from dashboard import monitoring
 from dashboard.api import schema as out
+from dashboard.api import monitoring_schema as shapes
 from dashboard.api.schema import doc
 
 PERIOD = out.choice("period", (*PERIODS, "range"))
@@ -16,7 +17,7 @@ RANGE = [out.when("from"), out.when("to")]
 
 
 class MonitoringOverview(APIView):
-    @doc(out.MonitoringOverview, summary="Every queue's throughput, retries, processing and critical time "
+    @doc(shapes.MonitoringOverview, summary="Every queue's throughput, retries, processing and critical time "
                                          "(p50/p95/p99) and length over a period, bucketed; workers' stale and "
                                          "clock-skew flags; the period's deploy markers",
          operation_id="monitoring_overview",
@@ -26,7 +27,7 @@ class MonitoringOverview(APIView):
 
 
 class MonitoringQueue(APIView):
-    @doc(out.MonitoringQueueDetail, summary="One queue's figures over a period, by message type and by worker",
+    @doc(shapes.MonitoringQueueDetail, summary="One queue's figures over a period, by message type and by worker",
          parameters=[PERIOD, *RANGE])
     def get(self, request: Request, name: str) -> Response:
         return Response(monitoring.queue_json(monitoring.queue_detail(name, request.query_params)))

@@ -17,9 +17,9 @@ from core.failures import headers_of
 from core.messages import Message
 from core.models import BulkOperation, FailedMessage
 
-from dashboard.masking import mask_body, mask_headers
+from dashboard.security.masking import mask_body, mask_headers
 from dashboard.models import AuditEntry
-from dashboard.stats import QueueStats
+from dashboard.counting.stats import QueueStats
 
 
 def _iso(value: dt.datetime | None) -> str | None:

@@ -9,8 +9,9 @@ from dashboard.api import errors
 from dashboard.api import alerts as al
 from dashboard.api import conversations as conv
 from dashboard.api import monitoring as mon
+from dashboard.api import failed as fv
 from dashboard.api import views as v
-from dashboard.permissions import CanView
+from dashboard.security.permissions import CanView
 
 
 def path(route, view, name):
@@ -32,16 +33,16 @@ urlpatterns = [
     path("api/delayed/", v.DelayedList.as_view(), name="api-delayed"),
     path("api/delayed/<path:message_id>/deliver-now/", v.DelayedDeliverNow.as_view(), name="api-delayed-deliver"),
     path("api/delayed/<path:message_id>/", v.DelayedItem.as_view(), name="api-delayed-item"),
-    path("api/failed/", v.FailedList.as_view(), name="api-failed"),
-    path("api/failed/groups/", v.FailedGroups.as_view(), name="api-failed-groups"),
-    path("api/failed/retry/", v.FailedRetry.as_view(), name="api-failed-retry"),
-    path("api/failed/archive/", v.FailedArchive.as_view(), name="api-failed-archive"),
-    path("api/failed/restore/", v.FailedRestore.as_view(), name="api-failed-restore"),
-    path("api/failed/delete/", v.FailedDelete.as_view(), name="api-failed-delete"),
-    path("api/failed/<int:pk>/", v.FailedItem.as_view(), name="api-failed-item"),
-    path("api/failed/<int:pk>/edit-retry/", v.FailedEditRetry.as_view(), name="api-failed-edit-retry"),
-    path("api/operations/", v.OperationList.as_view(), name="api-operations"),
-    path("api/operations/<int:pk>/", v.OperationItem.as_view(), name="api-operation"),
+    path("api/failed/", fv.FailedList.as_view(), name="api-failed"),
+    path("api/failed/groups/", fv.FailedGroups.as_view(), name="api-failed-groups"),
+    path("api/failed/retry/", fv.FailedRetry.as_view(), name="api-failed-retry"),
+    path("api/failed/archive/", fv.FailedArchive.as_view(), name="api-failed-archive"),
+    path("api/failed/restore/", fv.FailedRestore.as_view(), name="api-failed-restore"),
+    path("api/failed/delete/", fv.FailedDelete.as_view(), name="api-failed-delete"),
+    path("api/failed/<int:pk>/", fv.FailedItem.as_view(), name="api-failed-item"),
+    path("api/failed/<int:pk>/edit-retry/", fv.FailedEditRetry.as_view(), name="api-failed-edit-retry"),
+    path("api/operations/", fv.OperationList.as_view(), name="api-operations"),
+    path("api/operations/<int:pk>/", fv.OperationItem.as_view(), name="api-operation"),
     path("api/conversations/", conv.ConversationSearch.as_view(), name="api-conversations"),
     path("api/conversations/<path:conversation_id>/", conv.ConversationItem.as_view(), name="api-conversation"),
     path("api/outbox/", v.OutboxList.as_view(), name="api-outbox"),

@@ -1,4 +1,4 @@
-"""The two roles as Django groups (dashboard/permissions.py): sluice-viewer, sluice-operator."""
+"""The two roles as Django groups (dashboard/security/permissions.py): sluice-viewer, sluice-operator."""
 from django.db import migrations
 
 GROUPS = ("sluice-viewer", "sluice-operator")

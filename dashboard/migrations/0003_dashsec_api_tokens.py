@@ -1,4 +1,4 @@
-"""API tokens hashed at rest (dashboard/tokens.py).  Keys of DRF's plain-text token table
+"""API tokens hashed at rest (dashboard/security/tokens.py).  Keys of DRF's plain-text token table
 (``authtoken_token``, from before) are carried over as hashes, valid SLUICE_API_TOKEN_DAYS
 from now, and wiped from the old table."""
 import datetime as dt

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from django import template
 
-from core.conversations import time_of
-from dashboard.conversation_svg import duration_text
+from core.records.conversations import time_of
+from dashboard.conversation.svg import duration_text
 
 register = template.Library()
 

@@ -10,7 +10,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from core.alerts.models import (
+from core.models.alerts import (
     Alert,
     AlertDelivery,
     AlertRule,
@@ -23,7 +23,7 @@ from core.alerts.models import (
 )
 from core.alerts.notify import active_silences, silenced
 from dashboard import actions
-from dashboard.permissions import viewer_required
+from dashboard.security.permissions import viewer_required
 from dashboard.views.common import act, operator_only, page
 
 #: Rows per list (history and deliveries: the newest).

@@ -9,7 +9,7 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_GET
 
 from dashboard.models import AuditEntry
-from dashboard.permissions import viewer_required
+from dashboard.security.permissions import viewer_required
 from dashboard.views.common import date_param, int_param, page
 
 PAGE_SIZE = 100

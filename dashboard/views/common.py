@@ -13,43 +13,16 @@ from django.contrib import messages
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.shortcuts import render
-from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from dashboard import stats
+from dashboard.counting import stats
 from dashboard.actions import ActionError, ActionResult
 from dashboard.actions.audit import OPERATORS_ONLY, record_denial
-from dashboard.permissions import can_act, can_view
+from dashboard.pages import VIEWER_REASON, error_response, page  # noqa: F401 (the views import them from here)
+from dashboard.security.permissions import can_act, can_view
 
 #: Bodies longer than this are cut on the page (the whole body is a download away).
 BODY_DISPLAY_LIMIT = 64 * 1024
-#: Why a viewer's buttons are disabled (shown as their title and beside them).
-VIEWER_REASON = "Your role is sluice-viewer: only sluice-operator users can act."
-
-
-def page(request: HttpRequest, template: str, context: dict[str, Any], status: int = 200) -> HttpResponse:
-    """Render a page or partial with what the layout needs (the role flag for buttons)."""
-    context = {
-        "can_act": can_act(request.user),
-        "viewer_reason": VIEWER_REASON,
-        "now": timezone.now(),
-        **context,
-    }
-    return render(request, template, context, status=status)
-
-
-def error_response(request: HttpRequest, message: str, status: int = 400) -> HttpResponse:
-    """A 4xx with a readable message (never a traceback): a page, or for htmx a fragment that
-    goes into the layout's ``#flash`` region (base.html lets htmx swap error answers)."""
-    if not request.htmx:
-        return page(request, "dashboard/error.html", {"error": message, "status": status}, status=status)
-    response = page(request, "dashboard/partials/error.html", {"error": message, "status": status}, status=status)
-    response["HX-Retarget"] = "#flash"
-    response["HX-Reswap"] = "innerHTML"
-    return response
-
-
 def operator_only(action: str) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
     """For a view that acts: GET and HEAD need the viewer role; any other method the operator
     role, checked before the form is read, so a viewer's forged post is a 403 (and audited

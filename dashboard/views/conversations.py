@@ -1,6 +1,6 @@
 """``/conversations/``: find a conversation (by conversation id, message id or correlation
 id) and ``/conversations/<id>/``: its flow, timeline and sequence, a page of its newest
-messages at a time (core.conversations), with a failed node's retry going through the
+messages at a time (core.records.conversations), with a failed node's retry going through the
 audited retry action of the failed-message pages."""
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from django.urls import reverse
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET
 
-from core import conversations
-from core.conversations import ConversationPage, time_of
-from dashboard import conversation_svg
-from dashboard.conversation_flow import flow_rows
-from dashboard.permissions import viewer_required
+from core.records import conversations
+from core.records.conversations import ConversationPage, time_of
+from dashboard.conversation import svg as conversation_svg
+from dashboard.conversation.flow import flow_rows
+from dashboard.security.permissions import viewer_required
 from dashboard.views.common import error_response, page
 
 #: Longest search term or conversation id looked up (the columns hold 255 at most).

@@ -9,7 +9,7 @@ from django.views.decorators.http import require_GET, require_POST
 from core.delayed import delayed_store
 from core.messages import Headers
 from dashboard import actions
-from dashboard.permissions import viewer_required
+from dashboard.security.permissions import viewer_required
 from dashboard.views.common import act, back_to, int_param, operator_only, page
 
 #: Rows read from the store for one page (the store lists by due time).

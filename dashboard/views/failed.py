@@ -20,10 +20,10 @@ from core import failures
 from core.messages import Headers
 from core.models import BulkOperation, BulkOperationStatus, FailedMessage, FailureStatus
 from dashboard import actions
-from dashboard import searching as searching_module
+from dashboard.counting import searching as searching_module
 from dashboard.actions import ActionError, validate
-from dashboard.masking import mask_body, mask_headers
-from dashboard.permissions import viewer_required
+from dashboard.security.masking import mask_body, mask_headers
+from dashboard.security.permissions import viewer_required
 from dashboard.views import edits
 from dashboard.views.common import (
     act, back_to, body_view, download, error_response, operator_only, ordered_headers, page,

@@ -8,8 +8,8 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 from django.http import HttpRequest, JsonResponse
 
-from core.health import read_health
-from dashboard.permissions import can_view
+from core.runtime.health import read_health
+from dashboard.security.permissions import can_view
 
 log = logging.getLogger("sluice.dashboard")
 

@@ -16,12 +16,12 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
-from core.monitoring import PERIODS, Bucket, Period, QueueSeries
+from core.monitoring.live import PERIODS, Bucket, Period, QueueSeries
 from dashboard import monitoring as data
 from dashboard.actions import ActionError
-from dashboard.permissions import viewer_required
-from dashboard.sparklines import Scale, spark_svg
-from dashboard.svgchart import Series, line_chart
+from dashboard.security.permissions import viewer_required
+from dashboard.charts.sparklines import Scale, spark_svg
+from dashboard.charts.svgchart import Series, line_chart
 from dashboard.views.common import error_response, page
 
 COLORS = {"throughput": "#2563eb", "retries": "#d97706", "failures": "#dc2626", "processing": "#16a34a",

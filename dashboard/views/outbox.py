@@ -14,8 +14,9 @@ from django.views.decorators.http import require_GET, require_POST
 from core.cli.outbox import outbox_record_json
 from core.outbox import OutboxStats, OutboxStore
 from core.conf import get_settings
-from dashboard import actions, stats as snapshot_cache
-from dashboard.permissions import viewer_required
+from dashboard import actions
+from dashboard.counting import stats as snapshot_cache
+from dashboard.security.permissions import viewer_required
 from dashboard.views.common import act, operator_only, page
 
 LIMIT = 200

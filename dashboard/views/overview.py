@@ -1,7 +1,7 @@
 """``/``: every queue with its counts, throughput and oldest message, and worker and
 circuit-breaker health; the numbers region re-renders through htmx polling.
 
-The numbers come from dashboard.stats' snapshot, cached for a few seconds and shared by
+The numbers come from dashboard.counting.stats' snapshot, cached for a few seconds and shared by
 every tab, so polling costs a bounded number of cheap statements."""
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
-from dashboard import stats
-from dashboard.permissions import viewer_required
+from dashboard.counting import stats
+from dashboard.security.permissions import viewer_required
 from dashboard.templatetags.sluice_ui import age
 from dashboard.views.common import page
 

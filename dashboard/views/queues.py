@@ -17,8 +17,8 @@ from core.messages import Headers, Message, parse_wire_time
 from core.queues import list_queues, registry
 from core.transport import Transport
 from dashboard import actions
-from dashboard.masking import mask_body, mask_headers
-from dashboard.permissions import viewer_required
+from dashboard.security.masking import mask_body, mask_headers
+from dashboard.security.permissions import viewer_required
 from dashboard.views.failed import recent_operations
 from dashboard.views.common import (
     act, back_to, body_view, download, error_response, int_param, operator_only, ordered_headers, page,

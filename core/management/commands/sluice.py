@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 from django.utils.module_loading import autodiscover_modules
 
+from core import __version__
 from core.cli.base import groups
 from core.errors import SluiceError
 
@@ -19,8 +20,6 @@ class Command(BaseCommand):
 
     def get_version(self) -> str:
         # `manage.py sluice --version`: Sluice's version, not Django's.
-        from sluice import __version__
-
         return __version__
 
     def add_arguments(self, parser) -> None:

@@ -1,0 +1,106 @@
+"""Sluice's settings: every ``SLUICE_*`` option, its type, default and meaning.
+
+This is the one place they are read (:mod:`core.conf.options` defines them).  ``sluice/settings.py`` fills
+them from the environment (``SLUICE_CONCURRENCY=8`` etc.); code reads them through
+:func:`get_settings`, never through ``django.conf.settings`` directly.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import warnings
+from typing import Any, Callable, Mapping
+
+from core.conf.options import (ENVIRONMENTS, LOG_FORMATS, MAX_CONVERSATION_PAGE, MAX_OUTBOX_CLEANUP_BATCH,  # noqa: F401
+                               MIN_PEEK_DELAY, OUTBOX_CONCURRENCY_CONTROLS, TRANSACTION_MODES, SluiceSettings,
+                               spark_conf)
+
+FIELDS = {f.name: f for f in dataclasses.fields(SluiceSettings) if f.name != "extra"}
+
+#: Renamed settings (names without SLUICE_): old name -> (new name, the version that drops the
+#: old one).  The old name keeps working, with a SluiceDeprecationWarning, for one minor
+#: version after the rename; CHANGELOG.md lists each rename under "Deprecated".
+RENAMED: dict[str, tuple[str, str]] = {}
+
+
+class SluiceDeprecationWarning(DeprecationWarning):
+    """A setting or feature that will be removed; the message says what replaces it."""
+
+
+# Python hides DeprecationWarning outside __main__; a renamed setting lives in the
+# environment or a settings file, where nobody would see it.  Django logs warnings.
+warnings.filterwarnings("default", category=SluiceDeprecationWarning)
+
+
+def _renamed(has: Callable[[str], bool], get: Callable[[str], Any]) -> dict[str, Any]:
+    """Values set under an old name, by new name (warning for each); the new name wins."""
+    values = {}
+    for old, (new, removed_in) in RENAMED.items():
+        if has(f"SLUICE_{old}"):
+            warnings.warn(f"SLUICE_{old} is renamed SLUICE_{new}; the old name stops working in "
+                          f"Sluice {removed_in}", SluiceDeprecationWarning, stacklevel=3)
+            if not has(f"SLUICE_{new}"):
+                values[new] = get(f"SLUICE_{old}")
+    return values
+
+
+def _parse(name: str, raw: str) -> Any:
+    """Turn an environment string into the type of setting ``name``."""
+    default = FIELDS[name].default
+    kind = type(default) if default is not None else str
+    if isinstance(default, tuple):
+        raw = raw.strip()
+        if raw.startswith("["):
+            return tuple(json.loads(raw))
+        return tuple(part.strip() for part in raw.split(",") if part.strip())
+    if kind is bool:
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    if kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            raise ValueError(f"SLUICE_{name}={raw!r} is not a number") from None
+    return raw
+
+
+def from_environ(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """``SLUICE_*`` environment variables as Django settings (used by sluice/settings.py)."""
+    raw = {**_renamed(environ.__contains__, environ.__getitem__),
+           **{name: environ[f"SLUICE_{name}"] for name in FIELDS if f"SLUICE_{name}" in environ}}
+    return {f"SLUICE_{name}": _parse(name, value) for name, value in raw.items()}
+
+
+_cached: SluiceSettings | None = None
+
+
+def get_settings() -> SluiceSettings:
+    """The current Sluice settings, from Django's settings (``SLUICE_*``).
+
+    Built once and cached (sends call this on the hot path); a change to a ``SLUICE_*``
+    setting (``override_settings`` in tests) clears the cache.
+    """
+    global _cached
+    if _cached is None:
+        _cached = _build()
+    return _cached
+
+
+def _clear_cache(*, setting: str, **kwargs: Any) -> None:
+    global _cached
+    if setting.startswith("SLUICE_"):
+        _cached = None
+
+
+def _build() -> SluiceSettings:
+    from django.conf import settings
+    from django.core.signals import setting_changed
+
+    setting_changed.connect(_clear_cache, dispatch_uid="sluice-settings")
+
+    values = _renamed(lambda name: hasattr(settings, name), lambda name: getattr(settings, name))
+    for name in FIELDS:
+        if hasattr(settings, f"SLUICE_{name}"):
+            values[name] = getattr(settings, f"SLUICE_{name}")
+    return SluiceSettings(**{name: tuple(value) if isinstance(FIELDS[name].default, tuple) else value
+                             for name, value in values.items()})

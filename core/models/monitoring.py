@@ -1,0 +1,72 @@
+"""The monitoring tab's own table: queue-length samples (core.monitoring.queue_samples writes them)."""
+from __future__ import annotations
+
+from django.db import models
+
+#: Seconds of each grain after 0: a sample is of grain g when it is the first in its step.
+GRAINS = (60, 600, 3600)
+
+
+class QueueSample(models.Model):
+    """One queue's length at one instant (the database's clock, µs since the epoch)."""
+
+    queue = models.CharField(max_length=64)
+    at_us = models.BigIntegerField()
+    #: Messages in the table (max − min RowVersion above the count cap: ``estimated``).
+    length = models.BigIntegerField()
+    estimated = models.BooleanField(default=False)
+    #: The coarsest step this sample begins (:data:`GRAINS`: 0 none, 1 a minute, 2 ten
+    #: minutes, 3 an hour): a long period reads only its coarse samples, not every one.
+    grain = models.SmallIntegerField(default=0)
+
+    class Meta:
+        db_table = "sluice_queue_sample"
+        indexes = [
+            # One queue's samples in a period (the monitoring tab): an index range.
+            models.Index(fields=["queue", "at_us"], name="sluice_qsample_queue_at"),
+            # Its coarse samples over a long period.
+            models.Index(fields=["queue", "grain", "at_us"], name="sluice_qsample_grain"),
+            # The retention's oldest samples.
+            models.Index(fields=["at_us"], name="sluice_qsample_at"),
+        ]
+
+
+def grain_of(at_us: int, previous_us: int | None) -> int:
+    """The coarsest step (:data:`GRAINS`) a sample at ``at_us`` begins, given the sampler's
+    previous sample (None: it has none, so every step begins here)."""
+    grain = 0
+    for level, seconds in enumerate(GRAINS, start=1):
+        if previous_us is None or at_us // (seconds * 1_000_000) != previous_us // (seconds * 1_000_000):
+            grain = level
+    return grain
+
+
+class QueueMinute(models.Model):
+    """One queue's processing records of one minute, summed (core.queue_minutes rolls them up):
+    what an hour or a range reads instead of every record."""
+
+    queue = models.CharField(max_length=64)
+    minute_us = models.BigIntegerField()
+    records = models.BigIntegerField()
+    retried = models.BigIntegerField()
+    failures = models.BigIntegerField()
+    processing_sum_us = models.BigIntegerField()
+    processing_n = models.BigIntegerField()
+    critical_sum_us = models.BigIntegerField()
+    critical_n = models.BigIntegerField()
+    skewed = models.BigIntegerField()
+
+    class Meta:
+        db_table = "sluice_queue_minute"
+        constraints = [models.UniqueConstraint(fields=["queue", "minute_us"], name="sluice_qminute_key")]
+        indexes = [models.Index(fields=["minute_us"], name="sluice_qminute_at")]
+
+
+class RollupMark(models.Model):
+    """How far the minutes are rolled up (µs, exclusive): one row, ``name`` "queue-minutes"."""
+
+    name = models.CharField(max_length=64, primary_key=True)
+    until_us = models.BigIntegerField()
+
+    class Meta:
+        db_table = "sluice_rollup_mark"

@@ -1,0 +1,1 @@
+"""The monitoring tab's data and the measurements alert rules read."""

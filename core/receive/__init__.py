@@ -1,0 +1,1 @@
+"""The receive path: the pump, its transaction modes and chunks, recoverability."""

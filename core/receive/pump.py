@@ -1,0 +1,392 @@
+"""The message pump: per-thread receive loops, chunked processing.
+
+A pump runs ``concurrency`` threads (its ``threads``; core.runtime.loops.ThreadRunner starts
+one per unit, each with its own wait).  One :meth:`MessagePump.step` on a thread:
+
+1. *Peek* — only when the thread comes back from an idle wait that no wake-up cut
+   short: estimate the queue length from max − min RowVersion (never a row count).
+   Empty → wait ``peek_delay``.  A wake-up (core.runtime.wakeups: a commit in this process at
+   once; another process's through LISTEN/NOTIFY on PostgreSQL; the delayed mover's
+   forwards, which go through the same insert path) skips the peek: the thread
+   receives at once.
+2. *Receive* up to ``receive_batch_size`` rows (capped by ``max_records_to_peek`` and
+   by the peek's estimate) in one statement and one transaction, and *process* them:
+   in ``sends_atomic_with_receive`` chunk by chunk, one savepoint per chunk — the
+   whole batch in one while nothing fails (core.receive.chunks); otherwise one message at a
+   time.  A failure is recorded in the same transaction, on the message's row.
+3. A full batch → step again at once (and wake an idle thread of the pump: more may
+   wait); a short one → wait for a wake-up or the peek delay — unless a wake-up came
+   in that found no idle thread: then this one steps again at once.
+
+No wake-up is lost, and one wake-up rouses one thread (not a herd of empty receives):
+a wake first raises the pump's ``pending`` flag, then looks for an idle thread; if it
+finds one it sets that thread's event (cleared by the runner only before a step) and
+lowers the flag.  A thread marks itself idle *before* it looks at the flag on its way
+to a wait.  So either the wake sees the thread idle and sets its event, or the thread
+sees the flag (left up because no thread was idle), lowers it and steps again at once.
+A step lowers the flag as it begins: it will see the rows of every wake-up so far.
+
+Each received message comes to one :class:`~core.outcomes.MessageOutcome`, counted in
+one place (:meth:`MessagePump.receive_and_process`).  How a handler runs — in a chunk's
+savepoint, on its own, or through the outbox — is the transaction mode's
+(core.receive.transaction_modes).  Batch handlers (``@handler(..., batch=True)``) get the
+messages of their type in a chunk as one list; when one raises, the chunk runs again
+with that list split into one-message calls, which finds the culprit.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+from django.db import DatabaseError, transaction
+
+from core.runtime.breakers import RepeatedFailuresOverTimeCircuitBreaker
+from core.receive.chunks import ChunkSize, HandlerFailed, Journals, Unit, run_in_savepoints, units
+from core.conf import MIN_PEEK_DELAY, get_settings
+from core.db import writer_turn
+from core.errors import ConfigurationError, NoHandler, PoisonMessage
+from core.expiry import on_expired_receive
+from core.failures import RETRY_OF, mark_resolved
+from core.handlers import HandlerRegistry, as_single, handlers as default_handlers
+from core.runtime.loops import current_lane, discard_connection
+from core.messages import Message
+from core.outcomes import MessageOutcome, PumpStats
+from core.queues import dialect, missing_indexes
+from core.receive.recoverability import FailureOutcome, Recoverability
+from core.tracing.consuming import BatchTrace, batch_trace
+from core.receive.transaction_modes import BatchScope, OutboxMode, mode_for
+from core.records.writer import NoRecords, RecordBatch, now_us, start_batch
+from core.transport import Transport
+from core.runtime.wakeups import PostgresListener, acquire_listener, queue_key, release_listener, wake_hub
+
+log = logging.getLogger("sluice.pump")
+
+PEEK_DELAY_WARNING = 10.0
+
+
+class _Lane:
+    """One receive thread's state (see the module doc)."""
+
+    __slots__ = ("peek", "idle")
+
+    def __init__(self) -> None:
+        self.peek = True    # look before receiving (after an idle wait no wake-up cut short)
+        self.idle = False   # between a short step and the next one
+
+
+class MessagePump:
+    """Receives and processes the messages of one queue.  A loop (see core.runtime.loops) run
+    by ``threads`` threads at once."""
+
+    def __init__(
+        self,
+        queue: str,
+        *,
+        concurrency: int | None = None,
+        peek_delay: float | None = None,
+        max_records_to_peek: int | None = None,
+        receive_batch_size: int | None = None,
+        transaction_mode: str | None = None,
+        immediate_retries: int | None = None,
+        delayed_retries: int | None = None,
+        handlers: HandlerRegistry | None = None,
+        using: str | None = None,
+    ) -> None:
+        s = get_settings()
+        self.queue = queue
+        self.name = f"pump:{queue}"
+        self.concurrency = concurrency or s.CONCURRENCY
+        self.peek_delay = s.PEEK_DELAY if peek_delay is None else peek_delay
+        self.max_records_to_peek = max_records_to_peek or s.MAX_RECORDS_TO_PEEK
+        self.batch_size = receive_batch_size or s.RECEIVE_BATCH_SIZE
+        self.mode = transaction_mode or s.TRANSACTION_MODE
+        self.handlers = handlers or default_handlers
+        self.business_alias = using or s.DATABASE
+        if self.peek_delay < MIN_PEEK_DELAY:
+            raise ConfigurationError(f"peek delay below {MIN_PEEK_DELAY * 1000:.0f} ms would put needless load "
+                                     "on the database; refused")
+        if self.peek_delay > PEEK_DELAY_WARNING:
+            log.warning("peek delay of %.1f s on %s: messages may back up", self.peek_delay, queue)
+        if self.concurrency < 1 or self.max_records_to_peek < 1 or self.batch_size < 1:
+            raise ConfigurationError("concurrency, max_records_to_peek and receive_batch_size must be at least 1")
+        if not dialect(self.business_alias).supports_concurrent_writers and self.concurrency > 1:
+            # One writer at a time: extra threads would only queue for the write lock.
+            log.info("%s allows one writer at a time: pump %s uses 1 thread, not %d",
+                     dialect(self.business_alias).vendor, queue, self.concurrency)
+            self.concurrency = 1
+        #: How many threads run :meth:`step` (core.runtime.loops.ThreadRunner).
+        self.threads = self.concurrency
+        self.strategy = mode_for(self.mode, self.business_alias)
+        self.receive_alias = self.strategy.receive_alias
+        self.receiver = Transport(self.receive_alias)
+        self.sender = self.strategy.sender
+        self.recoverability = Recoverability(self.receiver, immediate_retries, delayed_retries=delayed_retries)
+        self.receive_breaker = RepeatedFailuresOverTimeCircuitBreaker(
+            f"pump-receive:{queue}", s.TIME_TO_TRIGGER_RECEIVE_BREAKER)
+        self.processing_breaker = RepeatedFailuresOverTimeCircuitBreaker(
+            f"pump-processing:{queue}", s.TIME_TO_TRIGGER_RECEIVE_BREAKER)
+        #: The outbox in outbox mode (operators and tests look at it), else None.
+        self.outbox = self.strategy.outbox if isinstance(self.strategy, OutboxMode) else None
+        self.stats = PumpStats()
+        self._stats_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._closed = False
+        self._lanes = [_Lane() for _ in range(self.threads)]
+        self._pending = False  # a wake-up no idle thread was roused for (module doc)
+        self.chunk_size = ChunkSize(self.batch_size)
+        missing_indexes(queue, self.receive_alias)
+        self._wake: Callable[..., None] = lambda lane=None: None
+        self._hub_handle = wake_hub.register(queue_key(queue), self._on_wake)
+        receive_dialect = dialect(self.receive_alias)
+        self._poll_while_lost = receive_dialect.wake_poll_interval
+        self._listener: PostgresListener | None = \
+            acquire_listener(self.receive_alias) if receive_dialect.supports_notify else None
+
+    # -- waking ---------------------------------------------------------------------
+    def bind_wake(self, wake: Callable[..., None]) -> None:
+        """The runner's way to cut a thread's wait short: ``wake(lane)``."""
+        self._wake = wake
+
+    def _on_wake(self, _due_epoch: float = 0.0) -> None:
+        """Rows were committed to the queue: raise the flag, then rouse an idle thread
+        (order matters: module doc)."""
+        self._pending = True
+        if self._rouse():
+            self._pending = False
+
+    def _rouse(self) -> bool:
+        """Set the event of one idle thread; False when none is idle."""
+        for index, lane in enumerate(self._lanes):
+            if lane.idle:
+                lane.idle = False
+                lane.peek = False  # there is something to take: no peek first
+                self._wake(index)
+                return True
+        return False
+
+    def _idle_wait(self) -> float:
+        """How long an empty queue waits: the peek delay, but no longer than the dialect's
+        poll while the LISTEN connection is lost (a NOTIFY sent then is never heard)."""
+        if self._listener is not None and self._listener.lost.is_set():
+            return min(self.peek_delay, self._poll_while_lost)
+        return self.peek_delay
+
+    # -- the loop -------------------------------------------------------------
+    def step(self) -> float:
+        """One receive on this thread (module doc): 0 to step again at once, else the
+        seconds to wait for a wake-up."""
+        lane = self._lanes[current_lane() % len(self._lanes)]
+        lane.idle = False
+        self._pending = False  # this step begins after any wake-up so far: it sees their rows
+        if self._stopping.is_set():
+            return self._idle_wait()
+        want = min(self.batch_size, self.max_records_to_peek)
+        if lane.peek:
+            try:
+                estimate = self.receiver.peek_estimate(self.queue)
+            except DatabaseError as exc:
+                discard_connection(self.receive_alias)
+                return self.receive_breaker.failure(exc)
+            self.receive_breaker.success()
+            if estimate == 0:
+                # The database answers and nothing waits: a processing breaker armed by an
+                # outage closes here too, or an idle queue's would stay armed for ever.
+                self.processing_breaker.success()
+                return self._short(lane)
+            want = min(want, estimate)
+        try:
+            got = self.receive_and_process(want)
+        except DatabaseError as exc:  # the database, not a handler: handlers' errors are data
+            discard_connection(self.receive_alias)
+            lane.peek = True
+            return self.processing_breaker.failure(exc)
+        except Exception:
+            discard_connection(self.receive_alias)
+            lane.peek = True
+            raise
+        self.processing_breaker.success()
+        if got >= want:
+            lane.peek = False  # more may wait: straight to the next receive, with a helper
+            self._rouse()
+            return 0.0
+        return self._short(lane)
+
+    def _short(self, lane: _Lane) -> float:
+        """The queue looked empty: wait — unless a wake-up found no idle thread."""
+        lane.idle = True  # before looking at the flag (module doc)
+        if self._pending:
+            self._pending = False
+            lane.idle = False
+            lane.peek = False
+            return 0.0
+        lane.peek = True
+        return self._idle_wait()
+
+    def stop(self) -> None:
+        """Finish the current batches, take no new ones."""
+        self._stopping.set()
+
+    def close(self) -> None:
+        """Release the wake-up registrations (each thread's connections are its runner's)."""
+        if self._closed:
+            return  # (a runner closes its loops; their owner may too)
+        self._closed = True
+        self._stopping.set()
+        wake_hub.unregister(self._hub_handle)
+        if self._listener is not None:
+            release_listener(self.receive_alias, self._listener)
+            self._listener = None
+
+    # -- receiving --------------------------------------------------------------
+    def receive_and_process(self, limit: int = 1) -> int:
+        """Receive up to ``limit`` messages in one transaction and process each: chunk by
+        chunk (one savepoint per chunk, core.receive.chunks) where the transaction mode allows
+        it, else one message at a time."""
+        stats = PumpStats()
+        records = start_batch()
+        traced: BatchTrace | None = None
+        try:
+            with writer_turn(self.receive_alias), transaction.atomic(using=self.receive_alias):
+                messages = self.receiver.receive_batch(self.queue, limit)
+                batch = self.strategy.batch(messages)
+                traced = batch_trace(self.queue, self.mode, len(messages),
+                                     self.strategy.work_rolls_back_with_receive) if messages else None
+                resolved: dict[str | None, tuple[Any, bool]] = {}  # one registry look-up per type per batch
+                if getattr(batch, "chunked", False):
+                    outcomes = self._process_chunked(messages, batch, records, resolved, traced)
+                else:
+                    outcomes = [self._process(message, batch, records, resolved, traced) for message in messages]
+                for outcome in outcomes:
+                    stats.count(outcome)  # the one place each message's outcome is counted
+                records.write(self.receive_alias)  # processing records: one INSERT per batch, this transaction
+        except BaseException:
+            if traced is not None:
+                traced.abandon()  # the held spans' work rolled back with the transaction
+            raise
+        stats.received = len(messages)
+        with self._stats_lock:
+            self.stats.add(stats)
+        try:
+            if traced is not None:
+                traced.finish(messages, outcomes)  # committed: the held spans end, the metrics count it
+        finally:
+            batch.after_commit()
+        return len(messages)
+
+    def _lookup(self, message: Message, resolved: dict[str | None, tuple[Any, bool]]) -> tuple[Any, bool]:
+        key = message.message_type
+        found = resolved.get(key)
+        if found is None:
+            found = resolved[key] = self.handlers.lookup(self.queue, message)
+        return found
+
+    def _process_chunked(self, messages: list[Message], batch: Any, records: RecordBatch | NoRecords,
+                         resolved: dict[str | None, tuple[Any, bool]],
+                         traced: BatchTrace | None) -> list[MessageOutcome]:
+        """Chunk by chunk, each chunk as large as :class:`ChunkSize` says (the whole batch
+        while nothing fails) and in one savepoint, so that a failure is recorded in this
+        transaction without giving the batch back."""
+        done: dict[int, MessageOutcome] = {}
+
+        def lookup(message: Message) -> tuple[Any, bool]:
+            return self._lookup(message, resolved)
+
+        # What a savepoint rolls back besides the database: the processing records, and the
+        # spans of calls whose work went with it.
+        journal = records if traced is None else Journals(records, traced)
+        start = 0
+        while start < len(messages):
+            chunk = messages[start:start + self.chunk_size.current]
+            failures = run_in_savepoints(units(chunk, lookup), self.receive_alias, batch, journal, done,
+                                         run=lambda unit: self._run(unit, batch, records, traced),
+                                         fail=lambda message, failed: self._failed(message, failed, records, traced))
+            self.chunk_size.after(len(chunk), failures)
+            start += len(chunk)
+        return [done[id(m)] for m in messages]
+
+    def _process(self, message: Message, batch: BatchScope, records: RecordBatch | NoRecords,
+                 resolved: dict[str | None, tuple[Any, bool]], traced: BatchTrace | None) -> MessageOutcome:
+        """What one received message comes to, on its own (modes without chunks), inside
+        the receive's transaction (and its processing record, written with the batch)."""
+        fn, is_batch = (None, False) if message.poison or message.expired else self._lookup(message, resolved)
+        if is_batch:
+            fn = as_single(fn)
+        try:
+            return self._run(Unit(fn, [message], False), batch, records, traced)
+        except HandlerFailed as failed:
+            return self._failed(message, failed, records, traced)
+
+    def _failed(self, message: Message, failed: HandlerFailed, records: RecordBatch | NoRecords,
+                traced: BatchTrace | None) -> MessageOutcome:
+        try:
+            failure = self.recoverability.on_failure(message, failed.cause)
+        except BaseException:
+            if failed.call is not None:
+                failed.call.undecided()
+            raise
+        # The span first: the record keeps the trace it is in.
+        trace_id = traced.failed(message, failed.cause, failure.value, failed.call) if traced is not None else None
+        records.handler_failed(message, failure, failed.started_us, trace_id)
+        return MessageOutcome.ERRORED if failure is FailureOutcome.ERROR else MessageOutcome.RETRIED
+
+    def _settle(self, message: Message, records: RecordBatch | NoRecords, traced: BatchTrace | None) -> MessageOutcome:
+        """A message no handler sees: poison, expired, or no handler for its type."""
+        # Each span first: the record keeps the trace it is in.
+        if message.poison:
+            self.recoverability.move_poison(message)
+            trace_id = None if traced is None else traced.settled(
+                message, "sluice.moved_to_error_queue", PoisonMessage(message.poison))
+            records.to_error_queue(message, trace_id)
+            return MessageOutcome.POISON
+        if message.expired:
+            action = on_expired_receive(self.receiver, message)
+            trace_id = None if traced is None else traced.settled(
+                message, "sluice.expired", **{"sluice.expiry.action": action})
+            records.expired(message, action, trace_id)
+            return MessageOutcome.EXPIRED
+        missing = NoHandler(f"no handler on {self.queue} for message type {message.message_type!r}")
+        self.recoverability.move_to_error(message, missing)
+        trace_id = None if traced is None else traced.settled(message, "sluice.moved_to_error_queue", missing)
+        records.to_error_queue(message, trace_id)
+        return MessageOutcome.ERRORED
+
+    def _run(self, unit: Unit, batch: BatchScope, records: RecordBatch | NoRecords,
+             traced: BatchTrace | None) -> MessageOutcome:
+        """One handler call (or a settled message); a handler's exception comes out as
+        :class:`HandlerFailed` (its failure is recorded by the caller).  Traced, the call's
+        process span is current while the handler runs (core.tracing.consuming)."""
+        if unit.fn is None:
+            return self._settle(unit.messages[0], records, traced)
+        debug = log.isEnabledFor(logging.DEBUG)
+        started = time.monotonic() if debug else 0.0
+        started_us = now_us()
+        call = traced.begin(unit.messages) if traced is not None else None
+        try:
+            if unit.batch:
+                outcome = batch.handle_batch(unit.messages, unit.fn)  # type: ignore[attr-defined]
+            else:
+                outcome = batch.handle(unit.messages[0], unit.fn)
+        except Exception as exc:  # the handler's failure is data, not a crash
+            if call is not None:
+                call.raised(exc)
+            raise HandlerFailed(exc, started_us, call) from exc
+        except BaseException as exc:  # the thread is stopping: its context must not keep the span
+            if call is not None:
+                call.abandoned(exc)
+            raise
+        if call is not None:
+            call.done()
+        if outcome is MessageOutcome.DUPLICATE:
+            if debug:
+                log.debug("message %s on %s is a duplicate: handler skipped", unit.messages[0].id, self.queue)
+            return outcome
+        records.processed_all(unit.messages, started_us, call.trace_id if call is not None else None)
+        for message in unit.messages:
+            if RETRY_OF in message.headers:  # a retried failed message succeeded: its record is resolved
+                mark_resolved(message.headers[RETRY_OF], using=self.receive_alias, queue=message.queue)
+        if debug:
+            log.debug("handled %d message(s) (%s) on %s in %.1f ms", len(unit.messages),
+                      unit.messages[0].message_type, self.queue, (time.monotonic() - started) * 1000)
+        return outcome

@@ -1,0 +1,229 @@
+"""The pump's transaction modes: how a handler runs inside the receive transaction.
+
+One small strategy object per mode (SLUICE_TRANSACTION_MODE), chosen once per pump:
+
+- :class:`SendsAtomicWithReceive` (default): the handler runs in a savepoint of the
+  receive's transaction, with a transport on the same connection: receive, business
+  writes and sends commit together — exactly-once processing.
+- :class:`ReceiveOnly`: the receive runs on a connection of its own; the handler's
+  writes and sends autocommit — at-least-once.  Refused where the database allows one
+  writer at a time (SQLite).
+- :class:`OutboxMode`: as the default, but the handler's sends are stored in the
+  outbox record of the incoming message (phase 1) and dispatched after the commit
+  (phase 2, core.outbox); a copy of a message processed already skips its handler.
+
+A pump runs several receive batches at once (one per thread), so per-batch state lives
+in the :class:`BatchScope` that :meth:`TransactionMode.batch` returns, never in the mode.
+Only :class:`ChunkedScope` takes batch handlers' lists (``handle_batch``); the other
+modes run a batch handler with one message at a time (core.handlers.as_single).
+"""
+from __future__ import annotations
+
+import abc
+from typing import Protocol, Sequence
+
+from django.db import connections
+from django.db.transaction import TransactionManagementError
+
+from core.conf import TRANSACTION_MODES
+from core.db import independent_alias
+from core.errors import ConfigurationError
+from core.handlers import BatchContext, BatchHandler, Handler, HandlerContext
+from core.messages import Headers, Message
+from core.outbox import Outbox
+from core.outcomes import MessageOutcome
+from core.queues import dialect
+from core.savepoints import SavepointHeld, innermost_savepoint
+from core.transport import OutgoingMessage, Transport
+
+class BatchScope(Protocol):
+    """One receive batch, in one transaction."""
+
+    def handle(self, message: Message, fn: Handler) -> MessageOutcome:
+        """Run ``fn`` for ``message``: SUCCEEDED, or DUPLICATE when its handler was skipped.
+        A handler's exception propagates (after this message's work rolled back)."""
+
+    def after_commit(self) -> None:
+        """Work that must follow the batch's commit (the outbox's phase 2)."""
+
+
+class TransactionMode(abc.ABC):
+    """Base: where the receive runs (``receive_alias``) and what a handler sends with."""
+
+    name = ""
+    #: Whether a handler's work commits or rolls back with the receive's transaction (and
+    #: with a chunk's savepoint); receive_only's handlers write on a connection of their own.
+    work_rolls_back_with_receive = True
+
+    def __init__(self, business_alias: str) -> None:
+        self.business_alias = business_alias
+        self.receive_alias = business_alias
+        #: What a handler's context sends with.
+        self.sender = Transport(business_alias)
+
+    @abc.abstractmethod
+    def batch(self, messages: Sequence[Message]) -> BatchScope:
+        """The scope of one receive batch (its messages are already received)."""
+
+
+class _StatelessMode(TransactionMode):
+    """A mode with nothing to remember per batch: it is its own batch scope."""
+
+    def batch(self, messages: Sequence[Message]) -> BatchScope:
+        return self
+
+    @abc.abstractmethod
+    def handle(self, message: Message, fn: Handler) -> MessageOutcome:
+        """See :meth:`BatchScope.handle`."""
+
+    def after_commit(self) -> None:
+        pass
+
+
+class SendsAtomicWithReceive(TransactionMode):
+    """Handlers run in the receive's transaction; the pump gives each *chunk* of a batch
+    one savepoint (:class:`ChunkedScope`), not each message."""
+
+    name = "sends_atomic_with_receive"
+
+    def batch(self, messages: Sequence[Message]) -> BatchScope:
+        return ChunkedScope(self.business_alias)
+
+
+class ChunkBufferedTransport(Transport):
+    """A handler's transport inside a chunk: rows it sends are held and inserted by
+    :meth:`flush` in one :meth:`Transport.enqueue` (one statement per queue) before the
+    chunk ends; :meth:`discard` drops them when the chunk rolls back.
+    Rows sent inside a handler's own atomic block that rolled back are dropped at the
+    flush, as its writes were (core.savepoints).  Delayed sends go to the store at once
+    (inside the savepoint, so they roll back too)."""
+
+    def __init__(self, using: str) -> None:
+        super().__init__(using)
+        self.pending: SavepointHeld[OutgoingMessage] = SavepointHeld(using)
+
+    def enqueue(self, messages: Sequence[OutgoingMessage]) -> None:
+        self.pending.add(messages)
+
+    def flush(self) -> None:
+        if self.pending:
+            held = self.pending.take()
+            if held:
+                Transport.enqueue(self, held)
+
+    def discard(self) -> None:
+        self.pending.clear()
+
+
+class ChunkedScope:
+    """One receive batch in ``sends_atomic_with_receive``: the pump runs it chunk by
+    chunk, each chunk in ONE savepoint (core.receive.chunks.run_in_savepoints); a handler
+    runs without a savepoint of its own and its sends are buffered per chunk."""
+
+    chunked = True
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+        self.connection = connections[alias]
+        self.sender = ChunkBufferedTransport(alias)
+
+    def handle(self, message: Message, fn: Handler) -> MessageOutcome:
+        self._begin()
+        fn(message, HandlerContext(message, self.sender))
+        self._check()
+        return MessageOutcome.SUCCEEDED
+
+    def handle_batch(self, messages: list[Message], fn: BatchHandler) -> MessageOutcome:
+        """A batch handler's call: ``messages`` of one type from one chunk, as one list."""
+        self._begin()
+        fn(list(messages), BatchContext(messages, self.sender))
+        self._check()
+        return MessageOutcome.SUCCEEDED
+
+    def _begin(self) -> None:
+        # The chunk's savepoint: sends made directly in it need no savepoint mark.
+        self.sender.pending.base = innermost_savepoint(self.connection.savepoint_ids)
+
+    def _check(self) -> None:
+        """A handler that swallowed the failure of an ``atomic(savepoint=False)`` block
+        left the chunk marked for rollback (Django's semantics): that is its failure, not
+        the next handler's, whose first query Django would refuse."""
+        if self.connection.needs_rollback:
+            raise TransactionManagementError(
+                "the handler returned with its transaction marked for rollback (an "
+                "atomic(savepoint=False) block inside it failed): its work cannot commit")
+
+    def flush(self) -> None:
+        """Before the chunk ends: its handlers' sends, in one go."""
+        self.sender.flush()
+
+    def discard(self) -> None:
+        """The chunk rolled back: its handlers' sends are gone with it."""
+        self.sender.discard()
+
+    def after_commit(self) -> None:
+        pass
+
+
+class ReceiveOnly(_StatelessMode):
+    name = "receive_only"
+    work_rolls_back_with_receive = False
+
+    def __init__(self, business_alias: str) -> None:
+        super().__init__(business_alias)
+        if not dialect(business_alias).supports_concurrent_writers:
+            raise ConfigurationError(
+                "receive_only needs a second connection writing while the receive is open; "
+                "SQLite allows one writer at a time — use sends_atomic_with_receive"
+            )
+        self.receive_alias = independent_alias(business_alias)
+
+    def handle(self, message: Message, fn: Handler) -> MessageOutcome:
+        fn(message, HandlerContext(message, self.sender))
+        return MessageOutcome.SUCCEEDED
+
+
+class OutboxMode(TransactionMode):
+    name = "outbox"
+
+    def __init__(self, business_alias: str) -> None:
+        super().__init__(business_alias)
+        # The outbox lives beside the business data: phase 1 commits with the receive.
+        self.outbox = Outbox(business_alias)
+        self.outbox.store.require()
+
+    def batch(self, messages: Sequence[Message]) -> BatchScope:
+        return _OutboxBatch(self.outbox, messages)
+
+
+class _OutboxBatch:
+    def __init__(self, outbox: Outbox, messages: Sequence[Message]) -> None:
+        self.outbox = outbox
+        # De-duplication: one look-up for the whole batch.
+        self.known = outbox.store.states([message_id_of(m) for m in messages]) if messages else {}
+        self.to_dispatch: list[str] = []
+
+    def handle(self, message: Message, fn: Handler) -> MessageOutcome:
+        message_id = message_id_of(message)
+        result = self.outbox.phase1(
+            message_id, lambda sender: fn(message, HandlerContext(message, sender)), self.known)
+        if result.needs_dispatch:
+            self.to_dispatch.append(message_id)
+        return MessageOutcome.DUPLICATE if result.duplicate else MessageOutcome.SUCCEEDED
+
+    def after_commit(self) -> None:
+        if self.to_dispatch:
+            self.outbox.after_commit(self.to_dispatch)  # phase 2; a crash here leaves it to the dispatcher
+
+
+def message_id_of(message: Message) -> str:
+    """The id the outbox de-duplicates by: the MessageId header (the row's Id without one)."""
+    return message.headers.get(Headers.MESSAGE_ID, message.id)
+
+
+def mode_for(name: str, business_alias: str) -> TransactionMode:
+    """The strategy object for SLUICE_TRANSACTION_MODE ``name``."""
+    modes = {cls.name: cls for cls in (SendsAtomicWithReceive, ReceiveOnly, OutboxMode)}
+    if name not in modes:
+        raise ConfigurationError(f"unknown transaction mode {name!r} (one of {', '.join(TRANSACTION_MODES)})")
+    return modes[name](business_alias)

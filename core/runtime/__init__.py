@@ -1,0 +1,1 @@
+"""What every background loop stands on: the loop protocol, breakers, leases, wake-ups, heartbeats."""

@@ -1,0 +1,1 @@
+"""Charts drawn as SVG on the server, and the metric windows they draw."""

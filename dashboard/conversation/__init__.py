@@ -1,0 +1,1 @@
+"""A conversation drawn: its flow and its SVG."""

@@ -1,0 +1,1 @@
+"""Counting and caching: bounded statistics, failed-message counts, the shared cache, search."""
