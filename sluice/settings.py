@@ -125,7 +125,7 @@ AXES_COOLOFF_TIME = dt.timedelta(minutes=env_int("SLUICE_LOGIN_COOLOFF_MINUTES",
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_HTTP_RESPONSE_CODE = 429
-AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AXES_LOCKOUT_TEMPLATE = "dashboard/locked_out.html"
 # Django's validators, for `sluice user add` and the admin's password forms alike.
 AUTH_PASSWORD_VALIDATORS = [{"NAME": f"django.contrib.auth.password_validation.{name}"} for name in (
     "UserAttributeSimilarityValidator", "MinimumLengthValidator", "CommonPasswordValidator",
