@@ -12,7 +12,6 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from django.conf import settings
 
 from core.monitoring import live as monitoring
 from core.conf import get_settings
@@ -99,7 +98,7 @@ def overview(params: Mapping[str, str]) -> Overview:
     shown = matching[:MAX_QUEUES]
     series = monitoring.queue_series([q.name for q in shown], period)
     return Overview(period, [series[q.name] for q in shown], {q.name: q.errors for q in shown},
-                    {q.name: q.kind for q in shown}, worker_states(settings.REDIS_URL, period.now_us),
+                    {q.name: q.kind for q in shown}, worker_states(get_settings().REDIS_URL, period.now_us),
                     deploys.markers_between(period.start, period.end), len(snap.queues) - len(shown), query)
 
 
@@ -111,7 +110,7 @@ def queue_detail(name: str, params: Mapping[str, str]) -> QueueDetail:
     slices = breakdowns(info.name, period, series.newest)
     return QueueDetail(period, series, q.errors if q else 0, slices["message_type"], slices["worker"],
                        deploys.markers_between(period.start, period.end),
-                       worker_states(settings.REDIS_URL, period.now_us))
+                       worker_states(get_settings().REDIS_URL, period.now_us))
 
 
 # -- JSON ------------------------------------------------------------------------------------------

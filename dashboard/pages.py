@@ -14,6 +14,12 @@ from dashboard.security.permissions import can_act
 VIEWER_REASON = "Your role is sluice-viewer: only sluice-operator users can act."
 
 
+def is_htmx(request: HttpRequest) -> bool:
+    """The request came from htmx (its ``HX-Request`` header), as django-htmx's middleware
+    would say: read here so the dashboard needs no middleware of the host project's."""
+    return request.headers.get("HX-Request") == "true"
+
+
 def page(request: HttpRequest, template: str, context: dict[str, Any], status: int = 200) -> HttpResponse:
     """Render a page or partial with what the layout needs (the role flag for buttons)."""
     context = {
@@ -28,7 +34,7 @@ def page(request: HttpRequest, template: str, context: dict[str, Any], status: i
 def error_response(request: HttpRequest, message: str, status: int = 400) -> HttpResponse:
     """A 4xx with a readable message (never a traceback): a page, or for htmx a fragment that
     goes into the layout's ``#flash`` region (base.html lets htmx swap error answers)."""
-    if not request.htmx:
+    if not is_htmx(request):
         return page(request, "dashboard/error.html", {"error": message, "status": status}, status=status)
     response = page(request, "dashboard/partials/error.html", {"error": message, "status": status}, status=status)
     response["HX-Retarget"] = "#flash"

@@ -25,14 +25,17 @@ from core.conf import get_settings
 from core.dialects import dialect_for
 
 from dashboard.pages import error_response
+from dashboard.security.middleware import dashboard_path, is_api_request
 
 log = logging.getLogger("sluice.dashboard")
 
 READS = ("GET", "HEAD")
-#: Paths left alone: static files, Django's admin (its own pages), and /metrics, which
-#: Prometheus scrapes every few seconds: it answers from the snapshot cache (whose refresh
-#: runs capped queries), and a SET/RESET pair per scrape would be two round trips for nothing.
-EXEMPT = ("/static/", "/admin/", "/metrics")
+#: Paths below the dashboard's mount point left alone: static files and Django's admin where
+#: the dashboard is mounted at the root, and metrics, which Prometheus scrapes every few
+#: seconds: it answers from the snapshot cache (whose refresh runs capped queries), and a
+#: SET/RESET pair per scrape would be two round trips for nothing.  A host project's own
+#: pages (outside the mount point) are never bounded.
+EXEMPT = ("static/", "admin/", "metrics")
 
 
 class StatementTimeoutMiddleware:
@@ -41,7 +44,8 @@ class StatementTimeoutMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         seconds = get_settings().DASHBOARD_STATEMENT_TIMEOUT
-        if request.method not in READS or seconds <= 0 or request.path.startswith(EXEMPT):
+        below = dashboard_path(request)
+        if request.method not in READS or seconds <= 0 or below is None or below.startswith(EXEMPT):
             return self.get_response(request)
         alias = get_settings().DATABASE
         connection = connections[alias]
@@ -73,6 +77,6 @@ def _timed_out(request: HttpRequest, seconds: float) -> HttpResponse:
     message = (f"This view needed a database query that ran longer than {seconds:g} s "
                "(SLUICE_DASHBOARD_STATEMENT_TIMEOUT) and was stopped. Narrow the search or filter, "
                "or try again when the database is less busy.")
-    if request.path.startswith("/api/"):
+    if is_api_request(request):
         return JsonResponse({"error": message}, status=503)
     return error_response(request, message, 503)

@@ -6,15 +6,16 @@
 - ``sluice ARGS``: one of Sluice's own sub-commands, as ``manage.py sluice ARGS``
   (``sluice setup``, ``sluice status --check``, ``sluice send ...``).
 
-Settings come from ``DJANGO_SETTINGS_MODULE`` (default ``sluice.settings``, which reads
-the environment: DATABASE_URL, REDIS_URL, SLUICE_*).
+Settings come from ``--settings`` or ``DJANGO_SETTINGS_MODULE``, else from the ``manage.py``
+in the current directory (your project), else Sluice's bundled project ``sluice.settings``,
+which reads the environment (DATABASE_URL, REDIS_URL, SLUICE_*): :mod:`sluice.project`.
 """
 from __future__ import annotations
 
-import os
 import sys
 
 from sluice import __version__
+from sluice.project import ProjectNotFound, use_project
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -22,7 +23,11 @@ def main(argv: list[str] | None = None) -> None:
     if args in (["--version"], ["-V"]):
         print(__version__)
         return
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "sluice.settings")
+    try:
+        use_project(args)
+    except ProjectNotFound as exc:
+        print(f"sluice: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     from django.core.management import execute_from_command_line
 
     # Django's usage lines name argv[0]: "sluice".

@@ -24,6 +24,12 @@ def parse_database_url(url: str, base_dir: Path) -> dict:
             raise DatabaseUrlError(f"sqlite URL needs a path: sqlite:///file.sqlite3, not {url!r}")
         path = raw[1:]
         name = Path(path) if path.startswith("/") else base_dir / path
+        # The default (sqlite:///var/sluice.sqlite3) names a folder a fresh directory lacks:
+        # made here, so the first command does not fail with "unable to open database file".
+        try:
+            name.parent.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            pass  # read-only or not ours: SQLite's own error then says which file
         return {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": str(name),

@@ -133,8 +133,6 @@ AUTH_PASSWORD_VALIDATORS = [{"NAME": f"django.contrib.auth.password_validation.{
 # An idle timeout: every request renews the cookie, so only a session left alone expires.
 SESSION_COOKIE_AGE = env_int("SLUICE_SESSION_IDLE_MINUTES", 60) * 60
 SESSION_SAVE_EVERY_REQUEST = True
-#: Lifetime of the API tokens `sluice user token` issues (dashboard/security/tokens.py).
-SLUICE_API_TOKEN_DAYS = env_int("SLUICE_API_TOKEN_DAYS", 90)
 
 # --- Content-Security-Policy (django-csp) --------------------------------------------------
 # Scripts only from our own static files: no inline script, no eval (htmx's trigger filters
@@ -180,30 +178,8 @@ if os.environ.get("SLUICE_OTHER_DATABASE_URL"):
     DATABASES["other"] = parse_database_url(os.environ["SLUICE_OTHER_DATABASE_URL"], BASE_DIR)
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
-# The JSON API (dashboard/api): session auth (with CSRF) for the browser, token auth for
-# scripts; roles from dashboard/security/permissions.py; errors as {"error": "..."}.
-REST_FRAMEWORK = {
-    # The token scheme first: DRF's 401 names it (WWW-Authenticate: Token); with the session
-    # scheme first a missing login would be a 403, like a missing role.
-    "DEFAULT_AUTHENTICATION_CLASSES": [
-        "dashboard.security.tokens.HashedTokenAuthentication",
-        "rest_framework.authentication.SessionAuthentication",
-    ],
-    # Reads need a role, anything else the operator role: checked, and a refusal audited,
-    # before the request is parsed (dashboard/api/access.py); dashboard.actions checks again.
-    "DEFAULT_PERMISSION_CLASSES": ["dashboard.api.access.ViewOrAct"],
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "dashboard.api.errors.exception_handler",
-    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
-    # Per address for anonymous callers (401s cost a token guess each), per user otherwise.
-    "DEFAULT_THROTTLE_CLASSES": ["rest_framework.throttling.AnonRateThrottle",
-                                 "rest_framework.throttling.UserRateThrottle"],
-    "DEFAULT_THROTTLE_RATES": {"anon": os.environ.get("SLUICE_API_RATE_ANON", "30/min"),
-                               "user": os.environ.get("SLUICE_API_RATE_USER", "1200/min")},
-}
-SPECTACULAR_SETTINGS = {"TITLE": "Sluice API", "VERSION": "1", "SERVE_INCLUDE_SCHEMA": False}
+# The JSON API (dashboard/api) names its own authentication, permissions, throttles, parsers
+# and renderers (dashboard/api/base.py): no REST_FRAMEWORK block is needed here or in a host.
 
 # "sluice": the dashboard's statistics snapshot, shared by every process (Redis); the
 # dashboard falls back to a per-process cache while Redis is down.

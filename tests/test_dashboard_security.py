@@ -16,9 +16,8 @@ from django.contrib.auth.models import User
 from django.core.cache import caches
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.test import Client
+from django.test import Client, override_settings
 from django.utils import timezone
-from rest_framework import throttling
 
 from core.models import BulkOperation
 from core.transport import Transport
@@ -81,10 +80,10 @@ def test_login_is_throttled_after_repeated_failures(transactional_db, settings, 
     assert client.post("/accounts/login/", {"username": other.username, "password": PASSWORD}).status_code == 302
 
 
-def test_the_api_is_throttled(transactional_db, monkeypatch):
+@override_settings(SLUICE_API_RATE_ANON="3/min", SLUICE_API_RATE_USER="4/min")
+def test_the_api_is_throttled(transactional_db):
     """Wrong tokens per address (DRF's throttles run only after a login succeeded), then
-    requests per user."""
-    monkeypatch.setattr(throttling.SimpleRateThrottle, "THROTTLE_RATES", {"anon": "3/min", "user": "4/min"})
+    requests per user, at the rates of Sluice's own settings (no REST_FRAMEWORK block)."""
     viewer = make_user("viewer")
     _, key = tokens.issue(viewer)
     guesses = [Client().get("/api/queues/", HTTP_AUTHORIZATION=f"Token guess-{i}") for i in range(3)]

@@ -14,18 +14,26 @@ import django
 from celery import Celery, bootsteps, platforms, signals
 from django.apps import apps
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "sluice.settings")
+from sluice.project import ProjectNotFound, use_project
+
 # Set up once: a running Django process that publishes outbox tasks has done it already.
 if not apps.ready:
+    # The project you run in (DJANGO_SETTINGS_MODULE, else the manage.py here), never Sluice's
+    # bundled demo project by surprise: the choice is logged once the logging is set up.
+    try:
+        _settings_module, _settings_source = use_project()
+    except ProjectNotFound as exc:
+        raise SystemExit(f"celery -A workers: {exc}") from None
     django.setup()
-
-from django.conf import settings  # noqa: E402  (after django.setup)
+else:
+    _settings_module, _settings_source = os.environ.get("DJANGO_SETTINGS_MODULE", "?"), "the running process"
 
 from core.conf import get_settings  # noqa: E402
 from core.startup import refuse_to_start_insecurely, settle_heap  # noqa: E402
 from sluice.logs import JsonFormatter  # noqa: E402
 
 log = logging.getLogger("sluice.celery")
+log.info("Django settings: %s (from %s)", _settings_module, _settings_source)
 conf = get_settings()
 
 
@@ -63,8 +71,8 @@ def beat_schedule() -> dict:
 
 app = Celery("sluice")
 app.conf.update(
-    broker_url=settings.REDIS_URL,
-    result_backend=settings.REDIS_URL,
+    broker_url=get_settings().REDIS_URL,
+    result_backend=get_settings().REDIS_URL,
     broker_connection_retry_on_startup=True,
     # A task a dying worker had taken is given to another one, not lost.
     task_acks_late=True,
@@ -94,7 +102,7 @@ class SluiceLoops(bootsteps.StartStopStep):
         from core.worker import WorkerHost
 
         # Outbox clean-up runs from beat here (one worker at a time), not in every worker.
-        self.host = WorkerHost(demo_traffic=get_settings().DEMO_TRAFFIC, redis_url=settings.REDIS_URL,
+        self.host = WorkerHost(demo_traffic=get_settings().DEMO_TRAFFIC, redis_url=get_settings().REDIS_URL,
                                outbox_cleanup=False).start()
         log.info("Sluice loops started: %s", ", ".join(loop.name for loop in self.host.runner.loops))
 

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Callable
 
-from django.conf import settings
 from django.utils import timezone
 
 from core.monitoring import measurements as m
@@ -50,7 +49,7 @@ class Readings:
 
     @cached_property
     def health(self) -> m.WorkerHealth:
-        return m.worker_health(settings.REDIS_URL)
+        return m.worker_health(get_settings().REDIS_URL)
 
     @cached_property
     def outbox(self) -> m.Backlog | None:

@@ -7,7 +7,7 @@ import socket
 import threading
 from typing import Any
 
-from django.conf import settings
+from core.conf import get_settings
 
 from core.cli.base import CommandError, Group, command_group
 from core.runtime.health import TTL_SECONDS, read_health
@@ -43,7 +43,7 @@ class WorkerCommands(Group):
         if refused:
             raise CommandError(refused)
         host = WorkerHost(options["queues"], concurrency=options["concurrency"], mover=not options["no_mover"],
-                          demo_traffic=options["demo_traffic"], redis_url=settings.REDIS_URL)
+                          demo_traffic=options["demo_traffic"], redis_url=get_settings().REDIS_URL)
         stop = threading.Event()
 
         def request_stop(signum, frame) -> None:
@@ -69,7 +69,7 @@ class WorkerCommands(Group):
             self.stdout.write(line)
 
     def status(self, options: dict[str, Any]) -> None:
-        health = read_health(settings.REDIS_URL)
+        health = read_health(get_settings().REDIS_URL)
         if options["check"]:
             self.check_host(health, options["host"] or socket.gethostname())
             return

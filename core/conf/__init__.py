@@ -55,7 +55,12 @@ def _parse(name: str, raw: str) -> Any:
             return tuple(json.loads(raw))
         return tuple(part.strip() for part in raw.split(",") if part.strip())
     if kind is bool:
-        return raw.strip().lower() in ("1", "true", "yes", "on")
+        word = raw.strip().lower()
+        if word in ("1", "true", "yes", "on"):
+            return True
+        if word in ("", "0", "false", "no", "off"):
+            return False
+        raise ValueError(f"SLUICE_{name}={raw!r} is not a yes or no (1/0, true/false, yes/no, on/off)")
     if kind in (int, float):
         try:
             return kind(raw)
@@ -86,21 +91,63 @@ def get_settings() -> SluiceSettings:
     return _cached
 
 
+#: Settings that fall back to a name outside the SLUICE_ prefix (a Django setting or an
+#: environment variable of that name) before their default: Redis is commonly configured once
+#: for the whole project.
+FALLBACKS = {"REDIS_URL": "REDIS_URL"}
+
+
 def _clear_cache(*, setting: str, **kwargs: Any) -> None:
     global _cached
-    if setting.startswith("SLUICE_"):
+    if setting.startswith("SLUICE_") or setting in FALLBACKS.values():
         _cached = None
 
 
+def _checked(name: str, value: Any) -> Any:
+    """``value`` as the type of setting ``name``; a ValueError that names the setting and what
+    it wants when it is of another type (``SLUICE_HANDLER_MODULES = "shop.handlers"``)."""
+    kind = FIELDS[name].type  # the annotation's text (this module's annotations are strings)
+    if kind == "tuple[str, ...]":
+        if isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value):
+            return tuple(value)
+        wanted = "a list or tuple of strings"
+    elif kind == "bool":
+        if isinstance(value, bool):
+            return value
+        wanted = "True or False"
+    elif kind == "int":
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        wanted = "a whole number"
+    elif kind == "float":
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        wanted = "a number"
+    elif isinstance(value, str) or (value is None and kind == "str | None"):
+        return value
+    else:
+        wanted = "a string"
+    raise ValueError(f"SLUICE_{name} must be {wanted}, not {type(value).__name__} {value!r:.80}")
+
+
 def _build() -> SluiceSettings:
+    """Each option from, in this order: the Django setting ``SLUICE_<NAME>``, the environment
+    variable ``SLUICE_<NAME>``, an old name (:data:`RENAMED`, with a warning), the fallback name
+    (:data:`FALLBACKS`: Django setting, then environment), the default."""
     from django.conf import settings
     from django.core.signals import setting_changed
 
     setting_changed.connect(_clear_cache, dispatch_uid="sluice-settings")
 
-    values = _renamed(lambda name: hasattr(settings, name), lambda name: getattr(settings, name))
+    values: dict[str, Any] = {}
+    for name, fallback in FALLBACKS.items():
+        if hasattr(settings, fallback):
+            values[name] = getattr(settings, fallback)
+        elif fallback in os.environ:
+            values[name] = os.environ[fallback]
+    values.update(_renamed(lambda name: hasattr(settings, name), lambda name: getattr(settings, name)))
+    values.update({name.removeprefix("SLUICE_"): value for name, value in from_environ().items()})
     for name in FIELDS:
         if hasattr(settings, f"SLUICE_{name}"):
             values[name] = getattr(settings, f"SLUICE_{name}")
-    return SluiceSettings(**{name: tuple(value) if isinstance(FIELDS[name].default, tuple) else value
-                             for name, value in values.items()})
+    return SluiceSettings(**{name: _checked(name, value) for name, value in values.items()})

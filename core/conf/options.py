@@ -223,6 +223,16 @@ class SluiceSettings:
     MONITORING_SAMPLE_INTERVAL: float = 10.0
     #: Seconds a queue-length sample is kept (2 days).
     MONITORING_SAMPLE_RETENTION: float = 2 * 24 * 3600.0
+    #: Redis: worker heartbeats and breaker states, the dashboard's shared snapshot, the
+    #: Celery broker.  Unset: the Django setting or environment variable ``REDIS_URL``, else
+    #: ``redis://127.0.0.1:6379/0``.
+    REDIS_URL: str = "redis://127.0.0.1:6379/0"
+    #: Days an API token from ``sluice user token`` lives.
+    API_TOKEN_DAYS: int = 90
+    #: JSON API throttles: anonymous callers (and wrong tokens) per address, logged-in
+    #: callers per user, as DRF rates (``30/min``, ``1200/hour``).
+    API_RATE_ANON: str = "30/min"
+    API_RATE_USER: str = "1200/min"
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -290,6 +300,11 @@ class SluiceSettings:
             raise ValueError("SLUICE_MONITORING_SAMPLE_INTERVAL and SLUICE_MONITORING_SAMPLE_RETENTION must be positive")
         if self.ALERTS_DELIVERY_ATTEMPTS < 1:
             raise ValueError("SLUICE_ALERTS_DELIVERY_ATTEMPTS must be at least 1")
+        for name in ("API_RATE_ANON", "API_RATE_USER"):
+            if not re.fullmatch(r"\d+/(s|sec|second|m|min|minute|h|hour|d|day)", getattr(self, name).strip()):
+                raise ValueError(f"SLUICE_{name} must be a rate such as 30/min or 1200/hour, not {getattr(self, name)!r}")
+        if self.API_TOKEN_DAYS < 1:
+            raise ValueError("SLUICE_API_TOKEN_DAYS must be at least 1")
         if not re.fullmatch(r"\d+[kKmMgGtT]?", self.SPARK_DRIVER_MEMORY.strip()):
             raise ValueError(f"SLUICE_SPARK_DRIVER_MEMORY must be a JVM size such as 2g, "
                              f"not {self.SPARK_DRIVER_MEMORY!r}")

@@ -11,7 +11,7 @@ import logging
 import threading
 
 from celery import Celery
-from django.conf import settings
+from core.conf import get_settings
 from django.utils import timezone
 
 from core.models import BulkOperation, BulkOperationStatus
@@ -37,7 +37,7 @@ class BrokerUnavailable(Exception):
 
 def producer(broker_url: str | None = None) -> Celery:
     """A Celery app that only sends tasks (one per broker URL, per process)."""
-    url = broker_url or settings.REDIS_URL
+    url = broker_url or get_settings().REDIS_URL
     with _lock:
         app = _producers.get(url)
         if app is None:

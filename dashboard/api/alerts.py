@@ -12,13 +12,13 @@ from rest_framework import serializers as f
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from core.alerts.config import export_config
 from core.models.alerts import Alert, AlertDelivery, AlertRule, AlertState, AlertTarget, Silence
 from dashboard import actions
 from dashboard.api.schema import ERRORS_ACT, ERRORS_READ, doc, limit
 from dashboard.api.params import act, int_param, request_object
+from dashboard.api.base import SluiceAPIView
 
 
 def _iso(value: Any) -> str | None:
@@ -166,7 +166,7 @@ class Config(f.Serializer):
     rules = f.ListField(child=f.DictField())
 
 
-class AlertList(APIView):
+class AlertList(SluiceAPIView):
     @doc(AlertsShape, summary="Firing and pending alerts, and the newest resolved ones", parameters=[limit(100, 500)])
     def get(self, request: Request) -> Response:
         limit = int_param(request, "limit", 100)
@@ -176,7 +176,7 @@ class AlertList(APIView):
                          "history": [alert_json(a) for a in history[:limit]]})
 
 
-class RuleList(APIView):
+class RuleList(SluiceAPIView):
     audit_action = "save_alert_rule"
 
     @doc(RulesShape, summary="Alert rules")
@@ -189,7 +189,7 @@ class RuleList(APIView):
                     lambda r: {"saved": r.count, "audit_id": r.audit_id}, status.HTTP_201_CREATED)
 
 
-class RuleItem(APIView):
+class RuleItem(SluiceAPIView):
     audit_action = "save_alert_rule"
 
     @doc(Saved, errors=ERRORS_ACT, summary="Change a rule", request=OpenApiTypes.OBJECT)
@@ -202,7 +202,7 @@ class RuleItem(APIView):
         return act(lambda: actions.delete_alert_rule(request.user, pk, via="api"), lambda r: {"deleted": r.count})
 
 
-class TargetList(APIView):
+class TargetList(SluiceAPIView):
     audit_action = "save_alert_target"
 
     @doc(TargetsShape, summary="Notification targets (secrets never returned)")
@@ -217,7 +217,7 @@ class TargetList(APIView):
                     lambda r: {"saved": r.count}, status.HTTP_201_CREATED)
 
 
-class TargetItem(APIView):
+class TargetItem(SluiceAPIView):
     audit_action = "save_alert_target"
 
     @doc(Saved, errors=ERRORS_ACT, summary="Change a target (an empty url / routing_key keeps the stored one)", request=OpenApiTypes.OBJECT)
@@ -230,7 +230,7 @@ class TargetItem(APIView):
         return act(lambda: actions.delete_alert_target(request.user, pk, via="api"), lambda r: {"deleted": r.count})
 
 
-class TargetTest(APIView):
+class TargetTest(SluiceAPIView):
     audit_action = "test_alert_target"
 
     @doc(Count, code=202, errors=ERRORS_ACT, summary="Queue a test notification to the target", request=None)
@@ -239,7 +239,7 @@ class TargetTest(APIView):
                     status.HTTP_202_ACCEPTED)
 
 
-class SilenceList(APIView):
+class SilenceList(SluiceAPIView):
     audit_action = "create_silence"
 
     @doc(SilencesShape, summary="Silences and maintenance windows that have not ended")
@@ -254,7 +254,7 @@ class SilenceList(APIView):
                     lambda r: {"created": r.count}, status.HTTP_201_CREATED)
 
 
-class SilenceItem(APIView):
+class SilenceItem(SluiceAPIView):
     audit_action = "expire_silence"
 
     @doc(Count, errors=ERRORS_ACT, summary="End a silence now", request=None)
@@ -262,7 +262,7 @@ class SilenceItem(APIView):
         return act(lambda: actions.expire_silence(request.user, pk, via="api"), lambda r: {"ended": r.count})
 
 
-class DeliveryList(APIView):
+class DeliveryList(SluiceAPIView):
     @doc(DeliveriesShape, summary="Notifications, newest first (failed ones with their reason)",
          parameters=[limit(100, 500)])
     def get(self, request: Request) -> Response:
@@ -273,7 +273,7 @@ class DeliveryList(APIView):
         return Response({"deliveries": [delivery_json(d) for d in rows[:limit]]})
 
 
-class ConfigImport(APIView):
+class ConfigImport(SluiceAPIView):
     audit_action = "import_alerts"
 
     @doc(Imported, errors=ERRORS_ACT, summary="Create or update rules and targets from {targets: [...], rules: [...]}", request=OpenApiTypes.OBJECT)
@@ -282,7 +282,7 @@ class ConfigImport(APIView):
                     lambda r: {"imported": r.count, "detail": r.message})
 
 
-class ConfigExport(APIView):
+class ConfigExport(SluiceAPIView):
     @doc(Config, errors=ERRORS_READ, summary="Rules and targets as the import takes them, secrets left out")
     def get(self, request: Request) -> Response:
         return Response(export_config())

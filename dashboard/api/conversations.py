@@ -8,7 +8,6 @@ from typing import Any
 from drf_spectacular.utils import OpenApiParameter
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from core.records import conversations
 from core.conf import MAX_CONVERSATION_PAGE, get_settings
@@ -17,6 +16,7 @@ from dashboard.actions import ActionError
 from dashboard.api import schema as out
 from dashboard.api.schema import doc
 from dashboard.api.params import int_param
+from dashboard.api.base import SluiceAPIView
 
 #: Longest id looked up: no column holds more.
 MAX_ID = 255
@@ -46,7 +46,7 @@ def _unknown(value: str) -> bool:
     return len(value) > MAX_ID or "\x00" in value
 
 
-class ConversationSearch(APIView):
+class ConversationSearch(SluiceAPIView):
     @doc(out.ConversationFound, summary="The conversation a conversation id, message id or correlation id belongs "
                                         "to (404 when none)", operation_id="conversations_find",
          parameters=[OpenApiParameter("q", {"type": "string", "minLength": 1, "maxLength": MAX_ID}, required=True,
@@ -63,7 +63,7 @@ class ConversationSearch(APIView):
         return Response({"conversation_id": found})
 
 
-class ConversationItem(APIView):
+class ConversationItem(SluiceAPIView):
     @doc(out.Conversation, summary="A conversation's messages: the newest entries (attempts and failures) first, "
                                    "grouped per message (oldest first), with the cursor to older ones",
          parameters=[out.CURSOR, OpenApiParameter(

@@ -14,6 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from dashboard.actions import ActionError
+from dashboard.security.middleware import is_api_request
 
 log = logging.getLogger("sluice.api")
 
@@ -36,14 +37,14 @@ def not_found(request: HttpRequest, rest: str = "") -> JsonResponse:
 def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
     """Django's 404 handler (sluice/urls.py): JSON under /api/ also for paths no URL pattern
     can match at all (a path with a line break escapes even ``api/<path:rest>``)."""
-    if request.path.startswith("/api/"):
+    if is_api_request(request):
         return not_found(request)
     return defaults.page_not_found(request, exception)
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
     """Django's 500 handler (sluice/urls.py): JSON under /api/, the error page elsewhere."""
-    if request.path.startswith("/api/"):
+    if is_api_request(request):
         return JsonResponse({"error": "internal error"}, status=500)
     return defaults.server_error(request)
 

@@ -7,7 +7,6 @@ from typing import Callable
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from core import failures
 from core.models import BulkOperation, FailedMessage, FailureStatus
@@ -19,10 +18,11 @@ from dashboard.api import schema as out
 from dashboard.api import serializers as s
 from dashboard.api.params import COUNT_CAP, MAX_LIMIT, act, int_param, request_object, time_param
 from dashboard.api.schema import ERRORS_ACT, doc
+from dashboard.api.base import SluiceAPIView
 from dashboard.counting import searching
 
 
-class FailedList(APIView):
+class FailedList(SluiceAPIView):
     @doc(out.FailedPage, summary="Search failed messages, newest failure first", operation_id="failed_search",
          parameters=[out.text(n) for n in ("q", "queue", "group", "exception", "message_id", "message_type")]
          + [out.choice("status", FailureStatus.values), out.when("since"), out.when("until"), out.CURSOR,
@@ -51,7 +51,7 @@ class FailedList(APIView):
                          "results": [s.failed_json(r) for r in rows], "next_cursor": next_cursor})
 
 
-class FailedGroups(APIView):
+class FailedGroups(SluiceAPIView):
     @doc(out.GroupList, summary="Failed messages grouped (exception type + first frame, or by type / queue)",
          parameters=[out.choice("by", ("exception", "message_type", "queue")),
                      out.choice("status", FailureStatus.values)])
@@ -69,7 +69,7 @@ class FailedGroups(APIView):
             for g in searching.cached_groups(by, status_, "", "", limit=1000)]})
 
 
-class FailedItem(APIView):
+class FailedItem(SluiceAPIView):
     @doc(out.FailedDetail, summary="One failed message with stack trace, headers, body and history")
     def get(self, request: Request, pk: int) -> Response:
         record = FailedMessage.objects.filter(pk=pk).first()
@@ -78,8 +78,8 @@ class FailedItem(APIView):
         return Response(s.failed_detail_json(record))
 
 
-def _bulk(action: Callable, code: int = status.HTTP_202_ACCEPTED) -> type[APIView]:
-    class Bulk(APIView):
+def _bulk(action: Callable, code: int = status.HTTP_202_ACCEPTED) -> type[SluiceAPIView]:
+    class Bulk(SluiceAPIView):
         audit_action = action.__name__
 
         @doc(out.Started, code=code, errors=ERRORS_ACT, request=s.SelectionRequest,
@@ -98,7 +98,7 @@ FailedArchive = _bulk(actions.archive_failed)
 FailedRestore = _bulk(actions.restore_failed)
 
 
-class FailedDelete(APIView):
+class FailedDelete(SluiceAPIView):
     audit_action = "delete_failed"
 
     @doc(out.Deleted, errors=ERRORS_ACT, summary="Delete failed-message records for good", request=s.SelectionRequest)
@@ -108,7 +108,7 @@ class FailedDelete(APIView):
                     lambda r: {"deleted": r.count})
 
 
-class FailedEditRetry(APIView):
+class FailedEditRetry(SluiceAPIView):
     audit_action = "edit_and_retry"
 
     @doc(out.EditedCopy, errors=ERRORS_ACT, summary="Send an edited copy (new message id) and resolve the original",
@@ -121,7 +121,7 @@ class FailedEditRetry(APIView):
                     lambda r: {"message_id": r.message_id})
 
 
-class OperationItem(APIView):
+class OperationItem(SluiceAPIView):
     @doc(out.Operation, summary="A bulk operation's progress")
     def get(self, request: Request, pk: int) -> Response:
         op = BulkOperation.objects.filter(pk=pk).first()
@@ -130,7 +130,7 @@ class OperationItem(APIView):
         return Response(s.operation_json(op))
 
 
-class OperationList(APIView):
+class OperationList(SluiceAPIView):
     @doc(out.OperationList, summary="Recent bulk operations, newest first", operation_id="operations_recent",
          parameters=[out.limit(20, 200), out.CURSOR])
     def get(self, request: Request) -> Response:

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from core.monitoring.live import PERIODS
 from dashboard import monitoring
 from dashboard.api import schema as out
 from dashboard.api import monitoring_schema as shapes
 from dashboard.api.schema import doc
+from dashboard.api.base import SluiceAPIView
 
 PERIOD = out.choice("period", (*PERIODS, "range"))
 RANGE = [out.when("from"), out.when("to")]
 
 
-class MonitoringOverview(APIView):
+class MonitoringOverview(SluiceAPIView):
     @doc(shapes.MonitoringOverview, summary="Every queue's throughput, retries, processing and critical time "
                                          "(p50/p95/p99) and length over a period, bucketed; workers' stale and "
                                          "clock-skew flags; the period's deploy markers",
@@ -26,7 +26,7 @@ class MonitoringOverview(APIView):
         return Response(monitoring.overview_json(monitoring.overview(request.query_params)))
 
 
-class MonitoringQueue(APIView):
+class MonitoringQueue(SluiceAPIView):
     @doc(shapes.MonitoringQueueDetail, summary="One queue's figures over a period, by message type and by worker",
          parameters=[PERIOD, *RANGE])
     def get(self, request: Request, name: str) -> Response:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers as f
 
@@ -34,11 +35,21 @@ ERRORS_ACT_MORE = {**ERRORS_ACT, 501: "The configured store cannot do this."}
 
 
 def doc(ok: Any, *, code: int = 200, errors: dict[int, str] | None = None, **options: Any):
-    """extend_schema with the success answer (``code``: ``ok``) and the error answers."""
+    """extend_schema with the success answer (``code``: ``ok``) and the error answers.
+
+    The annotation builds on drf-spectacular's AutoSchema named here, not on the project's
+    ``REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"]``: the API documents itself in any host project."""
     responses: dict[int, Any] = {code: ok}
     for status, text in (errors or ERRORS_READ).items():
         responses[status] = OpenApiResponse(Error, description=text)
-    return extend_schema(responses=responses, **options)
+    annotate = extend_schema(responses=responses, **options)
+
+    def decorator(method: Any) -> Any:
+        if "schema" not in getattr(method, "kwargs", {}):
+            method.kwargs = {**getattr(method, "kwargs", {}), "schema": AutoSchema}
+        return annotate(method)
+
+    return decorator
 
 
 def _opt_str(**kw: Any) -> f.CharField:

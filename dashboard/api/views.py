@@ -8,7 +8,6 @@ from drf_spectacular.utils import OpenApiParameter
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from core.conf import get_settings
 from core.delayed import delayed_store
@@ -27,13 +26,14 @@ from dashboard.api import schema as out
 from dashboard.api import serializers as s
 from dashboard.api.params import MAX_LIMIT, act, int_param, request_object, time_param
 from dashboard.api.schema import ERRORS_ACT, ERRORS_ACT_MORE, ERRORS_READ, doc
+from dashboard.api.base import SluiceAPIView
 from dashboard.models import AuditEntry, AuditOutcome
 
 #: What ?bodies= takes ("" and the no-words: without bodies).
 BODIES_CHOICES = ("", "0", "1", "false", "true", "no", "yes")
 # -- queues -------------------------------------------------------------------------------------------
 
-class QueueList(APIView):
+class QueueList(SluiceAPIView):
     @doc(out.QueueList, summary="Every queue with its counts (cached a few seconds)")
     def get(self, request: Request) -> Response:
         snap = stats.snapshot()
@@ -60,7 +60,7 @@ def _with_bodies(transport: Transport, queue: str, listed: list[tuple[Message, i
     return kept
 
 
-class QueueMessages(APIView):
+class QueueMessages(SluiceAPIView):
     @doc(out.MessageList, summary="Messages of a queue in FIFO order (keyset on row_version); bodies only with "
                                   "bodies=1, and then only as many as fit SLUICE_DASHBOARD_API_BODY_BYTES "
                                   "(next_after continues)",
@@ -86,7 +86,7 @@ class QueueMessages(APIView):
                          "next_after": listed[-1][0].row_version if more and listed else None})
 
 
-class QueueMessage(APIView):
+class QueueMessage(SluiceAPIView):
     audit_action = "delete_messages"
 
     @doc(out.Deleted, errors=ERRORS_ACT, summary="Delete one message", request=None)
@@ -95,7 +95,7 @@ class QueueMessage(APIView):
                     lambda r: {"deleted": r.count})
 
 
-class QueueMessageMove(APIView):
+class QueueMessageMove(SluiceAPIView):
     audit_action = "move_message"
 
     @doc(out.Moved, errors=ERRORS_ACT, summary="Move one message to another queue", request=s.MoveRequest)
@@ -105,7 +105,7 @@ class QueueMessageMove(APIView):
                     lambda r: {"moved": r.count, "to": to})
 
 
-class QueuePurge(APIView):
+class QueuePurge(SluiceAPIView):
     audit_action = "purge_queue"
 
     @doc(out.Started, code=status.HTTP_202_ACCEPTED, errors=ERRORS_ACT,
@@ -119,7 +119,7 @@ class QueuePurge(APIView):
 
 # -- delayed ----------------------------------------------------------------------------------------
 
-class DelayedList(APIView):
+class DelayedList(SluiceAPIView):
     @doc(out.DelayedList, errors={**ERRORS_READ, 501: "The delayed store cannot list."},
          summary="Delayed messages by due time", parameters=[out.text("destination"), out.limit(100, 1000)])
     def get(self, request: Request) -> Response:
@@ -135,7 +135,7 @@ class DelayedList(APIView):
         return Response({"delayed": [s.delayed_json(m) for m in rows], "now": now.isoformat() if now else None})
 
 
-class DelayedDeliverNow(APIView):
+class DelayedDeliverNow(SluiceAPIView):
     audit_action = "deliver_delayed_now"
 
     @doc(out.Delivered, errors=ERRORS_ACT_MORE, summary="Make a delayed message due now", request=None)
@@ -144,7 +144,7 @@ class DelayedDeliverNow(APIView):
                     lambda r: {"delivered": r.count})
 
 
-class DelayedItem(APIView):
+class DelayedItem(SluiceAPIView):
     audit_action = "delete_delayed"
 
     @doc(out.Deleted, errors=ERRORS_ACT_MORE, summary="Delete a delayed message", request=None)
@@ -155,7 +155,7 @@ class DelayedItem(APIView):
 
 # -- outbox, audit ------------------------------------------------------------------------------------
 
-class OutboxList(APIView):
+class OutboxList(SluiceAPIView):
     @doc(out.OutboxList, summary="Undispatched outbox records, oldest first", parameters=[out.limit(50, MAX_LIMIT)])
     def get(self, request: Request) -> Response:
         limit = int_param(request, "limit", 50)
@@ -168,7 +168,7 @@ class OutboxList(APIView):
             for r in store.records(undispatched_only=True, limit=limit)]})
 
 
-class OutboxDispatch(APIView):
+class OutboxDispatch(SluiceAPIView):
     audit_action = "dispatch_outbox"
 
     @doc(out.Dispatched, errors=ERRORS_ACT, summary="Dispatch an outbox record now", request=None)
@@ -177,7 +177,7 @@ class OutboxDispatch(APIView):
                     lambda r: {"dispatched": r.count})
 
 
-class AuditList(APIView):
+class AuditList(SluiceAPIView):
     @doc(out.AuditPage, summary="Operator actions, newest first", parameters=[
         out.text("user"), out.choice("action", actions.AUDITED), out.choice("outcome", AuditOutcome.values),
         out.when("since"), out.when("until"), out.limit(100, MAX_LIMIT), out.CURSOR])
@@ -206,7 +206,7 @@ class AuditList(APIView):
 
 # -- metrics (the analytics pipeline) --------------------------------------------------------------
 
-class MetricList(APIView):
+class MetricList(SluiceAPIView):
     @doc(out.MetricList, summary="The pipeline's newest metric windows (listed oldest first) and its last run; "
                                  "next_before pages back to older ones",
          parameters=[out.text("queue"), out.text("message_type"), out.choice("window", ("60", "3600"), empty=False),
@@ -221,7 +221,7 @@ class MetricList(APIView):
                          "next_before": older.isoformat() if older else None})
 
 
-class MetricRun(APIView):
+class MetricRun(SluiceAPIView):
     audit_action = "run_pipeline"
 
     @doc(out.RunStarted, code=status.HTTP_202_ACCEPTED, errors=ERRORS_ACT,

@@ -1,4 +1,5 @@
-"""The dashboard's shared cache: Redis (Django cache alias ``sluice``) with a per-process
+"""The dashboard's shared cache: Redis (the Django cache alias ``sluice`` where the project
+defines one, else a Redis cache on ``SLUICE_REDIS_URL`` made here) with a per-process
 fallback while Redis is down, values scoped to a *generation* that every action starts anew
 (so the next page shows its effect), and :func:`shared` values refreshed in a background
 thread like the statistics snapshot (dashboard/counting/stats.py), so no viewer waits for an
@@ -12,6 +13,7 @@ from typing import Any, Callable, TypeVar
 
 from django.conf import settings
 from django.core.cache import caches
+from django.core.cache.backends.redis import RedisCache
 from django.db import connections
 
 from core.conf import get_settings
@@ -33,8 +35,20 @@ _local: dict[str, tuple[float, Any]] = {}
 _cache_down_until = 0.0
 
 
+_own: dict[str, Any] = {}
+
+
 def _cache():
-    return caches[CACHE_ALIAS] if CACHE_ALIAS in settings.CACHES else caches["default"]
+    """The project's ``sluice`` cache, or one of our own on SLUICE_REDIS_URL: the snapshot is
+    shared by every process whether or not the host project configured a cache for it."""
+    if CACHE_ALIAS in settings.CACHES:
+        return caches[CACHE_ALIAS]
+    url = get_settings().REDIS_URL
+    cache = _own.get(url)
+    if cache is None:
+        cache = _own[url] = RedisCache(url, {"KEY_PREFIX": "sluice", "OPTIONS": {
+            "socket_connect_timeout": 0.5, "socket_timeout": 0.5}})
+    return cache
 
 
 def _cache_get(key: str) -> Any:

@@ -31,7 +31,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.conf import settings
 from django.db import DatabaseError, connections, transaction
 
 from core.conf import get_settings
@@ -310,7 +309,7 @@ def _fill_failed(queues: list[QueueStats]) -> tuple[FailedCounts | None, str]:
 
 def _health() -> Health:
     try:
-        raw = read_health(settings.REDIS_URL)
+        raw = read_health(get_settings().REDIS_URL)
     except Exception as exc:  # noqa: BLE001 — read_health should not raise; never let it break a page
         return Health(redis="unknown", error=str(exc))
     if raw.get("redis") != "up":

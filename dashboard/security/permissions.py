@@ -25,7 +25,8 @@ from typing import Any, Callable
 from django.contrib.auth.mixins import AccessMixin
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.urls import reverse, reverse_lazy
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 
 VIEWER_GROUP = "sluice-viewer"
@@ -71,12 +72,18 @@ def forget_role(user: Any) -> None:
         delattr(user, _CACHE_ATTR)
 
 
+def to_login(request: HttpRequest) -> HttpResponse:
+    """To the dashboard's own login page (under whatever prefix the project mounted the
+    dashboard: no ``LOGIN_URL`` setting needed), then back here."""
+    return redirect_to_login(request.get_full_path(), login_url=reverse("dashboard:login"))
+
+
 def _guard(check: Callable[[Any], bool], message: str) -> Callable:
     def decorator(view: Callable) -> Callable:
         @wraps(view)
         def wrapped(request: HttpRequest, *args: Any, **kwargs: Any):
             if not request.user.is_authenticated:
-                return redirect_to_login(request.get_full_path())
+                return to_login(request)
             if not check(request.user):
                 raise PermissionDenied(message)
             return view(request, *args, **kwargs)
@@ -95,6 +102,7 @@ operator_required = _guard(can_act, "Only operators (group sluice-operator) may 
 class _RoleMixin(AccessMixin):
     check: Callable[[Any], bool] = staticmethod(can_view)
     permission_denied_message = ""
+    login_url = reverse_lazy("dashboard:login")
 
     def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any):
         if not request.user.is_authenticated:

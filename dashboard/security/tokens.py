@@ -11,13 +11,22 @@ import hashlib
 import secrets
 from typing import Any
 
-from django.conf import settings
 from django.utils import timezone
 from rest_framework import exceptions
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.throttling import SimpleRateThrottle
 
+from core.conf import get_settings
+
 from dashboard.models import ApiToken
+
+
+def client_address(request: Any) -> str:
+    """The address a throttle counts against: the connection's own (``REMOTE_ADDR``), never a
+    header the client sends (``X-Forwarded-For`` would make every guess a new identity).  The
+    login lock-out (django-axes) reads the same by default.  Behind a reverse proxy every
+    client shares the proxy's address: a stricter limit, never a weaker one."""
+    return request.META.get("REMOTE_ADDR") or "unknown"
 
 
 def digest_of(key: str) -> str:
@@ -28,7 +37,7 @@ def issue(user: Any, days: int | None = None) -> tuple[ApiToken, str]:
     """A new token for ``user`` valid ``days`` (``SLUICE_API_TOKEN_DAYS``): the row and the
     key, which exists nowhere else once the caller has shown it."""
     key = secrets.token_hex(20)
-    lifetime = dt.timedelta(days=days if days is not None else settings.SLUICE_API_TOKEN_DAYS)
+    lifetime = dt.timedelta(days=days if days is not None else get_settings().API_TOKEN_DAYS)
     token = ApiToken.objects.create(user=user, digest=digest_of(key), prefix=key[:8],
                                     expires=timezone.now() + lifetime)
     return token, key
@@ -48,7 +57,13 @@ class FailedTokenThrottle(SimpleRateThrottle):
     """Wrong tokens per client address, at the anonymous rate (``SLUICE_API_RATE_ANON``).
     DRF's own throttles run only after authentication succeeded, so they never see a guess."""
 
-    scope = "anon"
+    scope = "sluice-token-failures"
+
+    def get_rate(self) -> str:
+        return get_settings().API_RATE_ANON
+
+    def get_ident(self, request: Any) -> str:
+        return client_address(request)
 
     def get_cache_key(self, request, view) -> str:
         return self.cache_format % {"scope": "token-failures", "ident": self.get_ident(request)}

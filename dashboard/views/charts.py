@@ -21,6 +21,7 @@ from dashboard.charts.metric_windows import window_query, windows_for
 from dashboard.security.permissions import viewer_required
 from dashboard.charts.svgchart import Series, line_chart
 from dashboard.views.common import act, error_response, operator_only, page
+from dashboard.pages import is_htmx
 
 COLORS = {"throughput": "#2563eb", "p50": "#16a34a", "p95": "#d97706", "p99": "#dc2626", "failure": "#b91c1c"}
 #: Most windows drawn on one page (every queue together).
@@ -99,7 +100,7 @@ def run_status(request: HttpRequest) -> HttpResponse:
     panel has no trigger (the polling stops) and htmx reloads the page for the new charts."""
     context = _run_context()
     response = page(request, "dashboard/partials/pipeline_run.html", context)
-    if request.htmx and not context["in_progress"]:
+    if is_htmx(request) and not context["in_progress"]:
         response["HX-Refresh"] = "true"
     return response
 

@@ -10,7 +10,6 @@ from typing import Any, Callable
 from functools import wraps
 
 from django.contrib import messages
-from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.utils.http import url_has_allowed_host_and_scheme
@@ -18,8 +17,8 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from dashboard.counting import stats
 from dashboard.actions import ActionError, ActionResult
 from dashboard.actions.audit import OPERATORS_ONLY, record_denial
-from dashboard.pages import VIEWER_REASON, error_response, page  # noqa: F401 (the views import them from here)
-from dashboard.security.permissions import can_act, can_view
+from dashboard.pages import VIEWER_REASON, error_response, is_htmx, page  # noqa: F401 (the views import them from here)
+from dashboard.security.permissions import can_act, can_view, to_login
 
 #: Bodies longer than this are cut on the page (the whole body is a download away).
 BODY_DISPLAY_LIMIT = 64 * 1024
@@ -31,7 +30,7 @@ def operator_only(action: str) -> Callable[[Callable[..., HttpResponse]], Callab
         @wraps(view)
         def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
             if not request.user.is_authenticated:
-                return redirect_to_login(request.get_full_path())
+                return to_login(request)
             safe = request.method in ("GET", "HEAD")
             if not (can_view(request.user) if safe else can_act(request.user)):
                 if not safe:
@@ -57,7 +56,7 @@ def act(request: HttpRequest, call: Callable[[], ActionResult], redirect_to: str
         return error_response(request, exc.message, exc.status)
     stats.forget_snapshot()  # the pages after an action show its effect
     messages.success(request, result.message[:1].upper() + result.message[1:] + ".")
-    if request.htmx:
+    if is_htmx(request):
         response = HttpResponse(status=204)
         response["HX-Redirect"] = redirect_to
         return response

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from django.conf import settings
+from core.conf import get_settings
 from django.db import DatabaseError, connection
 from django.http import HttpRequest, JsonResponse
 
@@ -28,7 +28,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
     except DatabaseError as exc:
         log.warning("healthz: database down: %s", exc)
         database = "down"
-    health = read_health(settings.REDIS_URL)
+    health = read_health(get_settings().REDIS_URL)
     triggered = [b["name"] for w in health["workers"] for b in w["breakers"] if b["state"] == "triggered"]
     ok = database == "up" and health["redis"] == "up" and not triggered
     body = {"status": "ok" if ok else ("down" if database == "down" else "degraded"),

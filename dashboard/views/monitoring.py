@@ -23,6 +23,7 @@ from dashboard.security.permissions import viewer_required
 from dashboard.charts.sparklines import Scale, spark_svg
 from dashboard.charts.svgchart import Series, line_chart
 from dashboard.views.common import error_response, page
+from dashboard.pages import is_htmx
 
 COLORS = {"throughput": "#2563eb", "retries": "#d97706", "failures": "#dc2626", "processing": "#16a34a",
           "critical": "#7c3aed", "length": "#0891b2", "p50": "#16a34a", "p95": "#d97706", "p99": "#dc2626"}
@@ -102,7 +103,7 @@ def monitoring(request: HttpRequest) -> HttpResponse:
              "failed": o.failed.get(s.queue, 0), "failed_href": failed_url.format(quote(s.queue)),
              "sparks": _sparks(layout, s), "records": s.records, "skewed": s.skewed}
             for s in o.series]
-    template = "dashboard/partials/monitoring_body.html" if request.htmx else "dashboard/monitoring.html"
+    template = "dashboard/partials/monitoring_body.html" if is_htmx(request) else "dashboard/monitoring.html"
     return page(request, template, {"section": "monitoring", "o": o, "p": o.period, "rows": rows,
                                     "workers": o.workers, **_links(request, o.period)})
 
@@ -138,7 +139,7 @@ def monitoring_queue(request: HttpRequest, name: str) -> HttpResponse:
     ]
     handled_by = {x.key for x in d.by_worker}
     workers = [w for w in (d.workers.workers if d.workers else []) if w.name in handled_by or w.stale or w.clock_skew]
-    template = "dashboard/partials/monitoring_queue_body.html" if request.htmx else "dashboard/monitoring_queue.html"
+    template = "dashboard/partials/monitoring_queue_body.html" if is_htmx(request) else "dashboard/monitoring_queue.html"
     return page(request, template, {
         "section": "monitoring", "d": d, "p": p, "s": s, "charts": charts, "worker_flags": workers,
         "failed_href": reverse("dashboard:failed") + "?queue=" + quote(s.queue),
