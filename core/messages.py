@@ -62,6 +62,9 @@ class Headers:
     #: On an operator's retry of a failed message: the failure record it retries.
     RETRY_OF = "Sluice.RetryOf"
     EXPIRED_REASON = "Sluice.DeadLetterReason"
+    #: On a message set aside because the database refused to record its outcome: which
+    #: write was refused, and why (core.receive.last_resort).
+    POISON_REASON = "Sluice.PoisonReason"
 
 
 #: Headers only Sluice writes: retry counters, failure descriptions, where an operator's

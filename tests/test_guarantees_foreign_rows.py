@@ -23,6 +23,8 @@ from core.transport import Transport
 
 #: What the issue found: valid JSON text whose value is a lone surrogate.
 LONE = "\ud800"
+#: The header a message set aside carries (a literal: the wire name is the promise).
+POISON_REASON = "Sluice.PoisonReason"
 
 
 def put_foreign_row(queue: str, headers: dict[str, str], body: bytes, *, correlation_id: str | None = None) -> str:
@@ -142,3 +144,92 @@ def test_an_over_long_correlation_id_header_is_not_copied_into_its_column(endpoi
     assert failed.headers[Headers.CORRELATION_ID] == long  # the full value stays in the headers
     assert failed.correlation_id is None                   # the column takes what fits, or nothing
     assert "Sluice.PoisonReason" not in failed.headers
+
+
+# -- the last resort: a write the database refuses anyway ----------------------------------------
+
+@pytest.fixture
+def refuse_inserts(transactional_db):
+    """``refuse_inserts(queue, like)``: a trigger on ``queue``'s table refusing rows whose
+    header text is LIKE ``like`` — a database-side rule no check in Sluice can foresee.
+    Dropped after the test (the error queue's table outlives it)."""
+    made: list[tuple[str, str]] = []
+
+    def refuse(queue: str, like: str) -> None:
+        table, name = Transport().dialect.table(queue), f"refuse_{uuid.uuid4().hex[:8]}"
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute(f"""CREATE FUNCTION {name}() RETURNS trigger AS $$
+                    BEGIN IF NEW."Headers" LIKE '{like}' THEN RAISE EXCEPTION 'refused by a trigger'; END IF;
+                    RETURN NEW; END $$ LANGUAGE plpgsql""")
+                cursor.execute(f"CREATE TRIGGER {name} BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION {name}()")
+            else:
+                cursor.execute(f"""CREATE TRIGGER {name} BEFORE INSERT ON {table}
+                    WHEN NEW."Headers" LIKE '{like}' BEGIN SELECT RAISE(ABORT, 'refused by a trigger'); END""")
+        made.append((table, name))
+
+    yield refuse
+    with connection.cursor() as cursor:
+        for table, name in made:
+            if connection.vendor == "postgresql":
+                cursor.execute(f"DROP TRIGGER IF EXISTS {name} ON {table}")
+                cursor.execute(f"DROP FUNCTION IF EXISTS {name}()")
+            else:
+                cursor.execute(f"DROP TRIGGER IF EXISTS {name}")
+
+
+def test_a_refused_retry_sets_the_message_aside_as_received_and_the_batch_commits(endpoint, transport, error_queue,
+                                                                                refuse_inserts, caplog):
+    queue, handled, pump = endpoint
+    refuse_inserts(queue, "%Sluice.FailedAttempts%")  # the retry's re-insert, never a first send
+    bad = put_foreign_row(queue, {**foreign_headers("Fail"), "Foreign.Order": "1"}, b'{"n": 0}')
+    raw = queue_text(queue, bad)
+    transport.send(queue, {"n": 1}, message_type="Ping")
+
+    with caplog.at_level("INFO", logger="sluice"):
+        run(pump, 1)  # one receive: the failure is recorded, the good message committed
+
+    assert handled == [1]
+    assert transport.counts(queue).total == 0
+    [aside] = transport.browse(error_queue, limit=10)
+    assert aside.id == bad and aside.body == b'{"n": 0}'
+    reason = aside.headers.pop(POISON_REASON)
+    assert "immediate retry" in reason and "refused by a trigger" in reason
+    assert aside.headers == json.loads(raw)  # as it was received: no failure headers, no counts
+    assert aside.raw_headers.startswith(raw[:-1])  # its text kept, the reason added at the end
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and bad in errors[0].getMessage() and "immediate retry" in errors[0].getMessage()
+    assert not [r for r in caplog.records if r.levelname == "WARNING" and r.name == "sluice.pump"]
+
+
+def test_a_message_whose_raw_move_is_refused_too_is_parked_and_logged_once(endpoint, transport, error_queue,
+                                                                          refuse_inserts, caplog):
+    from core.queues import delete_queue
+
+    queue, handled, pump = endpoint
+    refuse_inserts(queue, "%Sluice.FailedAttempts%")
+    refuse_inserts(error_queue, "%")  # the error queue takes nothing
+    bad = put_foreign_row(queue, foreign_headers("Fail"), b'{"n": 0}')
+    transport.send(queue, {"n": 1}, message_type="Ping")
+    parked = error_queue + ".parked"
+    try:
+        with caplog.at_level("INFO", logger="sluice"):
+            run(pump)
+
+        assert handled == [1]
+        assert transport.counts(queue).total == 0
+        assert transport.counts(error_queue).total == 0
+        [aside] = transport.browse(parked, limit=10)
+        assert aside.id == bad and aside.body == b'{"n": 0}'
+        reason = aside.headers[POISON_REASON]
+        assert "immediate retry" in reason and f"raw move to {error_queue}" in reason
+        errors = [r for r in caplog.records if r.levelname == "ERROR"]
+        assert len(errors) == 1 and bad in errors[0].getMessage() and parked in errors[0].getMessage()
+    finally:
+        delete_queue(parked)
+
+
+def queue_text(queue: str, row_id: str) -> str:
+    """The Headers column's text of a row, as the database holds it."""
+    [message] = [m for m in Transport().browse(queue, limit=100) if m.id == row_id]
+    return message.raw_headers
