@@ -233,3 +233,42 @@ def queue_text(queue: str, row_id: str) -> str:
     """The Headers column's text of a row, as the database holds it."""
     [message] = [m for m in Transport().browse(queue, limit=100) if m.id == row_id]
     return message.raw_headers
+
+
+# -- suspicions of issue 34, settled -------------------------------------------------------------
+
+@pytest.mark.postgresql
+def test_a_transient_error_at_the_flush_is_not_counted_as_the_messages_failed_attempt(queue, make_queue, transport,
+                                                                                     temp_handlers, pump_for):
+    """A statement timeout (a transient error: the database's state, not the message's) while
+    a chunk's sends are inserted rolls the batch back to be received again, uncounted — it
+    is not the message's own failed attempt, as a refusal for content is."""
+    from django.db import DatabaseError
+
+    from tests.conftest import open_transaction
+
+    out = make_queue()
+
+    def handle(message, context):
+        with connection.cursor() as cursor:  # undone by the chunk's savepoint, with everything else
+            cursor.execute("SET LOCAL statement_timeout = '300ms'")
+        context.send(out, {"echo": 1})
+
+    temp_handlers(queue, "Ping", handle)
+    transport.send(queue, {"n": 1}, message_type="Ping")
+    pump = pump_for(queue, immediate_retries=3, concurrency=1)
+    table = transport.dialect.table(out)
+
+    def lock() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+
+    with open_transaction(lock):
+        with pytest.raises(DatabaseError):
+            pump.receive_and_process(1)
+
+    [back] = transport.browse(queue, limit=10)
+    assert Headers.FAILED_ATTEMPTS not in back.headers  # not counted
+    assert pump.stats.retried == 0
+    pump.receive_and_process(1)
+    assert [m.json() for m in transport.browse(out, limit=10)] == [{"echo": 1}]
