@@ -62,6 +62,9 @@ class Headers:
     #: On an operator's retry of a failed message: the failure record it retries.
     RETRY_OF = "Sluice.RetryOf"
     EXPIRED_REASON = "Sluice.DeadLetterReason"
+    #: On a message set aside because the database refused to record its outcome: which
+    #: write was refused, and why (core.receive.last_resort).
+    POISON_REASON = "Sluice.PoisonReason"
 
 
 #: Headers only Sluice writes: retry counters, failure descriptions, where an operator's
@@ -85,6 +88,10 @@ def producer_headers(headers: Mapping[str, str]) -> dict[str, str]:
     """``headers`` without the control headers a producer may not set."""
     return {k: v for k, v in headers.items() if not is_control_header(k)}
 
+
+#: The largest count read from a header (retry counters): a column of 32-bit integers
+#: holds it, whatever another system wrote.
+MAX_COUNT = 2**31 - 2
 
 #: The stack trace kept in an error-queue message, at most (its end).
 MAX_STACK_TRACE = 16_000
@@ -165,7 +172,38 @@ def encode_headers(headers: Mapping[str, Any]) -> str:
             raise InvalidHeaders(
                 f"headers must map strings to strings: {key!r} → {value!r} ({type(value).__name__})"
             )
-    return json.dumps(dict(headers), ensure_ascii=False, separators=(",", ":"))
+    text = json.dumps(dict(headers), ensure_ascii=False, separators=(",", ":"))
+    # isascii() is the hot path's whole cost (a C scan); only non-ASCII text is searched.
+    if not text.isascii() and _SURROGATE.search(text):
+        text = escape_surrogates(text)
+    return text
+
+
+#: A UTF-16 surrogate code point: Python strings may hold one alone (json.loads of
+#: ``"\ud800"``, ``surrogateescape``), but no UTF-8 or UTF-16 encoder takes it, so a
+#: driver refuses the whole statement.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def escape_surrogates(text: str) -> str:
+    """JSON text with each surrogate code point written as its ``\\uXXXX`` escape.  In JSON
+    a surrogate can only stand inside a string, where the escape reads back as the same
+    code point: any Python string round-trips (a high and a low surrogate held as two
+    code points read back as the one character they encode, which is what UTF-16 means
+    by them)."""
+    return _SURROGATE.sub(lambda found: f"\\u{ord(found.group()):04x}", text)
+
+
+#: What a plain text column cannot hold on some database: surrogates (no encoder takes
+#: them) and NUL (PostgreSQL's text refuses it).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def storable_text(value: str) -> str:
+    """``value`` with what a text column cannot hold replaced by U+FFFD: for columns that
+    describe a message (a failed-message record's exception text, a processing record's
+    copied headers), never for its headers, which keep every value exactly."""
+    return _UNSTORABLE.sub("\ufffd", value) if _UNSTORABLE.search(value) else value
 
 
 def decode_headers(text: str) -> dict[str, str]:
@@ -209,21 +247,21 @@ class Message:
     @property
     def failed_attempts(self) -> int:
         try:
-            return int(self.headers.get(Headers.FAILED_ATTEMPTS, "0"))
+            return min(int(self.headers.get(Headers.FAILED_ATTEMPTS, "0")), MAX_COUNT)
         except ValueError:
             return 0
 
     @property
     def total_failed_attempts(self) -> int:
         try:
-            return int(self.headers.get(Headers.TOTAL_FAILED_ATTEMPTS, str(self.failed_attempts)))
+            return min(int(self.headers.get(Headers.TOTAL_FAILED_ATTEMPTS, str(self.failed_attempts))), MAX_COUNT)
         except ValueError:
             return self.failed_attempts
 
     @property
     def delayed_retries(self) -> int:
         try:
-            return int(self.headers.get(Headers.DELAYED_RETRIES, "0"))
+            return min(int(self.headers.get(Headers.DELAYED_RETRIES, "0")), MAX_COUNT)
         except ValueError:
             return 0
 

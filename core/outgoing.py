@@ -31,6 +31,9 @@ MAX_MESSAGE_ID_LENGTH = 200
 #: The width of the CorrelationId and ReplyToAddress columns.
 MAX_ADDRESS_LENGTH = 255
 _CONTROL = re.compile(r"[\x00-\x1f]")
+#: What the CorrelationId / ReplyToAddress columns refuse besides length: control
+#: characters (PostgreSQL takes no NUL) and surrogates (no driver can encode one).
+_NOT_IN_COLUMN = re.compile("[\x00-\x1f\ud800-\udfff]")
 #: One encoder for every JSON body: json.dumps() with options builds a new one per call.
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 #: The variant nibble of an RFC 4122 UUID (10xx) for each random hex digit.
@@ -105,7 +108,16 @@ def validate_columns(headers: Mapping[str, str]) -> None:
 
 def valid_correlation_id(value: str) -> bool:
     """Whether the CorrelationId column takes ``value`` (see :func:`validate_columns`)."""
-    return len(value) <= MAX_ADDRESS_LENGTH and not _CONTROL.search(value)
+    return len(value) <= MAX_ADDRESS_LENGTH and not _NOT_IN_COLUMN.search(value)
+
+
+def column_value(value: str | None) -> str | None:
+    """A header's value as its CorrelationId / ReplyToAddress column takes it: the value
+    when it fits, else None.  For rows made from headers nobody validated (another
+    system's row, a stored delayed message, a failed-message record): the column is a
+    copy for SQL readers, the header is the message's own, and keeps the full value.
+    Copying a value the column refuses would refuse the whole write (issue 34)."""
+    return value if value is None or valid_correlation_id(value) else None
 
 
 def row_id_for(message_id: str) -> str:
@@ -237,7 +249,7 @@ class MessageBuilder:
             # travels with the message; send_many's others copy the first's headers.
             inject_trace_context(all_headers)
         validate_columns(all_headers)
-        return self.outgoing(queue, message_id, all_headers, data, ttl=validate_ttl(ttl))
+        return self.outgoing(queue, message_id, all_headers, data, ttl=validate_ttl(ttl), columns_checked=True)
 
     def build_many(self, queue: str, bodies: Sequence[Any], *, message_id: str | None = None,
                    headers: Mapping[str, str] | None = None, correlation_id: str | None = None,
@@ -259,11 +271,15 @@ class MessageBuilder:
         return [first, *(m if isinstance(m, OutgoingMessage) else self.build(queue, m, **same) for m in rest)]
 
     def outgoing(self, queue: str, message_id: str, headers: Mapping[str, str], body: bytes, *,
-                 ttl: float | None = None, forever: bool = False) -> OutgoingMessage:
+                 ttl: float | None = None, forever: bool = False,
+                 columns_checked: bool = False) -> OutgoingMessage:
         """A row for ``queue`` from complete headers.  ``ttl`` (seconds; None: the one in
         the TimeToBeReceived header, if any) is capped by the queue's default TTL and
         written back to that header; ``forever`` drops both (error and dead-letter
-        queues keep messages until someone acts).  UnknownQueue for a missing queue."""
+        queues keep messages until someone acts).  ``columns_checked``: the CorrelationId
+        and ReplyToAddress headers passed :func:`validate_columns`; otherwise a value their
+        column would refuse stays in the headers only (:func:`column_value`).  UnknownQueue
+        for a missing queue."""
         info = self._queue(queue)
         headers = dict(headers)
         if forever:
@@ -279,6 +295,8 @@ class MessageBuilder:
             headers.pop(Headers.TIME_TO_BE_RECEIVED, None)
         else:
             headers[Headers.TIME_TO_BE_RECEIVED] = timespan(ttl)
+        correlation_id, reply_to = headers.get(Headers.CORRELATION_ID), headers.get(Headers.REPLY_TO_ADDRESS)
+        if not columns_checked:  # (a new message's were, by validate_columns: no second look on the send path)
+            correlation_id, reply_to = column_value(correlation_id), column_value(reply_to)
         return OutgoingMessage(queue=info.name, row_id=row_id_for(message_id), headers=headers, body=body,
-                               correlation_id=headers.get(Headers.CORRELATION_ID),
-                               reply_to=headers.get(Headers.REPLY_TO_ADDRESS), ttl_seconds=ttl)
+                               correlation_id=correlation_id, reply_to=reply_to, ttl_seconds=ttl)

@@ -23,7 +23,7 @@ from core.errors import PoisonMessage, UnknownQueue
 from core.messages import Headers, Message, decode_headers, wire_time
 # The names of a new message's checks and rows, where callers have always imported them.
 from core.outgoing import (HOST, ID_NAMESPACE, MAX_MESSAGE_ID_LENGTH, MessageBuilder, OutgoingMessage,  # noqa: F401
-                           encode_body, like_first, row_id_for, validate_columns, validate_message_id)
+                           column_value, encode_body, like_first, row_id_for, validate_columns, validate_message_id)
 from core.queues import create_queue, registry
 from core.tracing import producing as tracing
 from core.scheduling import DelayedMessage, DelayedMessageStore, delayed_store, resolve_due
@@ -163,8 +163,10 @@ class Transport(MessageBuilder):
             headers.pop(Headers.TIME_TO_BE_RECEIVED, None)
         return OutgoingMessage(
             queue=info.name, row_id=message.id, headers=headers, body=message.body,
-            correlation_id=headers.get(Headers.CORRELATION_ID, message.correlation_id),
-            reply_to=headers.get(Headers.REPLY_TO_ADDRESS, message.reply_to), ttl_seconds=None,
+            # Headers another system wrote were never validated: copy into the columns only
+            # what they take (the headers keep the full values).
+            correlation_id=column_value(headers.get(Headers.CORRELATION_ID, message.correlation_id)),
+            reply_to=column_value(headers.get(Headers.REPLY_TO_ADDRESS, message.reply_to)), ttl_seconds=None,
             expires=message.expires if keep_expiry else None)
 
     def schedule(self, message: OutgoingMessage, delay: float | None, deliver_at: dt.datetime | None) -> None:

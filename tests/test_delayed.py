@@ -360,3 +360,26 @@ def test_delayed_cli(store):
     both = manage("sluice", "send", "demo", "--delay", "1", "--deliver-at", "2031-01-01T00:00:00Z")
     assert both.returncode != 0
     manage("sluice", "delayed", "delete", first)
+
+
+def test_failures_log_at_the_levels_nservicebus_uses(store, transport, queue, temp_handlers, error_queue, caplog):
+    # An immediate retry is routine (INFO: at a busy endpoint's rate WARNINGs bury what
+    # matters), a delayed retry is worth a look (WARNING), the error queue needs someone (ERROR).
+    temp_handlers(queue, None, lambda m, c: 1 / 0)
+    transport.send(queue, "x")
+    retrying = MessagePump(queue, peek_delay=0.1, immediate_retries=1, delayed_retries=1)
+    giving_up = MessagePump(queue, peek_delay=0.1, immediate_retries=0, delayed_retries=0)
+    try:
+        with caplog.at_level("DEBUG", logger="sluice.recoverability"):
+            retrying.receive_and_process(1)
+            retrying.receive_and_process(1)
+            transport.send(queue, "y")
+            giving_up.receive_and_process(1)
+    finally:
+        retrying.close()
+        giving_up.close()
+    assert len(in_the_store(store)) == 1
+    logged = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "sluice.recoverability"]
+    assert [level for level, _ in logged] == ["INFO", "WARNING", "ERROR"], logged
+    assert "attempt 1 of 2" in logged[0][1] and "delayed retry 1 of 1" in logged[1][1]
+    assert f"moved to {error_queue}" in logged[2][1]

@@ -1004,3 +1004,36 @@ def test_multi_row_inserts_stay_within_the_parameter_limit_and_keep_list_order()
     assert len(tree.expression.expressions) == 3
     many = parse_one(bind(d.delayed_insert_many(NAME, 2, after=False).removeprefix("SET NOCOUNT ON; "), 10))
     assert isinstance(many, exp.Insert) and many.find(exp.Values) is not None and many.find(exp.Exists) is not None
+
+
+# -- 5. a foreign row's retry (issue 34) ------------------------------------------------------
+
+def test_the_address_columns_are_as_wide_as_the_check_on_copied_values():
+    from core.outgoing import MAX_ADDRESS_LENGTH
+
+    (create, _), *_ = MSSQLDialect().create_queue_table(NAME)
+    for column in ("CorrelationId", "ReplyToAddress"):
+        assert f"[{column}] varchar({MAX_ADDRESS_LENGTH}) NULL" in create
+
+
+def test_a_foreign_rows_retry_binds_only_what_its_columns_take(mssql_connection, no_registry):
+    """A row another system wrote: a 300-character CorrelationId header (its column NULL)
+    and a lone surrogate in a header (valid JSON text).  The retry's INSERT binds no
+    CorrelationId that varchar(255) would refuse, and header text the driver can encode."""
+    d = MSSQLDialect()
+    long = "c" * 300
+    text = json.dumps({"NServiceBus.MessageId": "m1", "NServiceBus.CorrelationId": long, "Foreign.Note": "a \ud800 b"})
+    raw = (str(uuid.uuid4()), None, None, None, text, b"body", 42, 0)
+    receive = d.receive(NAME).replace("%s", "?")
+    t = _FakeMSSQLTransport(mssql_connection, rows_for=lambda sql: [raw] if sql == receive else ())
+
+    (received,) = t.receive_batch(NAME, 1)
+    t.move(received, NAME, {**received.headers, "Sluice.FailedAttempts": "1"}, keep_expiry=True)
+
+    _, sql, params = t.log[-1]
+    assert sql == d.insert_with_expires(NAME).replace("%s", "?")
+    values = _bound_values(sql, params)
+    assert values["CorrelationId"] is None
+    values["Headers"].encode("utf-16-le")  # nvarchar: what the driver sends; a lone surrogate raises
+    headers = json.loads(values["Headers"])
+    assert headers["NServiceBus.CorrelationId"] == long and headers["Foreign.Note"] == "a \ud800 b"

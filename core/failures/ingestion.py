@@ -9,6 +9,7 @@ history grows.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import logging
@@ -23,7 +24,7 @@ from core.errors import UnknownQueue
 from core.failures.grouping import group_of
 from core.failures.records import MAX_IN, POISON_TYPE, append_event, base, event, short
 from core.runtime.loops import discard_connection
-from core.messages import Headers, Message, encode_headers, parse_wire_time
+from core.messages import Headers, Message, encode_headers, parse_wire_time, storable_text
 from core.models import FailedMessage, FailureStatus
 from core.scheduling import delayed_store, store_name
 from core.transport import Transport
@@ -98,8 +99,8 @@ def failure_of(message: Message, now: dt.datetime, delayed_store_name: str = "")
     if attempts is None:
         attempts = _int(h.get(Headers.FAILED_ATTEMPTS)) or 0
     types = message.message_types()
-    return Failure(
-        message_id=record_id(h.get(Headers.MESSAGE_ID) or message.id),
+    failure = Failure(
+        message_id=record_id(storable_text(h.get(Headers.MESSAGE_ID) or message.id)),
         original_queue=original_queue(h, delayed_store_name),
         message_type=(types[0] if types else "")[:255],
         exception_type=h.get(Headers.EXCEPTION_TYPE, "")[:500],
@@ -111,6 +112,15 @@ def failure_of(message: Message, now: dt.datetime, delayed_store_name: str = "")
         body=message.body or b"",
         **conversation_of(h),
     )
+    # The record's columns describe the failure; its headers keep every value exactly.
+    # Text a column cannot hold (a lone surrogate from another system's header or from
+    # exception text, a NUL) would refuse the batch's INSERT, every time (issue 34).
+    return dataclasses.replace(failure, **{name: storable_text(getattr(failure, name)) for name in _TEXT_FIELDS})
+
+
+#: The Failure fields written to text columns as they are.
+_TEXT_FIELDS = ("original_queue", "message_type", "exception_type", "exception_message", "stack_trace",
+                "conversation_id", "related_to", "correlation_id")
 
 
 def conversation_of(headers: dict[str, str]) -> dict[str, str]:

@@ -28,6 +28,7 @@ from django.db import connections
 
 from core.messages import Message
 from core.outcomes import MessageOutcome
+from core.queues import dialect
 from core.savepoints import savepoint_to_commit
 
 log = logging.getLogger("sluice.pump")
@@ -205,6 +206,11 @@ def _find_refused(pending: list[Unit], refused: SendsRefused, alias: str, scope:
     how many calls failed, this one included."""
     if connections[alias].needs_rollback:
         raise refused.cause  # the savepoint could not be rolled back: the connection, not a message
+    if dialect(alias).is_transient(refused.cause):
+        # A deadlock, a lock or statement timeout, a lost connection: the database's state,
+        # not a message's sends.  Counted, it would spend a message's retries on an outage;
+        # the batch rolls back and is received again, uncounted (issue 34).
+        raise refused.cause
     alone = [Unit(unit.fn, [m], unit.batch) for unit in pending for m in unit.messages]
     if len(alone) == 1:
         culprit = alone[0].messages[0]

@@ -341,7 +341,8 @@ class MessagePump:
             records.to_error_queue(message, trace_id)
             return MessageOutcome.POISON
         if message.expired:
-            action = on_expired_receive(self.receiver, message)
+            action = self.recoverability.guarded(message, "the expired message's dead-letter move",
+                                                 lambda: on_expired_receive(self.receiver, message)) or "set aside"
             trace_id = None if traced is None else traced.settled(
                 message, "sluice.expired", **{"sluice.expiry.action": action})
             records.expired(message, action, trace_id)

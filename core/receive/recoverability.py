@@ -9,7 +9,12 @@
    headers.  Poison rows and messages with no handler go there at once.
 
 Every count lives in the message's own headers, in the same transaction as the
-receive, so it survives restarts and spans workers.
+receive, so it survives restarts and spans workers.  Each of these writes runs in a
+savepoint: one the database refuses for the message's sake sets that message aside
+(core.receive.last_resort) instead of rolling its batch back for ever.
+
+Logged as NServiceBus does: an immediate retry at INFO, a delayed retry at WARNING, the
+move to the error queue (and a message set aside) at ERROR.
 """
 from __future__ import annotations
 
@@ -17,15 +22,23 @@ import datetime as dt
 import enum
 import logging
 import uuid
+from typing import Callable, TypeVar
 
 from core.conf import get_settings
 from core.errors import PoisonMessage
 from core.messages import Headers, Message, failure_headers, wire_time
 from core.models import QueueKind
+from core.receive.last_resort import guarded
 from core.scheduling import DelayedMessage
 from core.transport import Transport
 
 log = logging.getLogger("sluice.recoverability")
+
+T = TypeVar("T")
+
+#: The write each outcome makes, as the log and ``Sluice.PoisonReason`` name it.
+WRITES = {"retry": "the immediate retry's re-insert", "delayed-retry": "the delayed retry's store",
+          "error": "the move to the error queue"}
 
 #: Namespace of the delayed store's keys for delayed retries (:func:`retry_key`).
 _RETRY_KEYS = uuid.UUID("6f1d3c2e-5b0a-4f55-9c1e-7a8d2f4b9e10")
@@ -66,23 +79,41 @@ class Recoverability:
                                        else delayed_retry_increase)
         self.error_queue = error_queue or settings.ERROR_QUEUE
 
+    def guarded(self, message: Message, write: str, record: Callable[[], T]) -> T | None:
+        """``record()`` (a write recording ``message``'s outcome) in a savepoint; None when
+        the database refused it and the message was set aside (core.receive.last_resort)."""
+        return guarded(self.transport, self.error_queue, message, write, record)
+
+    def decide(self, message: Message) -> FailureOutcome:
+        """Where a failed attempt of ``message`` takes it (from the counts on its row)."""
+        if message.failed_attempts + 1 <= self.immediate_retries:
+            return FailureOutcome.RETRY
+        if message.delayed_retries < self.delayed_retries:
+            return FailureOutcome.DELAYED_RETRY
+        return FailureOutcome.ERROR
+
     def on_failure(self, message: Message, exc: BaseException) -> FailureOutcome:
-        """Record a failed attempt; returns where the message went."""
+        """Record a failed attempt; returns where the message went (ERROR too when the
+        database refused the write and the message was set aside)."""
+        outcome = self.decide(message)
+        done = self.guarded(message, WRITES[outcome.value], lambda: self._record(message, exc, outcome))
+        return FailureOutcome.ERROR if done is None else outcome
+
+    def _record(self, message: Message, exc: BaseException, outcome: FailureOutcome) -> bool:
         attempts = message.failed_attempts + 1
         total = message.total_failed_attempts + 1
-        if attempts <= self.immediate_retries:
+        if outcome is FailureOutcome.RETRY:
             headers = {**message.headers, Headers.FAILED_ATTEMPTS: str(attempts),
                        Headers.TOTAL_FAILED_ATTEMPTS: str(total)}
             self.transport.move(message, message.queue, headers, keep_expiry=True)
-            log.warning("message %s on %s failed (attempt %d of %d): %s: %s", message.id, message.queue,
-                        attempts, self.immediate_retries + 1, type(exc).__name__, exc)
-            return FailureOutcome.RETRY
-        done = message.delayed_retries
-        if done < self.delayed_retries:
-            self.schedule_delayed_retry(message, exc, done + 1, total)
-            return FailureOutcome.DELAYED_RETRY
-        self.move_to_error(message, exc, attempts=attempts)
-        return FailureOutcome.ERROR
+            # INFO, as NServiceBus logs it: a retry is routine, the error queue is what matters.
+            log.info("message %s on %s failed (attempt %d of %d): %s: %s", message.id, message.queue,
+                     attempts, self.immediate_retries + 1, type(exc).__name__, exc)
+        elif outcome is FailureOutcome.DELAYED_RETRY:
+            self.schedule_delayed_retry(message, exc, message.delayed_retries + 1, total)
+        else:
+            self._move_to_error(message, exc, attempts)
+        return True
 
     def schedule_delayed_retry(self, message: Message, exc: BaseException, number: int, total: int) -> None:
         delay = self.delayed_retry_increase * number
@@ -103,6 +134,10 @@ class Recoverability:
                     type(exc).__name__, exc)
 
     def move_to_error(self, message: Message, exc: BaseException, attempts: int | None = None) -> None:
+        """To the error queue at once (no handler for its type)."""
+        self.guarded(message, WRITES["error"], lambda: self._move_to_error(message, exc, attempts))
+
+    def _move_to_error(self, message: Message, exc: BaseException, attempts: int | None = None) -> None:
         headers = {**message.headers, **failure_headers(exc, message.queue)}
         headers[Headers.FAILED_ATTEMPTS] = str(attempts if attempts is not None else message.failed_attempts + 1)
         headers[Headers.TOTAL_FAILED_ATTEMPTS] = str(message.total_failed_attempts + 1)
@@ -118,6 +153,9 @@ class Recoverability:
     def move_poison(self, message: Message) -> None:
         """A row whose headers cannot be parsed: to the error queue at once, body untouched,
         the original header text kept in ``Sluice.RawHeaders``."""
+        self.guarded(message, "the poison row's move to the error queue", lambda: self._move_poison(message))
+
+    def _move_poison(self, message: Message) -> None:
         exc = PoisonMessage(message.poison or "unreadable message")
         headers = failure_headers(exc, message.queue)
         headers[Headers.RAW_HEADERS] = message.raw_headers

@@ -13,12 +13,12 @@ import functools
 import time
 from typing import Sequence
 
-from django.db import connections
+from django.db import DatabaseError, connections
 
 from core.conf import get_settings
 from core.db import StatementCursor
 from core.runtime.health import worker_name
-from core.messages import Headers, Message
+from core.messages import Headers, Message, storable_text
 from core.queues import dialect
 from core.models.records import ProcessingRecord
 from pipeline import schema
@@ -167,7 +167,17 @@ class RecordBatch:
         transaction): one statement, or a few where the database caps parameters."""
         if not self.rows:
             return 0
-        insert_rows(self.rows, using)
+        try:
+            insert_rows(self.rows, using)
+        except (ValueError, DatabaseError):
+            # A value copied from another system's header that the driver cannot send (a
+            # lone surrogate, a NUL): refused before the statement left, so the transaction
+            # is intact.  Written again with those characters replaced; refused again (the
+            # database itself, not a value), the batch fails as it would have.
+            storable = [tuple(storable_text(v) if type(v) is str else v for v in row) for row in self.rows]
+            if storable == self.rows:
+                raise
+            insert_rows(storable, using)
         written, self.rows = len(self.rows), []
         return written
 
