@@ -384,6 +384,18 @@ def overlapping(runs: list[TaskRun], tolerance: float = 0.05) -> list[tuple[Task
 
 # -- the database, seen from the test process -------------------------------------------------------
 
+def one_snapshot(*reads):
+    """Each read's answer, all from one snapshot of the database (PostgreSQL: a repeatable-read
+    transaction; SQLite: one read transaction), so no commit lands between them."""
+    from django.db import connection, transaction
+
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        return [read() for read in reads]
+
+
 def ping_ids() -> list[str]:
     from core.demo.models import PingRecord
 

@@ -7,6 +7,7 @@ import json
 import pytest
 import redis
 from django.db import connection
+from django.test import override_settings
 from prometheus_client.parser import text_string_to_metric_families
 
 from core.runtime.health import KEY_PREFIX, HealthPublisher
@@ -88,6 +89,7 @@ def test_big_queues_are_estimated_not_counted(queue, settings):
     assert not q.estimated and q.pending == 11 and q.oldest_age_seconds is not None
 
 
+@override_settings(SLUICE_DASHBOARD_CACHE_SECONDS=60)  # a loaded machine may take past the 3 s default
 def test_one_snapshot_for_many_requests(client, make_queue, django_assert_max_num_queries):
     for _ in range(30):
         make_queue()
