@@ -1,5 +1,6 @@
 """One worker's loops: the pumps, the delayed mover, the alert evaluator, the queue sampler, the
-outbox dispatcher and clean-up, demo traffic and the health heartbeat, hosted in threads.  `sluice worker` and the Celery bootstep (workers/) both
+outbox dispatcher and clean-up, the periodic clean-ups where no beat runs them (``maintenance``),
+demo traffic and the health heartbeat, hosted in threads.  `sluice worker` and the Celery bootstep (workers/) both
 use it, so a worker is the same thing however it is started."""
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from core.conf import get_settings
 from core.delayed import DelayedMover
 from core.demo.traffic import DemoTraffic
 from core.handlers import handlers, load_handler_modules
+from core.maintenance import MaintenanceLoop
 from core.runtime.health import HealthPublisher
 from core.runtime.loops import ThreadRunner
 from core.outbox import OutboxDispatcher, worker_loops
@@ -35,6 +37,7 @@ class WorkerHost:
         extra_loops: list[Any] | None = None,
         outbox_cleanup: bool = True,
         alerts: bool | None = None,
+        maintenance: bool | None = False,
     ) -> None:
         load_handler_modules()
         settings = get_settings()
@@ -60,6 +63,10 @@ class WorkerHost:
                         if outbox_cleanup or isinstance(loop, OutboxDispatcher)]
         loops += outbox_loops
         self.dispatchers = [loop for loop in outbox_loops if isinstance(loop, OutboxDispatcher)]
+        # No beat beside this worker (``sluice worker``): the periodic clean-ups run here, where
+        # the mover runs (None), under the leases beat's tasks take.
+        if mover if maintenance is None else maintenance:
+            loops.append(MaintenanceLoop())
         if demo_traffic:
             loops.append(DemoTraffic(rate=settings.DEMO_RATE))
         loops += list(extra_loops or [])

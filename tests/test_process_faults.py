@@ -126,7 +126,9 @@ def test_workers_under_sigkills_connection_kills_and_a_redis_outage_keep_every_g
                "FAULT_TEST_FAILURES": str(failures), "REDIS_URL": redis.url, "SLUICE_IMMEDIATE_RETRIES": "2",
                "SLUICE_DELAYED_RETRIES": "1", "SLUICE_DELAYED_RETRY_INCREASE": "0.5",
                "SLUICE_MOVER_LEASE_SECONDS": "2", "SLUICE_RECEIVE_BATCH_SIZE": "20", "SLUICE_LOG_LEVEL": "ERROR"}
-        args = ("--queue", queue, "--concurrency", "2")
+        # The error queue is where this test looks for messages that failed for good: the
+        # periodic clean-ups (error ingestion) are left to beat, as in a Celery deployment.
+        args = ("--queue", queue, "--concurrency", "2", "--no-maintenance")
         send(300)
         workers = start_workers(3, *args, env=env)
         try:

@@ -1,73 +1,41 @@
-"""Periodic and operator-requested tasks.  Each periodic task takes a lease first, so it
-never runs twice at once across workers, and works within a time budget."""
+"""Periodic and operator-requested tasks.  The periodic clean-ups are core.maintenance's jobs:
+each takes its lease first, so it never runs twice at once across workers (nor beside a
+`sluice worker` that runs them itself), and works within a time budget."""
 from __future__ import annotations
 
 import datetime as dt
 import logging
-from contextlib import contextmanager
-from typing import Iterator
 
 from celery import shared_task
 
-from core.conf import get_settings
-from core.runtime.lease import Lease
+from core.maintenance import run_job
 
 log = logging.getLogger("sluice.tasks")
 
 
-@contextmanager
-def exclusive(name: str) -> Iterator[bool]:
-    """True when this worker got the job; the lease outlives a stuck run by a margin."""
-    settings = get_settings()
-    lease = Lease(f"task:{name}", settings.TASK_TIME_BUDGET * 3, settings.DATABASE)
-    got = lease.acquire()
-    try:
-        yield got
-    finally:
-        if got:
-            lease.release()
-
-
 @shared_task(name="sluice.purge_expired")
 def purge_expired() -> dict:
-    from core.expiry import purge_expired_messages
-
-    with exclusive("purge_expired") as mine:
-        return purge_expired_messages(time_budget=get_settings().TASK_TIME_BUDGET) if mine else {"skipped": 1}
+    return run_job("purge_expired")
 
 
 @shared_task(name="sluice.delete_idle_queues")
 def delete_idle_queues() -> list:
-    from core.expiry import delete_idle_queues as run
-
-    with exclusive("delete_idle_queues") as mine:
-        return run() if mine else []
+    return run_job("delete_idle_queues")
 
 
 @shared_task(name="sluice.outbox_cleanup")
 def outbox_cleanup() -> int:
-    from core.outbox import Outbox, OutboxStore
-
-    if get_settings().OUTBOX_CLEANUP_INTERVAL <= 0 or not OutboxStore().exists():
-        return 0
-    with exclusive("outbox_cleanup") as mine:
-        return Outbox().cleanup() if mine else 0
+    return run_job("outbox_cleanup")
 
 
 @shared_task(name="sluice.ingest_errors")
 def ingest_errors() -> int:
-    from core.failures import ingest_errors as run
-
-    with exclusive("ingest_errors") as mine:
-        return run(max_batches=50) if mine else 0
+    return run_job("ingest_errors")
 
 
 @shared_task(name="sluice.purge_archived_failures")
 def purge_archived_failures() -> int:
-    from core.failures import purge_archived
-
-    with exclusive("purge_archived_failures") as mine:
-        return purge_archived() if mine else 0
+    return run_job("purge_archived_failures")
 
 
 @shared_task(name="sluice.run_bulk_operation", acks_late=True)

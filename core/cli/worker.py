@@ -29,6 +29,10 @@ class WorkerCommands(Group):
                             help="exit once every served queue is empty and the outbox has nothing to dispatch")
         worker.add_argument("--no-mover", action="store_true",
                             help="do not run the delayed-message mover in this worker")
+        worker.add_argument("--no-maintenance", action="store_true",
+                            help="leave the periodic clean-ups (expired-message purge, idle queues, error "
+                                 "ingestion, archived-failure purge) to Celery beat; they run where the mover "
+                                 "runs unless this is given")
 
         status = self.handles(sub.add_parser("status", help="workers, their loops and circuit breakers (from Redis)"),
                               self.status)
@@ -43,7 +47,8 @@ class WorkerCommands(Group):
         if refused:
             raise CommandError(refused)
         host = WorkerHost(options["queues"], concurrency=options["concurrency"], mover=not options["no_mover"],
-                          demo_traffic=options["demo_traffic"], redis_url=get_settings().REDIS_URL)
+                          demo_traffic=options["demo_traffic"], redis_url=get_settings().REDIS_URL,
+                          maintenance=False if options["no_maintenance"] else None)
         stop = threading.Event()
 
         def request_stop(signum, frame) -> None:
