@@ -1,4 +1,4 @@
-"""``DATABASE_URL`` → a Django ``DATABASES`` entry.
+"""``DATABASE_URL`` → a Django ``DATABASES`` entry, and ``EMAIL_URL`` → Django's e-mail settings.
 
 Supported: ``sqlite:///relative/path``, ``sqlite:////absolute/path``,
 ``postgresql://user:pass@host:port/name`` (also ``postgres://``) and
@@ -66,3 +66,20 @@ def parse_database_url(url: str, base_dir: Path) -> dict:
     raise DatabaseUrlError(
         f"unsupported DATABASE_URL scheme {scheme!r}: use sqlite:///, postgresql:// or mssql://"
     )
+
+
+def parse_email_url(url: str) -> tuple[str, int, str, str, bool, bool]:
+    """``EMAIL_URL`` → (host, port, user, password, use_tls, use_ssl); empty: Django's defaults
+    (localhost:25, no login).  ``smtp://`` (``?tls=1``: STARTTLS) or ``smtps://`` (TLS on
+    connect); user and password percent-encoded."""
+    if not url.strip():
+        return "localhost", 25, "", "", False, False
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in ("smtp", "smtps") or not parts.hostname:
+        raise DatabaseUrlError("EMAIL_URL wants smtp://user:password@host:port or smtps://host:port (the value is not shown: it may hold a password)")
+    options = dict(parse_qsl(parts.query))
+    ssl = scheme == "smtps"
+    tls = options.get("tls", "").lower() in ("1", "true", "yes", "on")
+    return (parts.hostname, parts.port or (465 if ssl else 25), unquote(parts.username or ""),
+            unquote(parts.password or ""), tls, ssl)

@@ -11,6 +11,10 @@
   ``DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS``, ``DJANGO_SECURE_HSTS_PRELOAD``,
   ``DJANGO_CSRF_TRUSTED_ORIGINS``; their defaults follow ``SLUICE_ENV``.
 - ``DJANGO_STATIC_ROOT``: where ``collectstatic`` puts static files (``var/static``).
+- E-mail (alert notifications): ``EMAIL_URL`` (``smtp://user:pass@host:587?tls=1``,
+  ``smtps://…:465``) or ``EMAIL_HOST``, ``EMAIL_PORT``, ``EMAIL_HOST_USER``,
+  ``EMAIL_HOST_PASSWORD``, ``EMAIL_USE_TLS`` / ``EMAIL_USE_SSL``, ``EMAIL_TIMEOUT``;
+  ``DEFAULT_FROM_EMAIL``.
 - ``SLUICE_SESSION_IDLE_MINUTES``: a dashboard session ends after this long without a
   request (60); ``SLUICE_LOGIN_FAILURE_LIMIT`` failed logins per user name and address
   lock that pair out for ``SLUICE_LOGIN_COOLOFF_MINUTES`` (5, 15).
@@ -23,7 +27,7 @@ from pathlib import Path
 
 from core.conf import SluiceSettings, from_environ
 from core.startup import DEVELOPMENT_SECRET_KEY
-from sluice.dburl import parse_database_url
+from sluice.dburl import parse_database_url, parse_email_url
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 # Relative paths (sqlite:///var/sluice.sqlite3, var/static) are relative to the checkout when
@@ -192,6 +196,23 @@ CACHES = {
         "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5},
     },
 }
+
+# --- e-mail (alert notifications of format "email") ------------------------------------------
+# EMAIL_URL (smtp://user:password@host:port, smtps:// for TLS on connect, ?tls=1 for STARTTLS),
+# or the single variables; the password is read here and never logged.
+EMAIL_HOST, EMAIL_PORT, EMAIL_HOST_USER, EMAIL_HOST_PASSWORD, EMAIL_USE_TLS, EMAIL_USE_SSL = parse_email_url(
+    os.environ.get("EMAIL_URL", ""))
+EMAIL_HOST = os.environ.get("EMAIL_HOST", EMAIL_HOST)
+EMAIL_PORT = env_int("EMAIL_PORT", EMAIL_PORT)
+EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", EMAIL_HOST_USER)
+EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", EMAIL_HOST_PASSWORD)
+EMAIL_USE_TLS = env_flag("EMAIL_USE_TLS", EMAIL_USE_TLS)
+EMAIL_USE_SSL = env_flag("EMAIL_USE_SSL", EMAIL_USE_SSL)
+if EMAIL_USE_TLS and EMAIL_USE_SSL:
+    raise ValueError("EMAIL_USE_TLS and EMAIL_USE_SSL are exclusive: STARTTLS on a plain port, or TLS on connect")
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10)
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "sluice@localhost")
+SERVER_EMAIL = os.environ.get("SERVER_EMAIL", DEFAULT_FROM_EMAIL)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 LANGUAGE_CODE = "en-us"
