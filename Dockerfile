@@ -34,7 +34,7 @@ RUN mkdir -p /usr/share/man/man1 \
 # SQL Server; add pipeline for the Spark job, otel for OpenTelemetry).
 ARG EXTRAS=mssql,pipeline
 COPY --from=build /dist/ /dist/
-RUN pip install "$(ls /dist/sluice-*.whl)[${EXTRAS}]" && rm -rf /dist
+RUN pip install "$(ls /dist/django_sluice-*.whl)[${EXTRAS}]" && rm -rf /dist
 
 WORKDIR /app
 # manage.py only: docker-compose.yml runs `python manage.py ...` (the `sluice` command,

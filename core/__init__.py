@@ -8,4 +8,4 @@ import-linter contracts in pyproject.toml).
 #: ``python -m sluice --version`` and ``manage.py sluice --version`` print it, and the
 #: tracer and meter carry it.  Here, in the engine every other package imports, so none
 #: of them needs the bundled project (``sluice``) for it.
-__version__ = "0.1.0"
+__version__ = "0.2.0"

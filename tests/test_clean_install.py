@@ -47,7 +47,7 @@ def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("dist")
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-q",
          "-w", str(out), str(source)], cwd=source, env=os.environ.copy(), timeout=300)
-    (built,) = out.glob("sluice-*.whl")
+    (built,) = out.glob("django_sluice-*.whl")
     return built
 
 
@@ -222,7 +222,7 @@ def test_base_install_says_what_to_install_for_the_pipeline(base_site):
     site.sluice("setup")
     result = site.sluice("pipeline", "run", check=False, timeout=60)
     assert result.returncode != 0
-    assert "sluice[pipeline]" in result.stderr, result.stderr
+    assert "django-sluice[pipeline]" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr, result.stderr
 
 

@@ -84,7 +84,7 @@ def test_the_readme_is_a_front_door():
 
 @no_database
 def test_the_version_has_one_source():
-    assert importlib.metadata.version("sluice") == __version__
+    assert importlib.metadata.version("django-sluice") == __version__
     for argv in ([sys.executable, "-m", "sluice", "--version"], [sys.executable, "manage.py", "sluice", "--version"]):
         result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert result.stdout.strip() == __version__, result.stderr

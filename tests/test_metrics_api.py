@@ -146,7 +146,7 @@ def test_the_charts_page_says_when_the_pipeline_extra_is_missing(windows, monkey
     assert "cannot run on this installation" not in viewer.get("/metrics/charts/").content.decode()
     monkeypatch.setitem(sys.modules, "pyspark", None)  # as if not installed
     page = viewer.get("/metrics/charts/").content.decode()
-    assert 'pyspark not installed: pip install &quot;sluice[pipeline]&quot;' in page
+    assert 'pyspark not installed: pip install &quot;django-sluice[pipeline]&quot;' in page
     assert page.count("<svg") == 6  # the windows already loaded still show
 
 

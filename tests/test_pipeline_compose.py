@@ -37,7 +37,7 @@ def test_the_app_image_has_java_and_the_pipeline_extra():
     assert "openjdk-17-jre-headless" in dockerfile
     extras = re.search(r"^ARG EXTRAS=(\S+)$", dockerfile, re.M)
     assert extras and "pipeline" in extras.group(1).split(","), "the image installs the wheel with [pipeline]"
-    assert 'pip install "$(ls /dist/sluice-*.whl)[${EXTRAS}]"' in dockerfile
+    assert 'pip install "$(ls /dist/django_sluice-*.whl)[${EXTRAS}]"' in dockerfile
 
 
 def test_the_schedule_switch_removes_the_beat_entry(settings):

@@ -42,7 +42,7 @@ def without_extra(tmp_path_factory):
 def test_the_pipeline_commands_say_what_to_install(without_extra, command):
     done = without_extra("manage.py", "sluice", *command)
     assert done.returncode != 0
-    assert 'pip install "sluice[pipeline]"' in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert 'pip install "django-sluice[pipeline]"' in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
 @pytest.mark.no_database
@@ -54,7 +54,7 @@ def test_everything_else_imports_and_the_package_command_works(without_extra, tm
                           "print(pipeline_missing())\n"
                           "try:\n    import pyspark\nexcept ImportError:\n    print('hidden')\n")
     assert check.returncode == 0, check.stderr
-    assert 'pyspark and pyarrow not installed: pip install "sluice[pipeline]"' in check.stdout
+    assert 'pyspark and pyarrow not installed: pip install "django-sluice[pipeline]"' in check.stdout
     assert "hidden" in check.stdout
     built = without_extra("manage.py", "sluice", "pipeline", "package", str(tmp_path))
     assert built.returncode == 0, built.stderr
@@ -73,4 +73,4 @@ def test_a_queued_run_without_the_extra_fails_with_the_reason(transactional_db, 
     with pytest.raises(PipelineExtraMissing):
         run_pipeline(run_id=queued.pk)
     queued.refresh_from_db()
-    assert queued.status == "failed" and 'pip install "sluice[pipeline]"' in queued.error
+    assert queued.status == "failed" and 'pip install "django-sluice[pipeline]"' in queued.error

@@ -215,7 +215,7 @@ class SluiceSettings:
     #: The dashboard's address, for links in notifications (generatorURL); "" leaves them out.
     ALERTS_DASHBOARD_URL: str = ""
     #: OpenTelemetry traces and metrics (core.tracing): ``send``/``process`` spans, W3C
-    #: trace context in message headers, Sluice's meters.  Needs ``pip install 'sluice[otel]'``;
+    #: trace context in message headers, Sluice's meters.  Needs ``pip install 'django-sluice[otel]'``;
     #: the exporter, endpoint, service name and sampler come from the standard ``OTEL_*`` variables.
     OTEL: bool = False
     #: Seconds between two samples of every queue's length (the monitoring tab's history;

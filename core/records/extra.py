@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 
-INSTALL = 'pip install "sluice[pipeline]"'
+INSTALL = 'pip install "django-sluice[pipeline]"'
 
 
 class PipelineExtraMissing(RuntimeError):

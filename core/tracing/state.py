@@ -162,6 +162,6 @@ def configure() -> Telemetry | None:
         from core.tracing import sdk  # noqa: PLC0415
     except ImportError as exc:
         log.error("SLUICE_OTEL is on but the OpenTelemetry SDK is not installed (%s): "
-                  "pip install 'sluice[otel]'; tracing stays off", exc)
+                  "pip install 'django-sluice[otel]'; tracing stays off", exc)
         return None
     return install(*sdk.providers())
