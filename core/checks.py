@@ -1,8 +1,10 @@
 """Django system checks for Sluice's configuration."""
 from __future__ import annotations
 
+import os
 from typing import Any, Mapping
 
+from django.conf import settings
 from django.core import checks
 from django.db import connections
 
@@ -44,3 +46,18 @@ def sluice_outbox_retention(app_configs=None, **kwargs):
         return []  # reported by sluice_database
     return [checks.Warning(text, hint="raise SLUICE_OUTBOX_KEEP_DEDUPLICATION_DATA_FOR", id="sluice.W001")
             for text in retention_warnings(conf)]
+
+
+@checks.register()
+def sluice_redis(app_configs=None, **kwargs):
+    """Worker heartbeats, the dashboard's shared counts and the Celery broker live in Redis:
+    a project that names none runs against a local default it may not have."""
+    named = any(hasattr(settings, name) for name in ("SLUICE_REDIS_URL", "REDIS_URL")) or \
+        any(name in os.environ for name in ("SLUICE_REDIS_URL", "REDIS_URL"))
+    if named:
+        return []
+    return [checks.Warning(
+        f"no Redis named: Sluice uses {get_settings().REDIS_URL} for worker heartbeats, the dashboard's "
+        "shared counts and the Celery broker",
+        hint='set SLUICE_REDIS_URL = "redis://host:6379/0" in settings (or the environment variable)',
+        id="sluice.W002")]

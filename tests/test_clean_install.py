@@ -12,62 +12,24 @@ Runs in one pass of ``make test`` (no_database: its own SQLite file, its own Red
 """
 from __future__ import annotations
 
-import hashlib
 import http.client
 import json
-import os
 import secrets
 import shutil
 import subprocess
-import sys
-import zipfile
 from pathlib import Path
 
 import pytest
 
 from tests.celery_support import Proc, RedisServer, free_port
+from tests.install_support import build_wheel, clean_env, installed_venv, run
 from tests.conftest import ROOT, wait_for
 
 pytestmark = [pytest.mark.no_database, pytest.mark.slow]
 
-CACHE = ROOT / "var" / "clean-install"
-#: Inherited from the test run's environment: nothing else (no PYTHONPATH, no VIRTUAL_ENV,
-#: no SLUICE_* or DJANGO_* of the suite's own).
-PASSED_THROUGH = ("PATH", "HOME", "LANG", "TMPDIR", "SPARK_LOCAL_IP")
-
-
-# -- the wheel and its venvs ----------------------------------------------------------------------
-
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    # Built from a copy: setuptools writes build/ and *.egg-info beside the sources.
-    source = tmp_path_factory.mktemp("source") / "sluice"
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "var", "build", "*.egg-info", "__pycache__", "node_modules", "test-results"))
-    out = tmp_path_factory.mktemp("dist")
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-q",
-         "-w", str(out), str(source)], cwd=source, env=os.environ.copy(), timeout=300)
-    (built,) = out.glob("django_sluice-*.whl")
-    return built
-
-
-def installed_venv(wheel: Path, extras: str = "") -> Path:
-    """A venv with ``wheel[extras]`` installed, reused while the wheel's contents are the same."""
-    with zipfile.ZipFile(wheel) as zf:
-        record = next(n for n in zf.namelist() if n.endswith(".dist-info/RECORD"))
-        key = hashlib.sha256(zf.read(record) + extras.encode() + sys.version.encode()).hexdigest()[:16]
-    venv = CACHE / f"{extras or 'base'}-{key}"
-    python = venv / "bin" / "python"
-    if (venv / ".complete").exists():
-        return venv
-    for stale in CACHE.glob(f"{extras or 'base'}-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    run([sys.executable, "-m", "venv", str(venv)], cwd=CACHE.parent, env=clean_env(), timeout=120)
-    requirement = f"{wheel}[{extras}]" if extras else str(wheel)
-    run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", requirement],
-        cwd=CACHE.parent, env=clean_env(), timeout=600)
-    (venv / ".complete").touch()
-    return venv
+    return build_wheel(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -78,22 +40,6 @@ def base_venv(wheel) -> Path:
 @pytest.fixture(scope="module")
 def pipeline_venv(wheel) -> Path:
     return installed_venv(wheel, "pipeline")
-
-
-# -- running the installed commands ----------------------------------------------------------------
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k in PASSED_THROUGH}
-    env.update(PYTHONUNBUFFERED="1", **extra)
-    return env
-
-
-def run(argv: list[str], *, cwd: Path, env: dict[str, str], timeout: float = 120,
-        check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    if check:
-        assert result.returncode == 0, f"{argv} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
-    return result
 
 
 class Site:

@@ -130,7 +130,18 @@ def _checked(name: str, value: Any) -> Any:
     raise ValueError(f"SLUICE_{name} must be {wanted}, not {type(value).__name__} {value!r:.80}")
 
 
-def _build() -> SluiceSettings:
+def lenient_settings() -> SluiceSettings:
+    """The settings, or where one fails its check the defaults in its place: for what is read
+    while modules import (the unmanaged models' table names), so that a wrong setting is
+    reported by the system checks (``sluice.E002``, naming it) and not by a traceback on the
+    way there.  Everything else reads :func:`get_settings`, which refuses it."""
+    try:
+        return get_settings()
+    except ValueError:
+        return _build(lenient=True)
+
+
+def _build(lenient: bool = False) -> SluiceSettings:
     """Each option from, in this order: the Django setting ``SLUICE_<NAME>``, the environment
     variable ``SLUICE_<NAME>``, an old name (:data:`RENAMED`, with a warning), the fallback name
     (:data:`FALLBACKS`: Django setting, then environment), the default."""
@@ -150,4 +161,16 @@ def _build() -> SluiceSettings:
     for name in FIELDS:
         if hasattr(settings, f"SLUICE_{name}"):
             values[name] = getattr(settings, f"SLUICE_{name}")
-    return SluiceSettings(**{name: _checked(name, value) for name, value in values.items()})
+    if not lenient:
+        return SluiceSettings(**{name: _checked(name, value) for name, value in values.items()})
+    kept = {}
+    for name, value in values.items():
+        try:
+            kept[name] = _checked(name, value)
+        except ValueError:
+            pass
+    try:
+        return SluiceSettings(**kept)
+    except ValueError:  # a value of the right type out of range: the names, nothing else
+        return SluiceSettings(**{name: kept[name] for name in ("ENDPOINT", "DELAYED_TABLE", "OUTBOX_TABLE")
+                                 if name in kept})

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from core.conf import get_settings
+from core.conf import lenient_settings
 
 
 class QueueKind(models.TextChoices):
@@ -193,7 +193,7 @@ class DelayedMessageRow(models.Model):
 
     class Meta:
         managed = False
-        db_table = get_settings().delayed_table
+        db_table = lenient_settings().delayed_table
         ordering = ["time", "id"]
         verbose_name = "delayed message"
 
@@ -216,7 +216,7 @@ class OutboxRecord(models.Model):
 
     class Meta:
         managed = False
-        db_table = get_settings().outbox_table
+        db_table = lenient_settings().outbox_table
         ordering = ["created_at"]
 
     def __str__(self) -> str:
