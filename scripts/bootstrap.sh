@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent developer/CI set-up: system libraries, .venv, editable install of the
-# project with every extra the tests exercise, .[test,docs,mssql,pipeline,otel] (re-run
+# project with every extra the tests exercise, .[test,docs,mssql,pipeline,otel,tasks] (re-run
 # only when pyproject.toml or the set of packages changed). A run with nothing to do
 # takes about a second.
 #
@@ -19,7 +19,7 @@ VENV=.venv
 STAMP="$VENV/.sluice-install-stamp"
 # The dev/CI venv has every extra the tests exercise (the clean-install smoke test builds
 # its own venvs without them: tests/test_clean_install.py).
-EXTRAS=test,docs,mssql,pipeline,otel
+EXTRAS=test,docs,mssql,pipeline,otel,tasks
 
 # --- system packages -------------------------------------------------------------
 # pyodbc (imported by mssql-django at import time) needs libodbc.so.2.

@@ -70,6 +70,18 @@ def purge_archived_failures() -> int:
         return purge_archived() if mine else 0
 
 
+@shared_task(name="sluice.prune_task_results")
+def prune_task_results() -> int:
+    """Django tasks' finished results past SLUICE_TASK_RESULTS_RETENTION (core.tasks)."""
+    from core.models import TaskResultRecord
+    from core.tasks.retention import prune_results
+
+    if not TaskResultRecord.objects.exists():  # no tasks here: no lease round trips either
+        return 0
+    with exclusive("prune_task_results") as mine:
+        return prune_results(time_budget=get_settings().TASK_TIME_BUDGET) if mine else 0
+
+
 @shared_task(name="sluice.run_bulk_operation", acks_late=True)
 def run_bulk_operation(operation_id: int) -> dict:
     """Retry / archive / restore failed messages, or purge a queue, in batches; the operation
