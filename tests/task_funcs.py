@@ -45,3 +45,12 @@ async def async_double(n: int) -> int:
     await asyncio.sleep(0)
     await sync_to_async(PingRecord.objects.create)(message_id=f"async-{n}")
     return n * 2
+
+
+@task(takes_context=True)
+def model_work(context: TaskContext, k: str, b: str) -> str:
+    """The model-based test's task (tests/model_support.py): the Work handler's plan, run as a task."""
+    from tests.model_support import task_handlers
+
+    task_handlers().task_work(k, b, context.attempt)
+    return k

@@ -28,7 +28,7 @@ from django.db import transaction
 
 from core.conf import get_settings
 from core.errors import PoisonMessage
-from core.handlers import handlers
+from core.handlers import HandlerRegistry, handlers
 from core.messages import Headers, Message, failure_headers, wire_time
 from core.models import QueueKind
 from core.receive.last_resort import guarded
@@ -73,9 +73,11 @@ class Recoverability:
 
     def __init__(self, transport: Transport, immediate_retries: int | None = None,
                  error_queue: str | None = None, delayed_retries: int | None = None,
-                 delayed_retry_increase: float | None = None) -> None:
+                 delayed_retry_increase: float | None = None, registry: HandlerRegistry | None = None) -> None:
         settings = get_settings()
         self.transport = transport
+        #: Where failure hooks are found: the pump's own handler registry.
+        self.registry = registry or handlers
         self.immediate_retries = settings.IMMEDIATE_RETRIES if immediate_retries is None else immediate_retries
         self.delayed_retries = settings.DELAYED_RETRIES if delayed_retries is None else delayed_retries
         self.delayed_retry_increase = (settings.DELAYED_RETRY_INCREASE if delayed_retry_increase is None
@@ -107,7 +109,7 @@ class Recoverability:
     def _tell_hook(self, message: Message, exc: BaseException, outcome: FailureOutcome) -> None:
         """The message type's failure hook (core.handlers), in a savepoint of its own: a hook
         that fails costs its own record, never the message's retry or move."""
-        hook = handlers.failure_hook(message.queue, message)
+        hook = self.registry.failure_hook(message.queue, message)
         if hook is None:
             return
         using = self.transport.using

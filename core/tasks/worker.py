@@ -20,7 +20,7 @@ from typing import Any
 
 from django.conf import settings
 
-from core.handlers import handlers
+from core.handlers import HandlerRegistry, handlers
 from core.messages import Message
 from core.tasks.backend import TASK_MESSAGE_TYPE, SluiceTaskBackend
 from core.tasks.framework import TaskContext, task_backends, task_finished, task_started
@@ -76,12 +76,12 @@ def sluice_backends() -> list[SluiceTaskBackend]:
     return found
 
 
-def register() -> list[str]:
+def register(registry: HandlerRegistry = handlers) -> list[str]:
     """The task handler and failure hook on every queue of every Sluice task backend (called
     by core.handlers.load_handler_modules on each worker and by `sluice setup`, which then
-    creates the queues).  Returns the queues."""
+    creates the queues), in the process's registry unless given another.  Returns the queues."""
     queues = sorted({queue for backend in sluice_backends() for queue in backend.sluice_queues()})
     for queue in queues:
-        handlers.register(queue, TASK_MESSAGE_TYPE, run_task)
-        handlers.on_failure(queue, TASK_MESSAGE_TYPE, record_failure)
+        registry.register(queue, TASK_MESSAGE_TYPE, run_task)
+        registry.on_failure(queue, TASK_MESSAGE_TYPE, record_failure)
     return queues
