@@ -3,7 +3,7 @@ django-tasks-db (the framework's ORM reference backend, with its own ``db_worker
 Sluice's own messages, in one run on one database.
 
 Each phase starts its worker, waits until a probe has run (a warm worker), then enqueues
-N no-op tasks one ``enqueue()`` each, in autocommit, as a web app enqueues them, and
+N no-op tasks one ``enqueue()`` each, ``--per-transaction`` to a transaction, and
 times first enqueue → the last one finished (every result SUCCESSFUL, polled every
 50 ms).  The message phase sends N messages one ``Transport.send()`` each to a no-op
 handler and times first send → the queue empty.  One worker process each, with its
@@ -37,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_database_argument(parser)
     parser.add_argument("--tasks", type=positive_int, default=20000, metavar="N",
                         help="tasks (and messages) per phase (default 20000)")
+    parser.add_argument("--per-transaction", type=positive_int, default=100, metavar="K",
+                        help="enqueue() calls per transaction, the same for every phase (default 100, as a "
+                             "request or handler that enqueues many does; 1: each in autocommit)")
     parser.add_argument("--timeout", type=float, default=None, metavar="S",
                         help="give up on a phase after S seconds (default: 60 + N/10)")
 
@@ -56,11 +59,19 @@ def wait_until(done: Callable[[], bool], timeout: float, what: str) -> float:
 
 
 def enqueue_and_wait(enqueue: Callable[[int], Any], unfinished: Callable[[], int], n: int, timeout: float,
-                     label: str) -> float:
-    """Enqueue ``n`` one by one, wait until none is unfinished; seconds first enqueue → done."""
+                     label: str, per_transaction: int) -> float:
+    """Enqueue ``n`` one by one, ``per_transaction`` to a transaction (1: autocommit each),
+    wait until none is unfinished; seconds first enqueue → done."""
+    from django.db import transaction
+
     started = time.perf_counter()
-    for i in range(n):
-        enqueue(i)
+    for first in range(0, n, per_transaction):
+        if per_transaction == 1:
+            enqueue(first)
+            continue
+        with transaction.atomic():
+            for i in range(first, min(first + per_transaction, n)):
+                enqueue(i)
     enqueued = time.perf_counter()
     done = wait_until(lambda: unfinished() == 0, timeout, f"{label} to finish")
     log(f"{label}: {n} enqueued in {enqueued - started:.2f} s, all done after {done - started:.2f} s "
@@ -69,7 +80,7 @@ def enqueue_and_wait(enqueue: Callable[[int], Any], unfinished: Callable[[], int
 
 
 # -- Sluice: tasks and messages, in this process (the workers are subprocesses) ------------------
-def sluice_phases(url: str, n: int, timeout: float) -> dict[str, float]:
+def sluice_phases(url: str, n: int, timeout: float, per_transaction: int) -> dict[str, float]:
     os.environ["DATABASE_URL"] = url
     os.environ["DJANGO_SETTINGS_MODULE"] = SLUICE_SETTINGS
     if str(REPO_ROOT) not in sys.path:
@@ -95,26 +106,27 @@ def sluice_phases(url: str, n: int, timeout: float) -> dict[str, float]:
         probe = noop.enqueue(-1)
         wait_until(lambda: noop.get_result(probe.id).is_finished, 60, "the probe task")
         unfinished = TaskResultRecord.objects.exclude(status__in=["SUCCESSFUL", "FAILED"])
-        task_s = enqueue_and_wait(noop.enqueue, unfinished.count, n, timeout, "sluice tasks")
+        task_s = enqueue_and_wait(noop.enqueue, unfinished.count, n, timeout, "sluice tasks", per_transaction)
         failed = TaskResultRecord.objects.filter(status="FAILED").count()
         if failed:
             raise BenchmarkError(f"{failed} Sluice task(s) FAILED")
         message_s = enqueue_and_wait(lambda i: transport.send(MESSAGE_QUEUE, {"i": i}, message_type="Noop"),
-                                     lambda: transport.counts(MESSAGE_QUEUE).total, n, timeout, "sluice messages")
+                                     lambda: transport.counts(MESSAGE_QUEUE).total, n, timeout, "sluice messages",
+                                     per_transaction)
     return {"sluice_e2e_s": task_s, "message_e2e_s": message_s}
 
 
 # -- django-tasks-db: its own project, in a subprocess ----------------------------------------------
-def peer_phase(url: str, n: int, timeout: float) -> dict[str, float]:
+def peer_phase(url: str, n: int, timeout: float, per_transaction: int) -> dict[str, float]:
     env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": PEER_SETTINGS, "PYTHONPATH": str(REPO_ROOT)}
-    done = subprocess.run([sys.executable, "-m", "benchmarks.tasks", "--peer", str(n), str(timeout)], cwd=REPO_ROOT,
+    done = subprocess.run([sys.executable, "-m", "benchmarks.tasks", "--peer", str(n), str(timeout), str(per_transaction)], cwd=REPO_ROOT,
                           env=env, stdout=subprocess.PIPE, text=True, timeout=timeout + 300)
     if done.returncode != 0:
         raise BenchmarkError(f"the django-tasks-db phase failed (exit {done.returncode})")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def run_peer(n: int, timeout: float) -> None:
+def run_peer(n: int, timeout: float, per_transaction: int) -> None:
     """``--peer``: in the django-tasks-db project, migrate, start ``db_worker``, enqueue, wait."""
     import django
 
@@ -131,7 +143,8 @@ def run_peer(n: int, timeout: float) -> None:
         probe = noop.enqueue(-1)
         wait_until(lambda: noop.get_result(probe.id).is_finished, 60, "the probe task")
         unfinished = DBTaskResult.objects.filter(status__in=["READY", "RUNNING"])
-        seconds = enqueue_and_wait(noop.enqueue, unfinished.count, n, timeout, "django-tasks-db tasks")
+        seconds = enqueue_and_wait(noop.enqueue, unfinished.count, n, timeout, "django-tasks-db tasks",
+                                   per_transaction)
     finally:
         worker.terminate()
         try:
@@ -145,8 +158,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     n = args.tasks
     timeout = args.timeout or 60 + n / 10
     with bench_database(args.db, name="sluice_bench_tasks") as url:
-        sluice = sluice_phases(url, n, timeout)
-        peer = peer_phase(url, n, timeout)
+        sluice = sluice_phases(url, n, timeout, args.per_transaction)
+        peer = peer_phase(url, n, timeout, args.per_transaction)
     from django.db import connection
 
     sluice_rate, peer_rate = rate(n, sluice["sluice_e2e_s"]), rate(n, peer["django_tasks_db_e2e_s"])
@@ -157,6 +170,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "django_tasks_db_e2e_per_s": peer_rate,
         "message_e2e_per_s": message_rate,
         "tasks": n,
+        "per_transaction": args.per_transaction,
         "db": connection.vendor,
         "sluice_vs_django_tasks_db": sluice_rate / peer_rate if sluice_rate and peer_rate else None,
         "sluice_vs_messages": sluice_rate / message_rate if sluice_rate and message_rate else None,
@@ -165,6 +179,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--peer"]:
-        run_peer(int(sys.argv[2]), float(sys.argv[3]))
+        run_peer(int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]))
     else:
         sys.exit(main(sys.argv[1:]))
