@@ -64,7 +64,7 @@ fi
 # which are namespace packages (no __init__.py yet). Adding an __init__.py later
 # leaves a stale mapping (Django then sees two paths for the app), so the set of
 # __init__.py files is part of the stamp too.
-layout="$(find . -mindepth 1 \( -path ./.venv -o -path ./.git -o -path ./var -o -path ./node_modules \
+layout="$(find . -mindepth 1 \( -path ./.venv -o -path ./.venv-django61 -o -path ./.git -o -path ./var -o -path ./node_modules \
           -o -path ./build -o -name '*.egg-info' \) -prune -o -name __init__.py -print | LC_ALL=C sort | sha256sum | cut -d' ' -f1)"
 want="$(sha256sum pyproject.toml | cut -d' ' -f1) $layout $("$VENV/bin/python" -c 'import sys; print(sys.version.split()[0])')"
 have="$(cat "$STAMP" 2>/dev/null || true)"
