@@ -24,4 +24,5 @@ BENCHMARKS: dict[str, str] = {
     "export": "benchmarks.export",
     "long_drain": "benchmarks.long_drain",
     "soak": "benchmarks.soak",
+    "tasks": "benchmarks.tasks",
 }

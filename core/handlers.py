@@ -20,6 +20,7 @@ called with one message.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import threading
 from typing import Any, Callable, Protocol, Sequence
@@ -140,13 +141,38 @@ def as_single(fn: BatchHandler) -> Handler:
     return single
 
 
+class FailureHook(Protocol):
+    def __call__(self, message: Message, exc: BaseException, outcome: str, using: str) -> Any: ...
+
+
 class HandlerRegistry:
-    """(queue, message type) → handler; a handler registered with no type takes the rest."""
+    """(queue, message type) → handler; a handler registered with no type takes the rest.
+
+    A failure hook (:meth:`on_failure`) is told of each failed attempt of a message type
+    after its handler's work was rolled back, in the receive's transaction, with where
+    the message went (``retry``, ``delayed-retry``, ``error``): what a handler records
+    inside its own work would roll back with it (core.tasks records task attempts so)."""
 
     def __init__(self) -> None:
         self._handlers: dict[tuple[str, str | None], Handler] = {}
         self._batch: set[tuple[str, str | None]] = set()
+        self._failure_hooks: dict[tuple[str, str], FailureHook] = {}
         self._lock = threading.Lock()
+
+    def on_failure(self, queue: str, message_type: str, fn: FailureHook) -> FailureHook:
+        """Register ``fn(message, exc, outcome, using)`` for failed attempts of ``message_type`` on ``queue``."""
+        with self._lock:
+            self._failure_hooks[(queue, message_type)] = fn
+        return fn
+
+    def failure_hook(self, queue: str, message: Message) -> FailureHook | None:
+        if not self._failure_hooks:
+            return None
+        for name in message.message_types():
+            fn = self._failure_hooks.get((queue, name))
+            if fn is not None:
+                return fn
+        return None
 
     def register(self, queue: str, message_type: str | None, fn: Handler | BatchHandler, *,
                  batch: bool = False) -> Handler | BatchHandler:
@@ -165,6 +191,8 @@ class HandlerRegistry:
         with self._lock:
             self._handlers.pop((queue, message_type), None)
             self._batch.discard((queue, message_type))
+            if message_type is not None:
+                self._failure_hooks.pop((queue, message_type), None)
 
     def lookup(self, queue: str, message: Message) -> tuple[Handler | BatchHandler | None, bool]:
         """The handler for ``message`` and whether it is a batch handler."""
@@ -199,15 +227,24 @@ def handler(queue: str, message_type: str | None = None, *, batch: bool = False)
 
 #: The module that serves the alerts queue (its ``register()`` adds the handler).
 ALERTS_HANDLER_MODULE = "core.alerts.delivery"
+#: The module that runs Django tasks (its ``register()`` adds a handler per queue of each
+#: Sluice task backend in Django's TASKS setting).
+TASKS_HANDLER_MODULE = "core.tasks.worker"
 
 
 def load_handler_modules() -> None:
     """Import the modules named in SLUICE_HANDLER_MODULES so their handlers register; with
     SLUICE_ALERTS_ENABLED, also the alerts queue's (so `sluice setup` creates that queue and
-    every worker delivers notifications)."""
+    every worker delivers notifications); and the task handler for the queues of Sluice's
+    task backend when Django's TASKS names it (core.tasks)."""
     for module in get_settings().HANDLER_MODULES:
         importlib.import_module(module)
     if get_settings().ALERTS_ENABLED:
         # By name, like the application's own handler modules: core.alerts builds on this
         # module (it registers a handler), so this module must not import it.
         importlib.import_module(ALERTS_HANDLER_MODULE).register()
+    # The same for Django's Tasks framework: a project whose TASKS name Sluice's backend
+    # gets the task handler on every worker, and `sluice setup` creates its queues.  Where
+    # this Django has no Tasks framework (5.2 without the `tasks` extra) there is none to serve.
+    if importlib.util.find_spec("django.tasks") is not None or importlib.util.find_spec("django_tasks") is not None:
+        importlib.import_module(TASKS_HANDLER_MODULE).register()

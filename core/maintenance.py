@@ -1,5 +1,6 @@
 """The periodic clean-ups, as jobs: purge expired messages, delete idle temporary queues,
-ingest the error queue, purge archived failures, clean up the outbox.
+ingest the error queue, purge archived failures, clean up the outbox, prune Django tasks'
+finished results.
 
 One definition serves both ways of running them: Celery beat schedules each as a task
 (workers/tasks.py calls :func:`run_job`), and a worker without beat (``sluice worker``)
@@ -18,8 +19,10 @@ from typing import Any, Callable, Iterator
 from core.conf import get_settings
 from core.expiry import delete_idle_queues, purge_expired_messages
 from core.failures import ingest_errors, purge_archived
+from core.models import TaskResultRecord
 from core.outbox import Outbox, OutboxStore
 from core.runtime.lease import Lease
+from core.tasks.retention import prune_results
 
 log = logging.getLogger("sluice.maintenance")
 
@@ -32,6 +35,12 @@ class Job:
     run: Callable[[], Any]
     #: What it returns when another process holds the lease.
     skipped: Any = 0
+
+
+def _prune_task_results() -> int:
+    if not TaskResultRecord.objects.exists():  # no tasks here: no lease round trips either
+        return 0
+    return prune_results(time_budget=get_settings().TASK_TIME_BUDGET)
 
 
 def _outbox_cleanup() -> int:
@@ -47,6 +56,7 @@ JOBS = {job.name: job for job in (
     Job("ingest_errors", "INGEST_INTERVAL", lambda: ingest_errors(max_batches=50)),
     Job("purge_archived_failures", "ARCHIVE_PURGE_INTERVAL", purge_archived),
     Job("outbox_cleanup", "OUTBOX_CLEANUP_INTERVAL", _outbox_cleanup),
+    Job("prune_task_results", "TASK_RESULTS_PRUNE_INTERVAL", _prune_task_results),
 )}
 
 
@@ -72,7 +82,8 @@ def run_job(name: str) -> Any:
 
 #: What a worker without beat runs here: the outbox's clean-up has a loop of its own among
 #: the outbox loops every worker hosts (core.outbox.worker_loops).
-WORKER_JOBS = ("purge_expired", "delete_idle_queues", "ingest_errors", "purge_archived_failures")
+WORKER_JOBS = ("purge_expired", "delete_idle_queues", "ingest_errors", "purge_archived_failures",
+               "prune_task_results")
 
 
 class MaintenanceLoop:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent developer/CI set-up: system libraries, .venv, editable install of the
-# project with every extra the tests exercise, .[test,docs,mssql,pipeline,otel] (re-run
+# project with every extra the tests exercise, .[test,docs,mssql,pipeline,otel,tasks] (re-run
 # only when pyproject.toml or the set of packages changed). A run with nothing to do
 # takes about a second.
 #
@@ -19,7 +19,7 @@ VENV=.venv
 STAMP="$VENV/.sluice-install-stamp"
 # The dev/CI venv has every extra the tests exercise (the clean-install smoke test builds
 # its own venvs without them: tests/test_clean_install.py).
-EXTRAS=test,docs,mssql,pipeline,otel
+EXTRAS=test,docs,mssql,pipeline,otel,tasks
 
 # --- system packages -------------------------------------------------------------
 # pyodbc (imported by mssql-django at import time) needs libodbc.so.2.
@@ -64,7 +64,7 @@ fi
 # which are namespace packages (no __init__.py yet). Adding an __init__.py later
 # leaves a stale mapping (Django then sees two paths for the app), so the set of
 # __init__.py files is part of the stamp too.
-layout="$(find . -mindepth 1 \( -path ./.venv -o -path ./.git -o -path ./var -o -path ./node_modules \
+layout="$(find . -mindepth 1 \( -path ./.venv -o -path ./.venv-django61 -o -path ./.git -o -path ./var -o -path ./node_modules \
           -o -path ./build -o -name '*.egg-info' \) -prune -o -name __init__.py -print | LC_ALL=C sort | sha256sum | cut -d' ' -f1)"
 want="$(sha256sum pyproject.toml | cut -d' ' -f1) $layout $("$VENV/bin/python" -c 'import sys; print(sys.version.split()[0])')"
 have="$(cat "$STAMP" 2>/dev/null || true)"

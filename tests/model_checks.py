@@ -13,10 +13,11 @@ from django.db import connections
 
 from core.conf import get_settings
 from core.messages import Headers
+from core.models import TaskResultRecord
 from core.scheduling import delayed_store
 from core.transport import Transport
 from tests.model_support import (BATCH_CHILDREN, CHILDREN, LEDGER, LIMIT, POISON_HEADERS, Model, fails_for_good,
-                                 queued_bodies)
+                                 model_body, queued_bodies)
 
 BROWSE_LIMIT = 100_000
 #: The failure headers a message in the error queue must carry.
@@ -32,9 +33,10 @@ class Snapshot:
     stored: Counter = field(default_factory=Counter)          # key → rows in the delayed store (retries)
     errors: dict[str, list[dict]] = field(default_factory=lambda: defaultdict(list))  # key → error-queue headers
     children: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))  # key → child → copies
+    results: dict[str, tuple[str, int, int]] = field(default_factory=dict)  # task key → (status, errors, attempts)
 
 
-def snapshot(queue: str, out: str) -> Snapshot:
+def snapshot(queue: str, out: str, model: Model | None = None) -> Snapshot:
     snap = Snapshot()
     with connections["default"].cursor() as cursor:
         cursor.execute(f"SELECT k, attempt FROM {LEDGER}")
@@ -48,12 +50,17 @@ def snapshot(queue: str, out: str) -> Snapshot:
         snap.children[body["parent"]][body["c"]] += 1
     for message in transport.browse(get_settings().ERROR_QUEUE, limit=BROWSE_LIMIT):
         if message.headers.get(Headers.FAILED_Q) == queue:
-            snap.errors[message.json()["k"]].append(message.headers)
+            snap.errors[model_body(message.json())["k"]].append(message.headers)
+    tasks = {sent.task_id: key for key, sent in model.sent.items() if sent.task_id} if model else {}
+    if tasks:
+        for pk, status, errors, workers in TaskResultRecord.objects.filter(pk__in=list(tasks)).values_list(
+                "pk", "status", "errors", "worker_ids"):
+            snap.results[tasks[pk]] = (status, len(errors), len(workers))
     stored, _ = delayed_store().list(BROWSE_LIMIT)
     for message in stored:
         body = _json(message.body)
         if message.destination == queue:
-            snap.stored[body["k"]] += 1
+            snap.stored[model_body(body)["k"]] += 1
         elif message.destination == out:
             snap.children[body["parent"]][body["c"]] += 1
     return snap
@@ -76,7 +83,7 @@ def violations(model: Model, snap: Snapshot) -> list[str]:
         what = f"{key} ({sent.plan}{', batch' if sent.batch else ''}{f', ttl {sent.ttl:g}' if sent.ttl else ''})"
         handled = snap.ledger.get(key, [])
         if sent.rolled_back:
-            if handled or snap.queued[key] or snap.stored[key] or snap.errors.get(key):
+            if handled or snap.queued[key] or snap.stored[key] or snap.errors.get(key) or key in snap.results:
                 found.append(f"{what}: sent in a rolled-back transaction, yet it exists")
             continue
         if len(handled) > 1:
@@ -158,4 +165,17 @@ def final_violations(model: Model, snap: Snapshot) -> list[str]:
         if not fails_for_good(sent.plan) and handled != 1:
             found.append(f"{what}: handled {handled} time(s) after the drain, not once"
                          + (" (lost)" if errored + handled == 0 else ""))
+        if sent.task_id:
+            found += _task_result(what, key, sent, model, snap)
     return found
+
+
+def _task_result(what: str, key: str, sent, model: Model, snap: Snapshot) -> list[str]:
+    """A drained Django task's result row: SUCCESSFUL or FAILED as its plan says, one error
+    per failed run and one attempt per run (core.tasks)."""
+    got = snap.results.get(key)
+    failed = fails_for_good(sent.plan)
+    want = ("FAILED" if failed else "SUCCESSFUL", model.raises[key], model.raises[key] + (0 if failed else 1))
+    if got != want:
+        return [f"{what}: task result (status, errors, attempts) {got}, expected {want}"]
+    return []

@@ -33,8 +33,8 @@ from core.conf import get_settings
 from core.scheduling import delayed_store
 from core.transport import Transport
 from tests.model_checks import final_violations, snapshot, violations
-from tests.model_support import (BATCH_PLANS, EXCLUDED, LEDGER, POISON_HEADERS, WORK_PLANS, Handlers, Model, Proc,
-                                 Sent, clear_outbox, db_now, insert_foreign_row, kill_backend)
+from tests.model_support import (BATCH_PLANS, EXCLUDED, LEDGER, POISON_HEADERS, TASK_PLANS, WORK_PLANS, Handlers, Model,
+                                 Proc, Sent, clear_outbox, db_now, insert_foreign_row, kill_backend)
 
 #: Hypothesis profile for the machine: SLUICE_HYPOTHESIS_PROFILE (default: bounded).
 PROFILE_ENV = "SLUICE_HYPOTHESIS_PROFILE"
@@ -95,6 +95,8 @@ class World:
     out: str
     procs: dict[str, Proc]
     can_kill: bool
+    #: Django tasks are enqueued to ``queue`` too (TASKS names Sluice's backend with it).
+    tasks: bool = False
 
 
 class SluiceMachine(RuleBasedStateMachine):
@@ -119,7 +121,7 @@ class SluiceMachine(RuleBasedStateMachine):
         """Processes A and B in the default transaction mode; with ``outbox``, a third,
         C, in outbox mode (its handlers' sends stored with the receive, dispatched after)."""
         self._clear()
-        handlers = Handlers(self.world.queue, self.world.out, self.model)
+        handlers = Handlers(self.world.queue, self.world.out, self.model, tasks=self.world.tasks)
         self.world.procs["A"].start(self.world.queue, handlers, batch_a)
         self.world.procs["B"].start(self.world.queue, handlers, batch_b)
         self.outbox = outbox
@@ -235,6 +237,36 @@ class SluiceMachine(RuleBasedStateMachine):
         except _Abandon:
             pass
 
+    def _task(self, plan: str):
+        from tests.task_funcs import model_work
+
+        body = self._sent(plan, False, None)
+        return body["k"], model_work.using(queue_name=self.world.queue)
+
+    @precondition(lambda self: self.world.tasks)
+    @rule(plan=st.sampled_from(TASK_PLANS))
+    @traced
+    def enqueue_task(self, plan: str) -> None:
+        """A Django task through Sluice's backend (core.tasks): its run is checked like a Work
+        message's, and its result row once drained."""
+        key, work = self._task(plan)
+        self.model.sent[key].task_id = work.enqueue(k=key, b=plan).id
+        SluiceMachine.totals["tasks"] += 1
+
+    @precondition(lambda self: self.world.tasks)
+    @rule(plan=st.sampled_from(TASK_PLANS))
+    @traced
+    def enqueue_task_rolled_back(self, plan: str) -> None:
+        """A task enqueued in a transaction that rolls back: no run, no message, no result."""
+        key, work = self._task(plan)
+        self.model.sent[key].rolled_back = True
+        try:
+            with transaction.atomic():
+                self.model.sent[key].task_id = work.enqueue(k=key, b=plan).id
+                raise _Abandon()
+        except _Abandon:
+            pass
+
     # -- consumers and faults -------------------------------------------------------------------
     @rule(proc=st.sampled_from(["A", "B", "C"]))
     @traced
@@ -300,7 +332,7 @@ class SluiceMachine(RuleBasedStateMachine):
         self._check()
 
     def _check(self):
-        snap = snapshot(self.world.queue, self.world.out)
+        snap = snapshot(self.world.queue, self.world.out, self.model)
         self._fail_on(violations(self.model, snap), "")
         return snap
 

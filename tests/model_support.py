@@ -105,7 +105,12 @@ def queued_bodies(queue: str) -> list[dict]:
     d = dialect("default")
     with connections["default"].cursor() as cursor:
         cursor.execute(f"SELECT {d.quote('Body')} FROM {d.table(queue)}")
-        return [json.loads(bytes(row[0])) for row in cursor.fetchall()]
+        return [model_body(json.loads(bytes(row[0]))) for row in cursor.fetchall()]
+
+
+def model_body(body: dict) -> dict:
+    """``{"k", "b"}`` of a message, or of a Django task's message (its keyword arguments)."""
+    return body if "k" in body else body["kwargs"]
 
 
 def clear_outbox(alias: str = "default") -> None:
@@ -148,6 +153,8 @@ class Sent:
     #: A lower bound of the due time of a delayed send (the database clock before the send + delay).
     earliest: dt.datetime | None = None
     rolled_back: bool = False
+    #: A Django task's result id (None: a plain message).
+    task_id: str | None = None
 
 
 @dataclass
@@ -168,14 +175,41 @@ class Model:
 
 
 # -- the handlers ------------------------------------------------------------------------
-class Handlers:
-    """The handlers for one queue, recording into a :class:`Model`."""
+#: The Handlers whose model Django tasks record into (tests/task_funcs.py's model_work).
+_task_handlers: list["Handlers"] = []
 
-    def __init__(self, queue: str, out: str, model: Model) -> None:
+
+def task_handlers() -> "Handlers":
+    return _task_handlers[-1]
+
+
+#: Plans a task may have (a task sends nothing: no children).
+TASK_PLANS = tuple(plan for plan in ("ok", "raise", "flaky1", "flaky3", f"flaky{LIMIT}") if plan not in EXCLUDED)
+
+
+class Handlers:
+    """The handlers for one queue, recording into a :class:`Model`; with ``tasks``, also
+    Django tasks enqueued to that queue (Sluice's task backend, core.tasks)."""
+
+    def __init__(self, queue: str, out: str, model: Model, tasks: bool = False) -> None:
         self.queue, self.out, self.model = queue, out, model
         self.registry = HandlerRegistry()
         self.registry.register(queue, "Work", self.work)
         self.registry.register(queue, "Batch", self.batch, batch=True)
+        if tasks:
+            from core.tasks.worker import register
+
+            register(self.registry)
+            _task_handlers.append(self)
+
+    def task_work(self, key: str, plan: str, attempt: int) -> None:
+        """A task's run: as a Work message's, its ledger row carrying the failed attempts before it."""
+        with self.model.lock:
+            self.model.runs.append(Run(key, db_now(), self.model.step_started, None))
+        if plan.startswith("flaky") and self._will_fail(key, plan) or plan == "raise":
+            self._fail(key, f"planned failure of task {plan}")
+        with connections["default"].cursor() as cursor:
+            cursor.execute(f"INSERT INTO {LEDGER} (k, attempt) VALUES (%s, %s)", [key, attempt - 1])
 
     def _record(self, message: Message, using: str) -> str:
         key = message.json()["k"]

@@ -1,4 +1,4 @@
-"""Model-based test: random sequences of sends, pump and mover steps on two
+"""Model-based test: random sequences of sends, Django tasks (Sluice's backend), pump and mover steps on two
 "processes", and connection kills, checked after every step against a plain Python
 model (tests/model_machine.py; the invariants in tests/model_checks.py).
 
@@ -26,10 +26,13 @@ def world(make_queue, error_queue):
     create_outbox_table()
     create_ledger()
     procs = {name: Proc(name) for name in ("A", "B", "C")}
-    SluiceMachine.world = World(make_queue("model"), make_queue("model_out"), procs,
-                                can_kill=database_vendor() == "postgresql")
+    queue = make_queue("model")
+    SluiceMachine.world = World(queue, make_queue("model_out"), procs, can_kill=database_vendor() == "postgresql",
+                                tasks=True)
+    # Django tasks on the same queue (core.tasks): "default" too, the queue tests/task_funcs.py declares.
+    tasks = {"default": {"BACKEND": "core.tasks.backend.SluiceTaskBackend", "QUEUES": ["default", queue]}}
     try:
-        with override_settings(SLUICE_DELAYED_RETRY_INCREASE=DELAYED_RETRY_INCREASE):
+        with override_settings(SLUICE_DELAYED_RETRY_INCREASE=DELAYED_RETRY_INCREASE, TASKS=tasks):
             yield SluiceMachine.world
     finally:
         for proc in procs.values():

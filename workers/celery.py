@@ -51,6 +51,8 @@ def beat_schedule() -> dict:
         "purge-archived-failures": {"task": "sluice.purge_archived_failures",
                                     "schedule": conf.ARCHIVE_PURGE_INTERVAL,
                                     "options": {"expires": conf.ARCHIVE_PURGE_INTERVAL}},
+        "prune-task-results": {"task": "sluice.prune_task_results", "schedule": conf.TASK_RESULTS_PRUNE_INTERVAL,
+                               "options": {"expires": conf.TASK_RESULTS_PRUNE_INTERVAL}},
     }
     # Export + Spark job + load; the run itself takes the "pipeline" lease (core.records.run).
     # SLUICE_PIPELINE_SCHEDULE=0: not scheduled (run on a cluster, or no Java here).

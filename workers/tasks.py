@@ -38,6 +38,12 @@ def purge_archived_failures() -> int:
     return run_job("purge_archived_failures")
 
 
+@shared_task(name="sluice.prune_task_results")
+def prune_task_results() -> int:
+    """Django tasks' finished results past SLUICE_TASK_RESULTS_RETENTION (core.tasks)."""
+    return run_job("prune_task_results")
+
+
 @shared_task(name="sluice.run_bulk_operation", acks_late=True)
 def run_bulk_operation(operation_id: int) -> dict:
     """Retry / archive / restore failed messages, or purge a queue, in batches; the operation

@@ -107,6 +107,11 @@ class SluiceSettings:
     RETRY_BATCH_SIZE: int = 100
     #: Longest one run of a periodic task works before leaving the rest to the next run.
     TASK_TIME_BUDGET: float = 20.0
+    #: Django tasks' finished results (SUCCESSFUL or FAILED, core.tasks) older than this many
+    #: seconds are deleted (7 days); results still READY are kept.
+    TASK_RESULTS_RETENTION: float = 7 * 24 * 3600.0
+    #: Seconds between Celery beat's deletions of Django tasks' results past the retention.
+    TASK_RESULTS_PRUNE_INTERVAL: float = 3600.0
     #: The Celery worker hosts the pumps and the mover (bootstep); off for task-only workers.
     CELERY_HOST_LOOPS: bool = True
     #: The Celery worker also sends demo traffic (what `make run` does).
@@ -281,6 +286,9 @@ class SluiceSettings:
             raise ValueError("SLUICE_OUTBOX_KEEP_DEDUPLICATION_DATA_FOR and SLUICE_OUTBOX_DISPATCHER_GRACE "
                              "must not be negative")
 
+        if self.TASK_RESULTS_RETENTION < 0 or self.TASK_RESULTS_PRUNE_INTERVAL <= 0:
+            raise ValueError("SLUICE_TASK_RESULTS_RETENTION must not be negative and "
+                             "SLUICE_TASK_RESULTS_PRUNE_INTERVAL must be positive")
         if self.RECORDS_RETENTION < 0 or self.RECORDS_EXPORT_DELAY < 0:
             raise ValueError("SLUICE_RECORDS_RETENTION and SLUICE_RECORDS_EXPORT_DELAY must not be negative")
         if self.PIPELINE_INTERVAL <= 0:

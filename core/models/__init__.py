@@ -238,3 +238,6 @@ from core.models.alerts import (  # noqa: E402,F401
     Silence,
     WorkerSighting,
 )
+
+# -- Django tasks' results (core/tasks/) -----------------------------------------------------
+from core.models.tasks import TaskResultRecord, TaskStatus  # noqa: E402,F401

@@ -122,7 +122,8 @@ class MessagePump:
         self.receive_alias = self.strategy.receive_alias
         self.receiver = Transport(self.receive_alias)
         self.sender = self.strategy.sender
-        self.recoverability = Recoverability(self.receiver, immediate_retries, delayed_retries=delayed_retries)
+        self.recoverability = Recoverability(self.receiver, immediate_retries, delayed_retries=delayed_retries,
+                                             registry=self.handlers)
         self.receive_breaker = RepeatedFailuresOverTimeCircuitBreaker(
             f"pump-receive:{queue}", s.TIME_TO_TRIGGER_RECEIVE_BREAKER)
         self.processing_breaker = RepeatedFailuresOverTimeCircuitBreaker(

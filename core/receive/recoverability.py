@@ -24,8 +24,11 @@ import logging
 import uuid
 from typing import Callable, TypeVar
 
+from django.db import transaction
+
 from core.conf import get_settings
 from core.errors import PoisonMessage
+from core.handlers import HandlerRegistry, handlers
 from core.messages import Headers, Message, failure_headers, wire_time
 from core.models import QueueKind
 from core.receive.last_resort import guarded
@@ -70,9 +73,11 @@ class Recoverability:
 
     def __init__(self, transport: Transport, immediate_retries: int | None = None,
                  error_queue: str | None = None, delayed_retries: int | None = None,
-                 delayed_retry_increase: float | None = None) -> None:
+                 delayed_retry_increase: float | None = None, registry: HandlerRegistry | None = None) -> None:
         settings = get_settings()
         self.transport = transport
+        #: Where failure hooks are found: the pump's own handler registry.
+        self.registry = registry or handlers
         self.immediate_retries = settings.IMMEDIATE_RETRIES if immediate_retries is None else immediate_retries
         self.delayed_retries = settings.DELAYED_RETRIES if delayed_retries is None else delayed_retries
         self.delayed_retry_increase = (settings.DELAYED_RETRY_INCREASE if delayed_retry_increase is None
@@ -97,7 +102,22 @@ class Recoverability:
         database refused the write and the message was set aside)."""
         outcome = self.decide(message)
         done = self.guarded(message, WRITES[outcome.value], lambda: self._record(message, exc, outcome))
-        return FailureOutcome.ERROR if done is None else outcome
+        outcome = FailureOutcome.ERROR if done is None else outcome
+        self._tell_hook(message, exc, outcome)
+        return outcome
+
+    def _tell_hook(self, message: Message, exc: BaseException, outcome: FailureOutcome) -> None:
+        """The message type's failure hook (core.handlers), in a savepoint of its own: a hook
+        that fails costs its own record, never the message's retry or move."""
+        hook = self.registry.failure_hook(message.queue, message)
+        if hook is None:
+            return
+        using = self.transport.using
+        try:
+            with transaction.atomic(using=using):
+                hook(message, exc, outcome.value, using)
+        except Exception:
+            log.exception("the failure hook for message %s on %s failed", message.id, message.queue)
 
     def _record(self, message: Message, exc: BaseException, outcome: FailureOutcome) -> bool:
         attempts = message.failed_attempts + 1

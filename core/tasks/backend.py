@@ -1,0 +1,132 @@
+"""Sluice's backend for Django's Tasks framework.
+
+    TASKS = {"default": {"BACKEND": "core.tasks.backend.SluiceTaskBackend", "QUEUES": ["default", "emails"]}}
+
+``enqueue`` writes two rows through the caller's connection, inside its transaction: the
+task's message in the Sluice queue named like the task's ``queue_name`` (``OPTIONS``
+``QUEUE_PREFIX`` before it, if set) and its result row (READY).  A block that rolls back
+takes both with it: the task never runs and has no result.  ``run_after`` goes through
+Sluice's delayed store, due by the database's clock.  Workers run it with the task
+handler (core.tasks.worker) under Sluice's retries, error queue and failed-message
+workflow.  docs/tasks.md is the guide.
+"""
+from __future__ import annotations
+
+import uuid
+from typing import Any, Iterable
+
+from django.apps import apps
+from django.core import checks
+from django.db import connections, transaction
+
+from core.conf import get_settings
+from core.errors import InvalidQueueName
+from core.models import TaskResultRecord, TaskStatus
+from core.queues import validate_name
+from core.tasks.framework import (BaseTaskBackend, InvalidTaskError, Task, TaskResult, TaskResultDoesNotExist,
+                                  task_enqueued)
+from core.tasks.results import json_value, task_at, to_task_result
+from core.transport import Transport
+
+#: The message type of a task's message (its queue's handler: core.tasks.worker).
+TASK_MESSAGE_TYPE = "Sluice.DjangoTask"
+#: The header that names the task on its message (the dashboard's message pages show it).
+TASK_PATH_HEADER = "Django.Task"  # ("Sluice." names control headers, which producers may not set)
+#: OPTIONS the backend reads.
+KNOWN_OPTIONS = {"DATABASE", "QUEUE_PREFIX"}
+
+
+class SluiceTaskBackend(BaseTaskBackend):
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    # A queue table is received in RowVersion order (the NServiceBus layout has no priority
+    # column, and a receive that sorted by one could not use the clustered RowVersion
+    # order): priority is not honoured, so the framework refuses a non-default one.
+    # docs/tasks.md, "Priorities".
+    supports_priority = False
+
+    def __init__(self, alias: str, params: dict) -> None:
+        super().__init__(alias, params)
+        self.queue_prefix = str(self.options.get("QUEUE_PREFIX", ""))
+
+    @property
+    def using(self) -> str:
+        """The database alias of the task queues and results (SLUICE_DATABASE unless OPTIONS
+        DATABASE names another): read when used, as settings may change in tests."""
+        return self.options.get("DATABASE") or get_settings().DATABASE
+
+    def sluice_queue(self, queue_name: str) -> str:
+        """The Sluice queue (table) of a task queue name."""
+        return f"{self.queue_prefix}{queue_name}"
+
+    def sluice_queues(self) -> list[str]:
+        return [self.sluice_queue(name) for name in sorted(self.queues)]
+
+    # -- enqueue ---------------------------------------------------------------------
+    def validate_task(self, task: Task) -> None:
+        super().validate_task(task)
+        try:
+            validate_name(self.sluice_queue(task.queue_name))
+        except InvalidQueueName as exc:
+            raise InvalidTaskError(f"queue {task.queue_name!r}: {exc}") from None
+
+    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        self.validate_task(task)
+        if task_at(task.module_path).func is not task.func:
+            # Workers import the task by this path: it must name this very task.
+            raise InvalidTaskError(f"{task.module_path} does not name this task at module level")
+        try:
+            args_kwargs = json_value({"args": list(args), "kwargs": dict(kwargs)})
+        except TypeError as exc:
+            raise InvalidTaskError(f"task arguments must be JSON: {exc}") from None
+        result_id = str(uuid.uuid4())  # the form a MessageId takes (Transport keeps it as is)
+        using = self.using
+        queue = self.sluice_queue(task.queue_name)
+        body = {"task": task.module_path, "backend": self.alias, "queue_name": task.queue_name, **args_kwargs}
+        # Both rows or neither, in the caller's transaction when one is open (no savepoint
+        # of our own: a failed insert breaks the caller's block, which then rolls back).
+        with transaction.atomic(using=using, savepoint=False):
+            record = TaskResultRecord.objects.using(using).create(
+                id=result_id, task_path=task.module_path, backend=self.alias, queue_name=task.queue_name,
+                priority=task.priority, args_kwargs=args_kwargs, status=TaskStatus.READY, run_after=task.run_after)
+            Transport(using).send(queue, body, message_id=result_id, message_type=TASK_MESSAGE_TYPE,
+                                  headers={TASK_PATH_HEADER: task.module_path}, deliver_at=task.run_after)
+        result = to_task_result(record, task)
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    # -- results ---------------------------------------------------------------------
+    def get_result(self, result_id: str) -> TaskResult:
+        record = TaskResultRecord.objects.using(self.using).filter(pk=str(result_id), backend=self.alias).first()
+        if record is None:
+            raise TaskResultDoesNotExist(result_id)
+        return to_task_result(record)
+
+    # -- checks ----------------------------------------------------------------------
+    def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
+        yield from super().check(**kwargs)
+        where = f"TASKS[{self.alias!r}]"
+        if not apps.is_installed("core"):
+            yield checks.Error(f"{where} uses Sluice's backend but Sluice's app is not installed",
+                               hint="add 'core.apps.CoreConfig' to INSTALLED_APPS", id="sluice.E020")
+        unknown = set(self.options) - KNOWN_OPTIONS
+        if unknown:
+            yield checks.Error(f"{where} OPTIONS has unknown keys: {', '.join(sorted(unknown))}",
+                               hint=f"known: {', '.join(sorted(KNOWN_OPTIONS))}", id="sluice.E021")
+        if self.using not in connections.settings:
+            yield checks.Error(f"{where} uses database {self.using!r}, which is not in DATABASES", id="sluice.E022")
+        if not self.queues:
+            yield checks.Error(f"{where} QUEUES is empty: Sluice's backend needs the queues its workers serve",
+                               id="sluice.E023")
+        for name in sorted(self.queues):
+            try:
+                validate_name(self.sluice_queue(name))
+            except InvalidQueueName as exc:
+                yield checks.Error(f"{where} queue {name!r}: {exc}", id="sluice.E024")
+        if get_settings().TRANSACTION_MODE == "receive_only":
+            yield checks.Warning(
+                f"{where}: SLUICE_TRANSACTION_MODE is receive_only, so a task's database work does not "
+                "commit with its receive (a task may run twice after a crash)",
+                hint="use sends_atomic_with_receive (the default) for exactly-once database work",
+                id="sluice.W020")

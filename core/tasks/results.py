@@ -1,0 +1,131 @@
+"""Task results: the ``sluice_task_result`` row ↔ the framework's ``TaskResult``, each
+attempt's record, and the retention.
+
+Every time is the database's: ``enqueued_at`` is the INSERT's ``db_default``, and an
+attempt reads the database's now with its row (one SELECT), so the times of results
+written by different hosts compare.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import json
+import os
+import socket
+import time
+import traceback
+from typing import Any
+
+from django.db.models.functions import Now
+from django.utils.module_loading import import_string
+
+from core.db import database_now_us
+from core.models import TaskResultRecord, TaskStatus
+from core.tasks.framework import Task, TaskError, TaskResult, TaskResultStatus
+
+#: This process in ``worker_ids`` (the framework allows 64 characters).
+WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"[-64:]
+
+
+def json_value(value: Any) -> Any:
+    """``value`` as it will come back from the database's JSON (TypeError when it cannot be):
+    what the framework calls normalising, done with the json module both Django lines share."""
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"not JSON: {exc}") from None
+
+
+@functools.lru_cache(maxsize=1024)
+def task_at(path: str) -> Task:
+    """The task a worker runs: the module-level ``@task`` object at ``path`` (imported once
+    per process).  ImportError / TypeError when there is none: the message fails and, after
+    its retries, waits in the error queue for a deploy that has it."""
+    found = import_string(path)
+    if not isinstance(found, Task):
+        raise TypeError(f"{path} is not a task (declare it with @task)")
+    return found
+
+
+def exception_path(exc: BaseException) -> str:
+    kind = type(exc)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def to_task_result(record: TaskResultRecord, task: Task | None = None) -> TaskResult:
+    """The framework's value for a stored result (the task imported by its path unless given)."""
+    task = task or task_at(record.task_path)
+    if task.queue_name != record.queue_name:
+        task = task.using(queue_name=record.queue_name)
+    args_kwargs = record.args_kwargs or {}
+    result = TaskResult(
+        task=task, id=record.id, status=TaskResultStatus(record.status), enqueued_at=record.enqueued_at,
+        started_at=record.started_at, finished_at=record.finished_at, last_attempted_at=record.last_attempted_at,
+        args=args_kwargs.get("args", []), kwargs=args_kwargs.get("kwargs", {}), backend=record.backend,
+        errors=[TaskError(exception_class_path=e["exception_class_path"], traceback=e["traceback"])
+                for e in record.errors or []],
+        worker_ids=list(record.worker_ids or []))
+    # The framework's frozen dataclass keeps the value in a field its constructor does not take.
+    object.__setattr__(result, "_return_value", record.return_value)
+    return result
+
+
+class Attempt:
+    """One attempt of a task on a worker, inside the receive's transaction: the row read
+    with the database's now, counted as an attempt of this worker, then saved once with its
+    outcome (which commits, or rolls back, with the task's own database work)."""
+
+    def __init__(self, result_id: str, using: str, body: dict[str, Any]) -> None:
+        self.using = using
+        found = (TaskResultRecord.objects.using(using).filter(pk=result_id)
+                 .annotate(db_now=Now()).first())
+        if found is None:
+            # No row: enqueued by an older release or by hand, or pruned while waiting in the
+            # error queue.  The run is recorded all the same.
+            found = TaskResultRecord(id=result_id, task_path=body["task"], backend=body.get("backend", "default"),
+                                     queue_name=body.get("queue_name", "default"),
+                                     args_kwargs={"args": body.get("args", []), "kwargs": body.get("kwargs", {})})
+            self.now = _database_now(using)
+            self.new = True
+        else:
+            self.now = found.db_now
+            self.new = False
+        self.record = found
+        self._started = time.monotonic()
+        found.status = TaskStatus.RUNNING
+        found.started_at = found.started_at or self.now
+        found.last_attempted_at = self.now
+        found.worker_ids = [*(found.worker_ids or []), WORKER_ID]
+
+    def elapsed(self) -> dt.datetime:
+        """The database's now at the attempt's start plus the time it took."""
+        return self.now + dt.timedelta(seconds=time.monotonic() - self._started)
+
+    def succeeded(self, value: Any) -> None:
+        r = self.record
+        r.status, r.finished_at, r.return_value = TaskStatus.SUCCESSFUL, self.elapsed(), value
+        self._save()
+
+    def failed(self, exc: BaseException, final: bool) -> None:
+        """A failed attempt: READY again while Sluice retries it, FAILED once it went to the
+        error queue (an operator's Retry makes it READY again when it runs)."""
+        r = self.record
+        r.errors = [*(r.errors or []), {"exception_class_path": exception_path(exc),
+                                        "traceback": "".join(traceback.format_exception(exc))}]
+        r.status = TaskStatus.FAILED if final else TaskStatus.READY
+        r.finished_at = self.elapsed() if final else None
+        r.return_value = None
+        self._save()
+
+    def _save(self) -> None:
+        if self.new:
+            self.record.save(using=self.using, force_insert=True)
+            self.new = False
+        else:
+            self.record.save(using=self.using, update_fields=[
+                "status", "started_at", "finished_at", "last_attempted_at", "errors", "worker_ids",
+                "return_value"])
+
+
+def _database_now(using: str) -> dt.datetime:
+    return dt.datetime.fromtimestamp(database_now_us(using) / 1_000_000, tz=dt.timezone.utc)
