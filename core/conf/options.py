@@ -234,9 +234,10 @@ class SluiceSettings:
     REDIS_URL: str = "redis://127.0.0.1:6379/0"
     #: Days an API token from ``sluice user token`` lives.
     API_TOKEN_DAYS: int = 90
-    #: JSON API throttles: anonymous callers (and wrong tokens) per address, logged-in
-    #: callers per user, as DRF rates (``30/min``, ``1200/hour``).
+    #: JSON API throttle for anonymous callers (and wrong tokens), per address, as a DRF
+    #: rate (``30/min``, ``100/hour``).
     API_RATE_ANON: str = "30/min"
+    #: JSON API throttle for logged-in callers, per user (``1200/min``).
     API_RATE_USER: str = "1200/min"
     extra: Mapping[str, Any] = field(default_factory=dict)
 
