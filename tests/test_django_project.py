@@ -299,3 +299,27 @@ def test_the_sluice_command_says_which_settings_it_could_not_load(venv, tmp_path
     # From the project's directory, with nothing set: the project's own settings (manage.py's).
     status = project.sh("sluice setup")
     assert "orders" in status.stdout + status.stderr
+
+
+@pytest.mark.no_database
+def test_celery_runs_in_the_project_it_is_started_in(venv, tmp_path, redis):
+    project = make_project(venv, tmp_path, redis)
+    project.sh("sluice setup")
+    worker = project.start("celery", "celery -A workers worker --pool=threads -c 1 --loglevel=info "
+                                     "--without-mingle --without-gossip")
+    try:
+        worker.wait_line(r"Django settings: mysite\.settings \(from .*manage\.py\)", timeout=90)
+        worker.wait_line(r"@\S+ ready\.", timeout=90)
+    finally:
+        project.stop()
+
+
+@pytest.mark.no_database
+def test_sluice_outside_any_project_makes_the_folder_of_its_sqlite_file(venv, tmp_path, redis):
+    """No project here: the bundled one, whose default database is var/sluice.sqlite3 under
+    the current directory; a fresh directory has no var/, which setup now makes."""
+    empty = tmp_path / "fresh"
+    empty.mkdir()
+    project = Project(venv, empty, redis, REDIS_URL=redis.url)
+    result = project.sh("sluice setup")
+    assert (empty / "var" / "sluice.sqlite3").is_file(), result.stdout + result.stderr

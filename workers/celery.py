@@ -33,8 +33,14 @@ from core.startup import refuse_to_start_insecurely, settle_heap  # noqa: E402
 from sluice.logs import JsonFormatter  # noqa: E402
 
 log = logging.getLogger("sluice.celery")
-log.info("Django settings: %s (from %s)", _settings_module, _settings_source)
 conf = get_settings()
+
+
+@signals.celeryd_after_setup.connect
+def say_which_settings(sender: str, instance, **kwargs) -> None:
+    """Once Celery's logging is set up: which project this worker runs in (a worker that
+    quietly ran another project's settings would be hard to spot)."""
+    log.info("Django settings: %s (from %s)", _settings_module, _settings_source)
 
 
 def beat_schedule() -> dict:
