@@ -187,13 +187,15 @@ REST_FRAMEWORK = {
     # scheme first a missing login would be a 403, like a missing role.
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "dashboard.security.tokens.HashedTokenAuthentication",
-        "rest_framework.authentication.SessionAuthentication",
+        # DRF's, with the CSRF check made before the body is parsed.
+        "dashboard.api.access.SessionAuthentication",
     ],
     # Reads need a role, anything else the operator role: checked, and a refusal audited,
     # before the request is parsed (dashboard/api/access.py); dashboard.actions checks again.
     "DEFAULT_PERMISSION_CLASSES": ["dashboard.api.access.ViewOrAct"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    # JSON nested past what any request needs is a 400, not a RecursionError (a 500).
+    "DEFAULT_PARSER_CLASSES": ["dashboard.api.params.JSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "dashboard.api.errors.exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",

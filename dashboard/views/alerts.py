@@ -2,7 +2,6 @@
 history; operators add and change them with plain forms (each an audited action)."""
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, QueryDict
@@ -24,6 +23,7 @@ from core.models.alerts import (
 from core.alerts.notify import active_silences, silenced
 from core.alerts.sending import redact
 from dashboard import actions
+from dashboard.actions import validate
 from dashboard.security.permissions import viewer_required
 from dashboard.views.common import act, operator_only, page
 
@@ -143,10 +143,7 @@ def silence_expire(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def import_config(request: HttpRequest) -> HttpResponse:
     def run():
-        try:
-            data = json.loads(request.POST.get("config", ""))
-        except ValueError as exc:
-            raise actions.ActionError(f"the configuration is not JSON: {exc}") from None
+        data = validate.load_json(request.POST.get("config", ""), "the configuration")
         return actions.import_alerts(request.user, data, via="web")
 
     return act(request, run, _back())

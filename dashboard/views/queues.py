@@ -156,6 +156,8 @@ def queue(request: HttpRequest, name: str) -> HttpResponse:
 
 
 def _message(transport: Transport, name: str, row_version: int) -> Message | None:
+    if not 0 < row_version < 2**63:  # no BIGINT RowVersion: the database would refuse the number (a 500)
+        return None
     found = transport.browse(name, limit=1, after=row_version - 1)
     return found[0] if found and found[0].row_version == row_version else None
 
