@@ -187,3 +187,11 @@ def test_silences_refuse_non_finite_and_absurd_times(operator_client, data):
     response = operator_client.post("/alerts/silences/", {k: str(v) for k, v in data.items()})
     assert response.status_code in (302, 303, 400)
     assert not Silence.objects.exists()
+
+
+@pytest.mark.parametrize("filters", [{"queue": {"x": {"x": "orders"}}}, {"queue": ["orders"]}, {"worker": 7},
+                                     {"header": {"Tenant": {"x": "y"}}}])
+def test_rule_filters_are_text(operator_client, filters):
+    status, body = api(operator_client, "post", "/api/alerts/rules/", {**RULE, "filters": filters})
+    assert status == 400 and "filters" in body["error"], body
+    assert not AlertRule.objects.exists()

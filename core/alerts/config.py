@@ -159,8 +159,13 @@ def clean_rule(entry: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"{what}: severity must be one of {', '.join(Severity.values)}")
     filters = entry.get("filters") or {}
     _unknown(filters, FILTER_KEYS, f"{what}: filters")
-    if not isinstance(filters.get("header", {}), dict):
+    header = filters.get("header", {})
+    if not isinstance(header, dict) or not all(isinstance(v, str) for v in header.values()):
         raise ConfigError(f"{what}: filters.header must be an object of header name → value")
+    # Every other filter is a name pattern: text, never nested data an operator could make
+    # deep enough to break what walks it later (an audit entry's repr, a JSON column).
+    if any(not isinstance(v, (str, type(None))) for k, v in filters.items() if k != "header"):
+        raise ConfigError(f"{what}: filters.{', filters.'.join(k for k, v in filters.items() if k != 'header' and not isinstance(v, (str, type(None))))} must be text")
     targets = entry.get("targets") or []
     if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
         raise ConfigError(f"{what}: targets must be a list of target names")
