@@ -116,3 +116,14 @@ def test_deeply_nested_operator_json_is_refused(operator_client, depth):
     from core.models.alerts import AlertRule
 
     assert not AlertRule.objects.exists()
+
+
+@pytest.mark.parametrize("content_type", ["multipart/form-data", "multipart/form-data; boundary=",
+                                          "application/x-www-form-urlencoded", "text/plain"])
+def test_a_form_body_to_the_api_is_refused_for_a_viewer_and_never_a_500(viewer, operator, make_queue, content_type):
+    queue = make_queue()
+    for user, expected in ((viewer, 403), (operator, 415)):
+        client, token = _csrf_client(user)
+        response = client.post(f"/api/queues/{queue}/purge/", "--x\r\n", content_type=content_type,
+                               HTTP_X_CSRFTOKEN=token)
+        assert response.status_code == expected, (user.username, response.status_code, response.content[:200])

@@ -7,6 +7,8 @@ forged request, well-formed or not, is always a 403 and always audited; the acti
 checks the role again (one rule, enforced twice)."""
 from __future__ import annotations
 
+from django.http import QueryDict
+from django.utils.datastructures import MultiValueDict
 from rest_framework.authentication import SessionAuthentication as DrfSessionAuthentication
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 
@@ -32,8 +34,14 @@ class SessionAuthentication(DrfSessionAuthentication):
     """DRF's session scheme with its CSRF check made on Django's request.  DRF hands the
     check its own Request, whose ``.POST`` parses the body: a malformed body was answered
     (400 "malformed JSON", or a 500 for ``[`` × 100,000) before the CSRF token and the role
-    were looked at, and a viewer's refusal went unaudited.  Django's request reads only
-    form bodies for the token (a JSON body is not touched), so the check comes first."""
+    were looked at, and a viewer's refusal went unaudited.  On Django's request the token is
+    read from the X-CSRFToken header, no body is parsed, and the check comes first."""
 
     def enforce_csrf(self, request) -> None:
-        super().enforce_csrf(getattr(request, "_request", request))
+        django_request = getattr(request, "_request", request)
+        if not hasattr(django_request, "_post"):
+            # The API's token comes in X-CSRFToken (its bodies are JSON, and a form body is
+            # refused later with a 415): Django must not parse a form body for one either,
+            # or a multipart body without a boundary would be a 500 here.
+            django_request._post, django_request._files = QueryDict(), MultiValueDict()
+        super().enforce_csrf(django_request)
