@@ -16,14 +16,15 @@ from core import failures
 from core.delayed import delayed_store
 from core.messages import Headers
 from core.models import FailedMessage
-from core.queues import dialect
+from core.queues import create_queue, delete_queue, dialect, registry
+from core.scheduling import DelayedMessage
 from core.transport import Transport
 from tests.conftest import put_row
 from tests.dashboard_api_support import api
 from tests.dashboard_pages_support import (  # noqa: F401
     _fresh_dashboard_cache, fail_message, operator, operator_client, viewer, viewer_client,
 )
-from tests.url_safety import problems
+from tests.url_safety import browser_resolve, problems, urls_in
 
 SECRET = "Bearer TOPSECRET-abc123"
 POISON_SECRET = "Bearer POISON-SECRET-777"
@@ -178,13 +179,25 @@ def test_no_url_leaves_its_route_for_any_id(operator_client, queue, error_queue,
         Transport().send(queue, "later", delay=3600, message_id=text)
     except Exception:  # an id Sluice refuses to send never reaches a page
         return
+    planted = {text, queue, error_queue}
     try:
         stuck_session(text, queue, monkeypatch)
+        # A delayed message another endpoint wrote, whose destination is no queue at all.
+        store.store(DelayedMessage(id=f"d-{text}"[:200], destination=text[:200], body=b"", headers={}), delay=3600)
+        planted.add(f"d-{text}"[:200])
         fail_message(queue, headers={Headers.CONVERSATION_ID: text, "X-Value": text}, message_id=f"f-{text}"[:200])
+        conversations = set()
         for path in _pages(queue):
             response = operator_client.get(path)
             assert response.status_code == 200, path
-            assert not problems(f"http://testserver{path}", response.content.decode(), {text, queue, error_queue})
+            page = response.content.decode()
+            assert not problems(f"http://testserver{path}", page, planted)
+            conversations |= {browser_resolve(f"http://testserver{path}", u) for a, u in urls_in(page)
+                              if "/conversations/" in u}
+        for url in conversations:  # the conversation's own page, reached by its link
+            response = operator_client.get(url)
+            assert response.status_code == 200, url
+            assert not problems(url, response.content.decode(), planted)
     finally:
         for m in store.list(1000)[0]:
             store.delete(m.id)
@@ -211,3 +224,29 @@ def test_a_body_python_cannot_load_is_not_shown_when_fields_are_masked(operator_
         assert b"4111" not in operator_client.get(path).content, path
     status, detail = api(viewer_client, "get", f"/api/failed/{record.pk}/")
     assert "4111" not in json.dumps(detail)
+
+
+@given(st.from_regex(r"\A[A-Za-z0-9_][A-Za-z0-9_.\-]{0,30}\Z"))
+@hypothesis_settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
+def test_no_url_leaves_its_route_for_any_queue_name(operator_client, transactional_db, name):
+    """Queue names are checked (core.queues.NAME_RE), so any valid one: its pages' URLs stay
+    in their routes too (a name such as "a..b" or "x.-" included)."""
+    from core.errors import InvalidQueueName
+    from dashboard.counting import stats
+
+    stats.clear_cache()  # the overview's snapshot still lists the previous example's queue
+    try:
+        create_queue(name)
+    except InvalidQueueName:
+        return  # a reserved prefix: no such queue can exist
+    try:
+        Transport().send(name, "{}", headers={"X-Value": name, Headers.CONVERSATION_ID: name})
+        row_version = Transport().browse(name)[0].row_version
+        for path in ("/", "/partials/overview/", f"/queues/{name}/", f"/queues/{name}/messages/{row_version}/",
+                     "/monitoring/", f"/monitoring/{name}/"):
+            response = operator_client.get(path)
+            assert response.status_code == 200, path
+            assert not problems(f"http://testserver{path}", response.content.decode(), {name})
+    finally:
+        delete_queue(name)
+        registry.forget(name)
