@@ -34,8 +34,8 @@ class QueueNameConverter(IdConverter):
     regex = "[^/]+"
 
 
-register_converter(IdConverter, "id")
-register_converter(QueueNameConverter, "queue")
+register_converter(IdConverter, "sluice_id")  # prefixed: the registry is global to the host project
+register_converter(QueueNameConverter, "sluice_queue")
 
 app_name = "dashboard"
 urlpatterns = [
@@ -45,16 +45,16 @@ urlpatterns = [
     path("accounts/logout/", auth.logout, name="logout"),
     path("", overview.overview, name="overview"),
     path("partials/overview/", overview.overview_numbers, name="overview-numbers"),
-    path("queues/<queue:name>/", queues.queue, name="queue"),
-    path("queues/<queue:name>/messages/<int:row_version>/", queues.message, name="message"),
-    path("queues/<queue:name>/messages/<int:row_version>/body", queues.message_body, name="message-body"),
-    path("queues/<queue:name>/delete/", queues.delete, name="queue-delete"),
-    path("queues/<queue:name>/purge/", queues.purge, name="queue-purge"),
-    path("queues/<queue:name>/move/", queues.move, name="queue-move"),
+    path("queues/<sluice_queue:name>/", queues.queue, name="queue"),
+    path("queues/<sluice_queue:name>/messages/<int:row_version>/", queues.message, name="message"),
+    path("queues/<sluice_queue:name>/messages/<int:row_version>/body", queues.message_body, name="message-body"),
+    path("queues/<sluice_queue:name>/delete/", queues.delete, name="queue-delete"),
+    path("queues/<sluice_queue:name>/purge/", queues.purge, name="queue-purge"),
+    path("queues/<sluice_queue:name>/move/", queues.move, name="queue-move"),
     path("delayed/", delayed.delayed, name="delayed"),
-    # Message ids may hold "/" (order/42): <id:…> (IdConverter).
-    path("delayed/<id:message_id>/deliver-now/", delayed.deliver_now, name="delayed-deliver-now"),
-    path("delayed/<id:message_id>/delete/", delayed.delete, name="delayed-delete"),
+    # Message ids may hold "/" (order/42): <sluice_id:…> (IdConverter).
+    path("delayed/<sluice_id:message_id>/deliver-now/", delayed.deliver_now, name="delayed-deliver-now"),
+    path("delayed/<sluice_id:message_id>/delete/", delayed.delete, name="delayed-delete"),
     path("failed/", failed.failed_list, name="failed"),
     path("failed/operations/", failed.operations, name="failed-operations"),
     path("failed/retry/", failed.retry, name="failed-retry"),
@@ -65,10 +65,10 @@ urlpatterns = [
     path("failed/<int:pk>/body", failed.failed_body, name="failed-body"),
     path("failed/<int:pk>/edit/", failed.edit_retry, name="failed-edit"),
     path("conversations/", conversations.search, name="conversations"),
-    # Conversation ids may hold "/" like message ids: <id:…>.
-    path("conversations/<id:conversation_id>/", conversations.conversation, name="conversation"),
+    # Conversation ids may hold "/" like message ids: <sluice_id:…>.
+    path("conversations/<sluice_id:conversation_id>/", conversations.conversation, name="conversation"),
     path("outbox/", outbox.outbox, name="outbox"),
-    path("outbox/<id:message_id>/dispatch/", outbox.dispatch, name="outbox-dispatch"),
+    path("outbox/<sluice_id:message_id>/dispatch/", outbox.dispatch, name="outbox-dispatch"),
     path("audit/", audit.audit, name="audit"),
     path("alerts/", alerts.alerts, name="alerts"),
     path("alerts/rules/", alerts.rule_save, name="alerts-rule-save"),
@@ -80,7 +80,7 @@ urlpatterns = [
     path("alerts/silences/<int:pk>/end/", alerts.silence_expire, name="alerts-silence-expire"),
     path("alerts/import/", alerts.import_config, name="alerts-import"),
     path("monitoring/", monitoring.monitoring, name="monitoring"),
-    path("monitoring/<queue:name>/", monitoring.monitoring_queue, name="monitoring-queue"),
+    path("monitoring/<sluice_queue:name>/", monitoring.monitoring_queue, name="monitoring-queue"),
     path("metrics/charts/", charts.charts, name="metrics-charts"),
     path("metrics/charts/run/", charts.run_now, name="metrics-run"),
     path("metrics/charts/run-status/", charts.run_status, name="metrics-run-status"),
