@@ -24,7 +24,8 @@ from core.models.alerts import AlertDelivery, AlertTarget
 from core.alerts.payloads import email_text, notice, webhook_body
 from core.conf import get_settings
 
-#: Answers are read up to this many bytes (kept in the delivery's error).
+#: Answers are read up to this many bytes (kept in the delivery's error, redacted: no more of
+#: what a target answers is shown).
 SNIPPET = 300
 
 
@@ -40,9 +41,22 @@ class Attempt:
 
 
 def redact(text: str, target: AlertTarget) -> str:
-    for secret in target.secrets():
+    """``text`` without the target's secrets (AlertTarget.secrets), also where an answer cut
+    at SNIPPET bytes ends inside one: a tail that begins a secret goes too."""
+    secrets = target.secrets()
+    for secret in secrets:
         text = text.replace(secret, "[secret]")
+    for secret in secrets:
+        for n in range(min(len(secret) - 1, len(text)), 3, -1):
+            if text.endswith(secret[:n]):
+                return text[:-n] + "[secret]"
     return text
+
+
+def _answer(raw: bytes) -> str:
+    """What of a target's answer is kept: its first SNIPPET bytes on one line (control
+    characters and runs of spaces collapsed), for the error shown on pages and in logs."""
+    return " ".join(raw[:SNIPPET].decode("utf-8", "replace").split())
 
 
 def retry_after_seconds(value: str | None) -> float | None:
@@ -79,7 +93,7 @@ def post_json(url: str, headers: dict[str, str], body: Any, timeout: float) -> A
             response.read(SNIPPET)
         return Attempt(True)
     except urllib.error.HTTPError as exc:
-        snippet = exc.read(SNIPPET).decode("utf-8", "replace") if exc.fp else ""
+        snippet = _answer(exc.read(SNIPPET)) if exc.fp else ""
         retryable = exc.code in (408, 429) or exc.code >= 500
         return Attempt(False, retryable, retry_after_seconds(exc.headers.get("Retry-After")),
                        f"HTTP {exc.code}: {snippet}".strip())

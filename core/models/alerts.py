@@ -78,13 +78,29 @@ class AlertTarget(models.Model):
             return self.recipients
         from urllib.parse import urlsplit
 
-        parts = urlsplit(self.url)
-        return f"{parts.scheme}://{parts.hostname or '?'}{':' + str(parts.port) if parts.port else ''}/…"
+        try:
+            parts = urlsplit(self.url)
+            port = f":{parts.port}" if parts.port else ""
+        except ValueError:  # a row stored before every part was checked (port 99999): shown, not raised
+            return "(invalid url)"
+        return f"{parts.scheme}://{parts.hostname or '?'}{port}/…"
 
     def secrets(self) -> list[str]:
-        """Texts that must never reach a log line or a page."""
-        values = [self.url, self.routing_key, *[str(v) for v in (self.headers or {}).values()]]
-        return [v for v in values if v and len(v) >= 4]
+        """Texts that must never reach a log line or a page, longest first: the URL and every
+        part of it past the host (a webhook's path or query is often its secret, and a target
+        may echo either, whole or in part, or percent-decoded), the routing key, the headers."""
+        from urllib.parse import parse_qsl, unquote, urlsplit
+
+        try:
+            parts = urlsplit(self.url or "")
+        except ValueError:  # a bad stored row: its whole URL is still a secret
+            parts = urlsplit("")
+        values = [self.url, self.routing_key, *[str(v) for v in (self.headers or {}).values()],
+                  parts.username or "", parts.password or "", parts.path if parts.path != "/" else "",
+                  parts.query, parts.fragment, *parts.path.split("/"),
+                  *[v for pair in parse_qsl(parts.query, keep_blank_values=True) for v in pair]]
+        values += [unquote(v) for v in values]
+        return sorted({v for v in values if v and len(v) >= 4}, key=len, reverse=True)
 
 
 class AlertRule(models.Model):

@@ -36,6 +36,10 @@ _FAILED_FIELDS = ("id", "message_id", "message_type", "original_queue", "time_of
 _RECORD, _FAILURE = 1, 0
 
 
+#: The last microsecond a datetime holds (9999-12-31 23:59:59.999999 UTC), since the epoch.
+MAX_CURSOR_US = 253_402_300_799_999_999
+
+
 class BadCursor(ValueError):
     """A cursor this module did not give out."""
 
@@ -172,7 +176,8 @@ def parse_cursor(raw: str) -> tuple[int, int, int]:
         t, s, i = (int(part) for part in raw.split("."))
     except ValueError:
         raise BadCursor("cursor is not one this page gave out (pass next_cursor as it came)") from None
-    if s not in (_RECORD, _FAILURE):
+    # Past these a time makes no datetime (OverflowError) and an id no BIGINT: neither was given out.
+    if s not in (_RECORD, _FAILURE) or not 0 <= t <= MAX_CURSOR_US or not 0 <= i < 2**63:
         raise BadCursor("cursor is not one this page gave out (pass next_cursor as it came)")
     return t, s, i
 

@@ -9,7 +9,9 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from core.alerts.config import ConfigError, clean_rule, clean_target, import_config, save_rule, save_target
+from core.alerts.config import (
+    ConfigError, clean_rule, clean_target, import_config, moves_server, save_rule, save_target,
+)
 from core.models.alerts import AlertRule, AlertTarget, Silence
 from core.alerts.notify import test_notification
 from core.conf import get_settings
@@ -19,6 +21,8 @@ from dashboard.actions.result import ActionResult
 
 #: The longest silence an operator can set in one go (30 days).
 MAX_SILENCE = dt.timedelta(days=30)
+#: How far from now a silence may start or end.
+MAX_SILENCE_AHEAD = dt.timedelta(days=366)
 
 
 def _get(model: Any, pk: Any, what: str) -> Any:
@@ -69,13 +73,18 @@ def delete_alert_rule(user: Any, pk: Any, *, via: str = "") -> ActionResult:
 def save_alert_target(user: Any, data: dict[str, Any], pk: int | None = None, *, via: str = "") -> ActionResult:
     with acting(user, "save_alert_target", via, target=f"alert target {data.get('name', '?')}") as audit:
         existing = _get(AlertTarget, pk, "alert target") if pk is not None else None
+        dropped = False
         if existing is not None:
-            # A form never shows the stored secrets: left empty, they are kept.
+            # A form never shows the stored secrets: left empty, they are kept — on the same
+            # server only (core.alerts.config.save_target): a new one must be given them again.
+            moved = moves_server({"url": data.get("url") if isinstance(data.get("url"), str) else ""}, existing)
+            dropped = moved and bool(existing.routing_key or existing.headers)
             data = {**data, "url": data.get("url") or existing.url,
-                    "routing_key": data.get("routing_key") or existing.routing_key}
+                    "routing_key": data.get("routing_key") or ("" if moved else existing.routing_key)}
         target = save_target(_checked(clean_target, data), pk)
         audit.ids = [str(target.pk)]
-        audit.detail = f"{target.format} → {target.display_address}"
+        audit.detail = f"{target.format} → {target.display_address}" + \
+            (" (new server: the stored routing key and headers were dropped)" if dropped else "")
     return ActionResult("save_alert_target", 1, f"alert target {target.name} saved", audit_id=audit.entry_id)
 
 
@@ -100,9 +109,14 @@ def _when(value: Any, what: str) -> dt.datetime | None:
         return None
     try:
         when = dt.datetime.fromisoformat(str(value))
-    except ValueError:
+        when = (when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)).astimezone(dt.timezone.utc)
+    except (ValueError, OverflowError):
         raise ActionError(f"{what} must be an ISO time such as 2026-11-26T02:00") from None
-    return when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)
+    # Year 9999 (or 0001) overflows the arithmetic a silence needs, and no maintenance window
+    # is planned that far off.
+    if abs(when - timezone.now()) > MAX_SILENCE_AHEAD:
+        raise ActionError(f"{what} must be within a year of now")
+    return when
 
 
 def create_silence(user: Any, data: dict[str, Any], *, via: str = "") -> ActionResult:
@@ -115,8 +129,11 @@ def create_silence(user: Any, data: dict[str, Any], *, via: str = "") -> ActionR
         if ends is None:
             try:
                 minutes = float(data.get("minutes") or 0)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 raise ActionError("minutes must be a number") from None
+            # nan, inf and 1e300 make no timedelta (a 500): refused with the limit's reason.
+            if not 0 < minutes <= MAX_SILENCE.total_seconds() / 60:
+                raise ActionError("a silence must end after it starts, and last at most 30 days")
             ends = starts + dt.timedelta(minutes=minutes)
         if not starts < ends <= starts + MAX_SILENCE:
             raise ActionError("a silence must end after it starts, and last at most 30 days")

@@ -1,6 +1,7 @@
 """Input checks shared by the actions: each raises ActionError with a message for people."""
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from core.errors import InvalidQueueName, UnknownQueue
@@ -70,3 +71,35 @@ def number(value: Any, what: str, minimum: float = 0, maximum: float = 36500) ->
     if not minimum <= result <= maximum:
         raise ActionError(f"{what} must be between {minimum:g} and {maximum:g}")
     return result
+
+
+#: The deepest JSON an operator's request may nest (an alerts configuration needs 5 levels).
+MAX_JSON_DEPTH = 32
+
+
+def too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether parsed JSON nests past ``limit`` levels (looked at without recursion: what is
+    checked may be as deep as the parser allowed, and every later walk of it, from
+    validation to repr() in an audit entry, would recurse that deep)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return False
+
+
+def load_json(text: str | bytes, what: str) -> Any:
+    """An operator's JSON text parsed, or ActionError saying why not: not JSON, nested
+    deeper than MAX_JSON_DEPTH (or than Python can parse), or a number Python will not load."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise ActionError(f"{what} nests deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as exc:
+        raise ActionError(f"{what} is not JSON: {str(exc)[:200]}") from None
+    if too_deep(value):
+        raise ActionError(f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
+    return value

@@ -13,7 +13,8 @@ from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from core.alerts.config import export_config
+from core.alerts.config import export_config, finite
+from core.alerts.sending import redact
 from core.models.alerts import Alert, AlertDelivery, AlertRule, AlertState, AlertTarget, Silence
 from dashboard import actions
 from dashboard.api.schema import ERRORS_ACT, ERRORS_READ, doc, limit
@@ -32,8 +33,10 @@ def alert_json(a: Alert) -> dict[str, Any]:
 
 
 def rule_json(r: AlertRule) -> dict[str, Any]:
-    return {"id": r.pk, "name": r.name, "kind": r.kind, "threshold": r.threshold, "window_seconds": r.window_seconds,
-            "for_seconds": r.for_seconds, "clear_after": r.clear_after, "severity": r.severity, "filters": r.filters,
+    # finite(): null for an inf / nan stored before numbers were checked (JSON has neither).
+    return {"id": r.pk, "name": r.name, "kind": r.kind, "threshold": finite(r.threshold),
+            "window_seconds": finite(r.window_seconds), "for_seconds": finite(r.for_seconds),
+            "clear_after": r.clear_after, "severity": r.severity, "filters": r.filters,
             "targets": [t.name for t in r.targets.all()], "enabled": r.enabled}
 
 
@@ -51,7 +54,8 @@ def silence_json(s: Silence) -> dict[str, Any]:
 def delivery_json(d: AlertDelivery) -> dict[str, Any]:
     return {"id": d.pk, "target": d.target.name, "event": d.event, "rule": d.alert.rule.name if d.alert else None,
             "fingerprint": d.alert.fingerprint if d.alert else None, "status": d.status, "attempts": d.attempts,
-            "last_error": d.last_error, "created_at": _iso(d.created_at), "finished_at": _iso(d.finished_at),
+            "last_error": redact(d.last_error, d.target),  # rows stored before redaction covered the URL's parts
+            "created_at": _iso(d.created_at), "finished_at": _iso(d.finished_at),
             "sending_until": _iso(d.sending_until)}
 
 
@@ -82,9 +86,9 @@ class RuleShape(f.Serializer):
     id = f.IntegerField()
     name = f.CharField()
     kind = f.CharField()
-    threshold = f.FloatField()
-    window_seconds = f.FloatField()
-    for_seconds = f.FloatField()
+    threshold = f.FloatField(allow_null=True)
+    window_seconds = f.FloatField(allow_null=True)
+    for_seconds = f.FloatField(allow_null=True)
     clear_after = f.IntegerField()
     severity = f.CharField()
     filters = f.DictField()

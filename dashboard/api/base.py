@@ -3,16 +3,17 @@ throttle, parser, renderer, schema and error handling, so the API behaves the sa
 project whatever that project's ``REST_FRAMEWORK`` says (an API left to the host's defaults
 would answer anonymous callers).
 
-- Token first, then the session: a request without credentials gets 401 with
-  ``WWW-Authenticate: Token`` (with the session scheme first it would be a 403, like a
-  missing role).
+- Token first, then the session (its CSRF check made on Django's own request, before the
+  body is parsed): a request without credentials gets 401 with ``WWW-Authenticate: Token``
+  (with the session scheme first it would be a 403, like a missing role).
 - Reads need a Sluice role, anything else the operator role, checked before the body is
   parsed (:class:`~dashboard.api.access.ViewOrAct`).
 - Throttles at ``SLUICE_API_RATE_ANON`` per client address and ``SLUICE_API_RATE_USER`` per
   user.  The address is the connection's own (``REMOTE_ADDR``): a client-sent
   ``X-Forwarded-For`` never makes a new identity (behind a proxy, the proxy sets
   ``REMOTE_ADDR`` through the WSGI server's own trusted-proxy handling).
-- JSON in and out; every error as ``{"error": ...}`` (:mod:`dashboard.api.errors`).
+- JSON in and out (JSON nested past what any request needs is a 400, not a 500); every error
+  as ``{"error": ...}`` (:mod:`dashboard.api.errors`).
 """
 from __future__ import annotations
 
@@ -20,8 +21,6 @@ from typing import Any, Callable
 
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.views import SpectacularAPIView
-from rest_framework.authentication import SessionAuthentication
-from rest_framework.parsers import JSONParser
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.throttling import AnonRateThrottle, UserRateThrottle
@@ -29,8 +28,9 @@ from rest_framework.views import APIView
 
 from core.conf import get_settings
 
-from dashboard.api.access import ViewOrAct
+from dashboard.api.access import SessionAuthentication, ViewOrAct
 from dashboard.api.errors import exception_handler
+from dashboard.api.params import JSONParser
 from dashboard.security.permissions import CanView
 from dashboard.security.tokens import HashedTokenAuthentication, client_address
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Callable
 
-from rest_framework import status
+from rest_framework import parsers, status
+from rest_framework.exceptions import ParseError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from dashboard import actions
 from dashboard.actions import ActionError
+from dashboard.actions.validate import MAX_JSON_DEPTH, too_deep
 from dashboard.counting import stats
 
 #: Rows a list returns at most (``limit`` is clamped to this).
@@ -56,3 +58,18 @@ def act(fn: Callable[[], actions.ActionResult], make: Callable[[actions.ActionRe
     result = fn()
     stats.forget_snapshot()  # the next overview shows the change (throughput samples stay)
     return Response(make(result), status=code)
+
+
+class JSONParser(parsers.JSONParser):
+    """DRF's JSON parser, whose RecursionError (``[`` × 100,000) was a 500: a body nested past
+    what Python parses, or past MAX_JSON_DEPTH (deeper than any request needs, and every
+    later walk of it would recurse as deep), is a 400 like any malformed body."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        try:
+            data = super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            raise ParseError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
+        if too_deep(data):
+            raise ParseError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+        return data

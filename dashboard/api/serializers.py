@@ -17,7 +17,7 @@ from core.failures import headers_of
 from core.messages import Message
 from core.models import BulkOperation, FailedMessage
 
-from dashboard.security.masking import mask_body, mask_headers
+from dashboard.security.masking import mask_body, mask_headers, mask_raw_headers
 from dashboard.models import AuditEntry
 from dashboard.counting.stats import QueueStats
 
@@ -52,7 +52,7 @@ def message_json(m: Message, size: int, with_body: bool) -> dict[str, Any]:
     return {"id": m.id, "row_version": m.row_version, "headers": mask_headers(m.headers), **body, "size": size,
             "body_included": with_body,
             "expires": _iso(m.expires), "expired": m.expired, "message_type": m.message_type,
-            "poison": m.poison, "raw_headers": m.raw_headers if m.poison else None}
+            "poison": m.poison, "raw_headers": mask_raw_headers(m.raw_headers) if m.poison else None}
 
 
 def delayed_json(m: DelayedMessage) -> dict[str, Any]:

@@ -7,7 +7,13 @@ original.  An edit-and-retry of a masked message gets them back too (:func:`unma
 
 Body fields are matched by object key at any depth, case-insensitively, in bodies that parse
 as JSON; other bodies (XML, text, binary) are shown as they are.  A masked JSON body is shown
-re-serialised (two-space indent), not byte for byte.
+re-serialised (two-space indent), not byte for byte.  A body that is JSON but that Python
+cannot load (a number of thousands of digits, nesting thousands deep) is withheld while
+fields are masked: what it holds cannot be masked, so it is not shown.
+
+A poison row's header text (``Sluice.RawHeaders``: headers Sluice could not use) is masked by
+name like headers are, at any depth; text that is no JSON at all is withheld while header
+names are masked, since the names in it cannot be told apart.
 """
 from __future__ import annotations
 
@@ -15,8 +21,14 @@ import json
 from typing import Any, Mapping
 
 from core.conf import get_settings
+from core.messages import Headers
 
 MASK = "***"
+#: What stands for a body or header text that cannot be masked (so is not shown).
+WITHHELD_BODY = (b"(withheld: this body looks like JSON but cannot be parsed, so its masked fields "
+                 b"(SLUICE_MASK_BODY_FIELDS) cannot be hidden)")
+WITHHELD_HEADERS = ("(withheld: this header text cannot be parsed, so its masked headers "
+                    "(SLUICE_MASK_HEADERS) cannot be hidden)")
 
 
 class MaskedBodyInvalid(ValueError):
@@ -36,9 +48,27 @@ def masked_fields() -> frozenset[str]:
 
 
 def mask_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    """``headers`` with the values of masked names replaced by ``***``."""
+    """``headers`` with the values of masked names replaced by ``***`` (and a poison
+    message's ``Sluice.RawHeaders`` text masked within)."""
     names = masked_header_names()
-    return {k: (MASK if k.lower() in names else v) for k, v in headers.items()}
+    return {k: (MASK if k.lower() in names else mask_raw_headers(v) if k == Headers.RAW_HEADERS else v)
+            for k, v in headers.items()}
+
+
+def mask_raw_headers(text: str | None) -> str:
+    """A poison row's header text as it may be shown: parsed and masked by name at any depth
+    (values of any type) and re-serialised; withheld when it cannot be parsed.  As it is
+    when no header is masked."""
+    names = masked_header_names()
+    if not names or not text:
+        return text or ""
+    value = _parse(text)
+    if value is _NOT_JSON or value is _UNLOADABLE:
+        return WITHHELD_HEADERS
+    try:
+        return json.dumps(_walk(value, names), ensure_ascii=False)
+    except RecursionError:  # loaded, but deeper than masking's own walk can go
+        return WITHHELD_HEADERS
 
 
 def _walk(value: Any, fields: frozenset[str], original: Any = None, restore: bool = False) -> Any:
@@ -60,14 +90,19 @@ def _walk(value: Any, fields: frozenset[str], original: Any = None, restore: boo
 
 
 def _parse(body: bytes | str) -> Any:
-    """The JSON value of a body, or a sentinel when it is not JSON (or too deep to parse)."""
+    """The JSON value of a body; _NOT_JSON when it is not JSON, _UNLOADABLE when it may be
+    JSON that Python cannot load (nesting past the recursion limit, an integer past
+    sys.get_int_max_str_digits(): both ValueError or RecursionError, not JSONDecodeError)."""
     try:
         return json.loads(body)
-    except (ValueError, RecursionError, TypeError):
+    except (json.JSONDecodeError, UnicodeDecodeError):  # not JSON text at all
         return _NOT_JSON
+    except (ValueError, RecursionError, TypeError):
+        return _UNLOADABLE
 
 
 _NOT_JSON = object()
+_UNLOADABLE = object()
 
 
 def _lines(text: str) -> str:
@@ -84,7 +119,12 @@ def mask_body(body: bytes | memoryview | None) -> bytes:
     value = _parse(data)
     if value is _NOT_JSON:
         return data
-    return json.dumps(_walk(value, fields), indent=2, ensure_ascii=False).encode("utf-8")
+    if value is _UNLOADABLE:
+        return WITHHELD_BODY
+    try:
+        return json.dumps(_walk(value, fields), indent=2, ensure_ascii=False).encode("utf-8")
+    except RecursionError:  # loaded, but deeper than masking's own walk can go
+        return WITHHELD_BODY
 
 
 def is_masking(body: bytes | memoryview | None) -> bool:
@@ -109,7 +149,7 @@ def unmask_body(submitted: str, stored: bytes | memoryview | None) -> str:
     if _lines(submitted) == _lines(shown) or submitted.encode("utf-8") == original:
         return original.decode("utf-8")  # untouched: the stored body, byte for byte
     value = _parse(submitted)
-    if value is _NOT_JSON:
+    if value is _NOT_JSON or value is _UNLOADABLE:
         raise MaskedBodyInvalid("this body has masked fields (SLUICE_MASK_BODY_FIELDS): keep it valid JSON so "
                                 "their stored values can be put back")
     return json.dumps(_walk(value, masked_fields(), _parse(original), restore=True), indent=2, ensure_ascii=False)

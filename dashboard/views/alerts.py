@@ -2,7 +2,6 @@
 history; operators add and change them with plain forms (each an audited action)."""
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, QueryDict
@@ -22,7 +21,9 @@ from core.models.alerts import (
     TargetFormat,
 )
 from core.alerts.notify import active_silences, silenced
+from core.alerts.sending import redact
 from dashboard import actions
+from dashboard.actions import validate
 from dashboard.security.permissions import viewer_required
 from dashboard.views.common import act, operator_only, page
 
@@ -73,9 +74,18 @@ def alerts(request: HttpRequest) -> HttpResponse:
         "rules": AlertRule.objects.prefetch_related("targets"),
         "targets": AlertTarget.objects.all(),
         "silences": Silence.objects.filter(ends_at__gt=now).select_related("rule"),
-        "deliveries": AlertDelivery.objects.select_related("target", "alert__rule")[:LIMIT],
+        "deliveries": _redacted(AlertDelivery.objects.select_related("target", "alert__rule")[:LIMIT]),
         "kinds": RuleKind.choices, "severities": Severity.choices, "formats": TargetFormat.choices,
     })
+
+
+def _redacted(deliveries: Any) -> list[AlertDelivery]:
+    """Deliveries with their errors redacted again as shown (not saved): a row stored before
+    redaction covered every part of the target's URL must not show it either."""
+    rows = list(deliveries)
+    for d in rows:
+        d.last_error = redact(d.last_error, d.target)
+    return rows
 
 
 def _back() -> str:
@@ -133,10 +143,7 @@ def silence_expire(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def import_config(request: HttpRequest) -> HttpResponse:
     def run():
-        try:
-            data = json.loads(request.POST.get("config", ""))
-        except ValueError as exc:
-            raise actions.ActionError(f"the configuration is not JSON: {exc}") from None
+        data = validate.load_json(request.POST.get("config", ""), "the configuration")
         return actions.import_alerts(request.user, data, via="web")
 
     return act(request, run, _back())

@@ -7,7 +7,9 @@ from django.urls import NoReverseMatch, reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from core.delayed import delayed_store
+from core.errors import InvalidQueueName
 from core.messages import Headers
+from core.queues import validate_name
 from dashboard import actions
 from dashboard.security.permissions import viewer_required
 from dashboard.views.common import act, back_to, int_param, operator_only, page
@@ -18,10 +20,11 @@ DEFAULT_SHOWN = 200
 
 
 def _queue_url(destination: str) -> str:
-    """The destination's queue page; "" for one no queue page can have (empty, holding "/")."""
+    """The destination's queue page; "" for one no queue can have (empty, "/", ".."): the
+    destination is message data, and only a valid queue name makes a link."""
     try:
-        return reverse("dashboard:queue", args=[destination]) if destination else ""
-    except NoReverseMatch:
+        return reverse("dashboard:queue", args=[validate_name(destination, own_table=True)])
+    except (InvalidQueueName, NoReverseMatch):
         return ""
 
 

@@ -101,9 +101,15 @@ def _page_of(qs, request: HttpRequest):
         when, _, pk = before.rpartition(",")
         try:
             at = dt.datetime.fromisoformat(when)
-            qs = qs.filter(Q(time_of_failure__lt=at) | Q(time_of_failure=at, pk__lt=int(pk)))
-        except ValueError:
-            pass
+            # In UTC, as the page gives it out: 9999-12-31T23:59:59-14:00 is valid ISO 8601 but
+            # past what the database (and Python's arithmetic) holds: OverflowError.
+            at = at.astimezone(dt.timezone.utc) if at.tzinfo else at.replace(tzinfo=dt.timezone.utc)
+            last = int(pk)
+            if not 0 <= last < 2**63:
+                raise ValueError("not a row id")
+            qs = qs.filter(Q(time_of_failure__lt=at) | Q(time_of_failure=at, pk__lt=last))
+        except (ValueError, OverflowError):
+            pass  # not a "before" this page gave out: the first page
     rows = list(qs.defer("body", "headers", "stack_trace", "history")[:PAGE_SIZE + 1])
     more = len(rows) > PAGE_SIZE
     rows = rows[:PAGE_SIZE]

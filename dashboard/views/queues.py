@@ -17,7 +17,7 @@ from core.messages import Headers, Message, parse_wire_time
 from core.queues import list_queues, registry
 from core.transport import Transport
 from dashboard import actions
-from dashboard.security.masking import mask_body, mask_headers
+from dashboard.security.masking import mask_body, mask_headers, mask_raw_headers, masked_header_names
 from dashboard.security.permissions import viewer_required
 from dashboard.views.failed import recent_operations
 from dashboard.views.common import (
@@ -42,6 +42,12 @@ class Filters:
     expired: str = ""  # "", "only", "exclude"
 
     @property
+    def value_masked(self) -> bool:
+        """A value given for a masked header (SLUICE_MASK_HEADERS): not looked at, or a viewer
+        could recover the value one character at a time from which guesses list the row."""
+        return bool(self.header and self.header_value) and self.header.lower() in masked_header_names()
+
+    @property
     def active(self) -> bool:
         return bool(self.message_type or self.header or self.min_age_minutes or self.expired)
 
@@ -56,7 +62,7 @@ class Filters:
             return False
         if self.header:
             value = m.headers.get(self.header)
-            if value is None or (self.header_value and self.header_value not in value):
+            if value is None or (self.header_value and not self.value_masked and self.header_value not in value):
                 return False
         if self.expired == "only" and not m.expired:
             return False
@@ -138,6 +144,9 @@ def queue(request: HttpRequest, name: str) -> HttpResponse:
         messages, cursor, more = [], after, False
         problem = f"The queue table cannot be read: {exc}"
     rows = [Row(m, sent_at(m), size) for m, size in messages]
+    if f.value_masked:
+        problem = problem or (f"{f.header} is masked (SLUICE_MASK_HEADERS): it filters by name only; "
+                              "the value is not looked at.")
     return page(request, "dashboard/queue.html", {
         "section": "queues", "name": name, "info": info, "rows": rows, "f": f, "problem": problem,
         "next_url": f"?{urlencode({**f.params(), 'after': cursor})}" if more else "",
@@ -147,6 +156,8 @@ def queue(request: HttpRequest, name: str) -> HttpResponse:
 
 
 def _message(transport: Transport, name: str, row_version: int) -> Message | None:
+    if not 0 < row_version < 2**63:  # no BIGINT RowVersion: the database would refuse the number (a 500)
+        return None
     found = transport.browse(name, limit=1, after=row_version - 1)
     return found[0] if found and found[0].row_version == row_version else None
 
@@ -165,7 +176,7 @@ def message(request: HttpRequest, name: str, row_version: int) -> HttpResponse:
         return error_response(request, "This message is no longer in the queue (received, deleted or "
                                        "held by a receiver right now).", 404)
     headers = ordered_headers(mask_headers(m.headers), PINNED) if not m.poison \
-        else [(Headers.RAW_HEADERS, m.raw_headers)]
+        else [(Headers.RAW_HEADERS, mask_raw_headers(m.raw_headers))]
     return page(request, "dashboard/message.html", {
         "section": "queues", "name": name, "m": m, "headers": headers, "body": body_view(mask_body(m.body)),
         "sent": sent_at(m), "others": [q.name for q in list_queues() if q.name != name],
