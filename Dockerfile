@@ -30,8 +30,8 @@ RUN mkdir -p /usr/share/man/man1 \
         libodbc2 unixodbc libltdl7 libkrb5-3 libgssapi-krb5-2 openjdk-17-jre-headless \
  && rm -rf /var/lib/apt/lists/*
 
-# EXTRAS: which of sluice's extras the image carries (mssql for docker-compose.yml's
-# SQL Server; add pipeline for the Spark job, otel for OpenTelemetry).
+# EXTRAS: which of django-sluice's extras the image carries (default: mssql for
+# docker-compose.yml's SQL Server and pipeline for the Spark job; add otel for OpenTelemetry).
 ARG EXTRAS=mssql,pipeline
 COPY --from=build /dist/ /dist/
 RUN pip install "$(ls /dist/django_sluice-*.whl)[${EXTRAS}]" && rm -rf /dist

@@ -31,8 +31,8 @@ class WorkerCommands(Group):
                             help="do not run the delayed-message mover in this worker")
         worker.add_argument("--no-maintenance", action="store_true",
                             help="leave the periodic clean-ups (expired-message purge, idle queues, error "
-                                 "ingestion, archived-failure purge) to Celery beat; they run where the mover "
-                                 "runs unless this is given")
+                                 "ingestion, archived-failure purge, Django tasks' old results) to Celery beat; "
+                                 "they run where the mover runs unless this is given")
 
         status = self.handles(sub.add_parser("status", help="workers, their loops and circuit breakers (from Redis)"),
                               self.status)

@@ -91,13 +91,13 @@ class SluiceSettings:
     WAKEUP_HEALTH_CHECK_SECONDS: float = 10.0
     #: Seconds that check may take; past it the listener reconnects (loops poll meanwhile).
     WAKEUP_HEALTH_CHECK_TIMEOUT: float = 5.0
-    #: Seconds between Celery beat's purges of expired messages.
+    #: Seconds between purges of expired messages (beat's task, or `sluice worker`'s maintenance loop).
     PURGE_INTERVAL: float = 60.0
-    #: Seconds between Celery beat's deletions of queues idle past their auto-delete time.
+    #: Seconds between deletions of queues idle past their auto-delete time (beat, or `sluice worker`).
     IDLE_QUEUE_INTERVAL: float = 60.0
-    #: Seconds between Celery beat's ingestions of the error queue into failed messages.
+    #: Seconds between ingestions of the error queue into failed messages (beat, or `sluice worker`).
     INGEST_INTERVAL: float = 5.0
-    #: Seconds between Celery beat's deletions of old archived failed messages.
+    #: Seconds between deletions of old archived failed messages (beat, or `sluice worker`).
     ARCHIVE_PURGE_INTERVAL: float = 3600.0
     #: Archived failed messages older than this many seconds are deleted (14 days).
     FAILED_ARCHIVE_RETENTION: float = 14 * 24 * 3600.0
@@ -110,7 +110,7 @@ class SluiceSettings:
     #: Django tasks' finished results (SUCCESSFUL or FAILED, core.tasks) older than this many
     #: seconds are deleted (7 days); results still READY are kept.
     TASK_RESULTS_RETENTION: float = 7 * 24 * 3600.0
-    #: Seconds between Celery beat's deletions of Django tasks' results past the retention.
+    #: Seconds between deletions of Django tasks' results past the retention (beat, or `sluice worker`).
     TASK_RESULTS_PRUNE_INTERVAL: float = 3600.0
     #: The Celery worker hosts the pumps and the mover (bootstep); off for task-only workers.
     CELERY_HOST_LOOPS: bool = True
