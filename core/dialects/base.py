@@ -250,14 +250,6 @@ class Dialect(abc.ABC):
         expires = self.expires_after_ttl_sql() if with_ttl else "%s"
         return f"(%s, %s, %s, {self.true_literal}, {expires}, %s, %s)"
 
-    def insert_returning(self, table: str, columns: Sequence[str], returning: str) -> str:
-        """INSERT one row into a table of Django's (not a queue: no schema of Sluice's), one
-        ``%s`` per column, returning the stored ``returning`` column (a database default,
-        as the database wrote it): one statement where the ORM's create costs a compile."""
-        names = ", ".join(self.quote(c) for c in columns)
-        marks = ", ".join(["%s"] * len(columns))
-        return f"INSERT INTO {self.quote(table)} ({names}) VALUES ({marks}) RETURNING {self.quote(returning)}"
-
     def insert_with_ttl(self, name: str) -> str:
         """INSERT one message; Expires = database now + TTL.  Params:
         id, correlation_id, reply_to, *ttl_params, headers, body."""

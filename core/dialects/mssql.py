@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from typing import Any, Sequence
+from typing import Any
 
 from core.dialects.base import Dialect
 from core.dialects.delayed_sql import DELAYED_COLUMNS, DelayedSQL
 from core.dialects.dashboard_sql import DashboardSQL
 from core.dialects.outbox_sql import OutboxSQL
+from core.dialects.tasks_sql import MSSQLTaskSQL
 
 
-class MSSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
+class MSSQLDialect(MSSQLTaskSQL, DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
     vendor = "microsoft"
     # OFFSET … FETCH rather than TOP (%s): the limit stays the last parameter, as LIMIT's.
     limit = " OFFSET 0 ROWS FETCH NEXT %s ROWS ONLY"
@@ -226,12 +227,6 @@ class MSSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
         # sp_rename takes the qualified old name and the bare new one; the index is
         # named Index_Time on every store table, so it needs no renaming.
         return [("EXEC sp_rename %s, %s", [self.table(old), new])]
-
-    def insert_returning(self, table: str, columns: Sequence[str], returning: str) -> str:
-        names = ", ".join(self.quote(c) for c in columns)
-        marks = ", ".join(["%s"] * len(columns))
-        return (f"SET NOCOUNT ON; INSERT INTO {self.quote(table)} ({names}) "
-                f"OUTPUT inserted.{self.quote(returning)} VALUES ({marks})")
 
     def delayed_insert_at(self, name: str) -> str:
         # Params: id, destination, state, time, headers — then id again for the existence check.

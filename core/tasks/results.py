@@ -22,6 +22,7 @@ from django.utils.module_loading import import_string
 
 from core.db import database_now_us
 from core.dialects import Dialect, dialect_for
+from core.dialects.tasks_sql import TASK_ROWS_PER_UPDATE
 from core.models import TaskResultRecord, TaskStatus
 from core.tasks.framework import Task, TaskError, TaskResult, TaskResultStatus
 
@@ -75,6 +76,27 @@ def insert_ready(using: str, result_id: str, task: Task, backend: str, args_kwar
             TaskStatus.READY.value, run_after, "[]", "[]"])
         (enqueued_at,) = cursor.fetchone()
     return dialect.to_datetime(enqueued_at)
+
+
+def write_successes(using: str, started: dt.datetime, finished: dt.datetime,
+                    rows: list[tuple[str, str, str | None]]) -> None:
+    """Successful attempts of one chunk, in one UPDATE per TASK_ROWS_PER_UPDATE rows: each
+    ``(id, worker_ids JSON, return_value JSON or None)``, all started at ``started`` (the
+    database's now as their rows were read) and finished at ``finished``."""
+    connection = connections[using]
+    dialect = dialect_for(connection)
+    table = TaskResultRecord._meta.db_table
+    times = [TaskStatus.SUCCESSFUL.value, *(connection.ops.adapt_datetimefield_value(t)
+                                             for t in (started, started, finished))]
+    with connection.cursor() as cursor:
+        for first in range(0, len(rows), TASK_ROWS_PER_UPDATE):
+            part = rows[first:first + TASK_ROWS_PER_UPDATE]
+            cursor.execute(_update_sql(dialect, len(part)), [*times, *(v for row in part for v in row)])
+
+
+@functools.lru_cache(maxsize=64)
+def _update_sql(dialect: Dialect, rows: int) -> str:
+    return dialect.update_task_results(TaskResultRecord._meta.db_table, rows)
 
 
 def ready_result(task: Task, result_id: str, backend: str, enqueued_at: dt.datetime,
