@@ -250,3 +250,23 @@ def test_old_finished_results_are_pruned(tasks_on_sluice, pump_for):
     assert prune_results(retention=0) == 1
     assert not TaskResultRecord.objects.filter(pk=done.id).exists()
     assert TaskResultRecord.objects.filter(pk=waiting.id).exists()  # READY: kept
+
+
+def test_a_task_that_raises_among_others_counts_one_failed_attempt(tasks_on_sluice, pump_for):
+    """The worker runs a chunk's tasks in one batch call; the one that raised is not run
+    again by the pump's one-message re-call, so its failed run is one counted attempt."""
+    from tests import task_funcs
+    from tests.task_funcs import add
+
+    task_funcs.FAIL_NEXT["among"] = 1
+    before = add.enqueue(1, 2)
+    flaky = task_funcs.flaky.enqueue("among")
+    after = add.enqueue(3, 4)
+    run_all(pump_for, tasks_on_sluice, immediate_retries=2)
+    done = task_funcs.flaky.get_result(flaky.id)
+    assert done.status == TaskResultStatus.SUCCESSFUL and done.return_value == {"key": "among", "attempt": 2}
+    assert done.attempts == 2 and len(done.errors) == 1
+    assert [add.get_result(r.id).return_value for r in (before, after)] == [3, 7]
+    assert add.get_result(before.id).attempts == 1 and add.get_result(after.id).attempts == 1
+    assert list(PingRecord.objects.filter(message_id__startswith="among-").values_list("message_id", flat=True)) \
+        == ["among-2"]

@@ -18,9 +18,10 @@ from core.dialects.base import Dialect
 from core.dialects.delayed_sql import DELAYED_COLUMNS, DelayedSQL
 from core.dialects.dashboard_sql import DashboardSQL
 from core.dialects.outbox_sql import OutboxSQL
+from core.dialects.tasks_sql import MSSQLTaskSQL
 
 
-class MSSQLDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
+class MSSQLDialect(MSSQLTaskSQL, DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
     vendor = "microsoft"
     # OFFSET … FETCH rather than TOP (%s): the limit stays the last parameter, as LIMIT's.
     limit = " OFFSET 0 ROWS FETCH NEXT %s ROWS ONLY"

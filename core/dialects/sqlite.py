@@ -16,9 +16,10 @@ from core.dialects.base import Dialect
 from core.dialects.delayed_sql import DelayedSQL
 from core.dialects.dashboard_sql import DashboardSQL
 from core.dialects.outbox_sql import OutboxSQL
+from core.dialects.tasks_sql import TaskSQL
 
 
-class SQLiteDialect(DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
+class SQLiteDialect(TaskSQL, DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
     vendor = "sqlite"
     supports_concurrent_writers = False
     supports_schemas = False

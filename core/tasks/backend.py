@@ -12,6 +12,7 @@ workflow.  docs/tasks.md is the guide.
 """
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any, Iterable
 
@@ -21,11 +22,11 @@ from django.db import connections, transaction
 
 from core.conf import get_settings
 from core.errors import InvalidQueueName
-from core.models import TaskResultRecord, TaskStatus
+from core.models import TaskResultRecord
 from core.queues import validate_name
 from core.tasks.framework import (BaseTaskBackend, InvalidTaskError, Task, TaskResult, TaskResultDoesNotExist,
                                   task_enqueued)
-from core.tasks.results import json_value, task_at, to_task_result
+from core.tasks.results import insert_ready, ready_result, task_at, to_task_result
 from core.transport import Transport
 
 #: The message type of a task's message (its queue's handler: core.tasks.worker).
@@ -77,9 +78,11 @@ class SluiceTaskBackend(BaseTaskBackend):
             # Workers import the task by this path: it must name this very task.
             raise InvalidTaskError(f"{task.module_path} does not name this task at module level")
         try:
-            args_kwargs = json_value({"args": list(args), "kwargs": dict(kwargs)})
-        except TypeError as exc:
+            # As the database's JSON will give it back (TypeError when it cannot).
+            args_kwargs_json = json.dumps({"args": list(args), "kwargs": dict(kwargs)})
+        except (TypeError, ValueError) as exc:
             raise InvalidTaskError(f"task arguments must be JSON: {exc}") from None
+        args_kwargs = json.loads(args_kwargs_json)
         result_id = str(uuid.uuid4())  # the form a MessageId takes (Transport keeps it as is)
         using = self.using
         queue = self.sluice_queue(task.queue_name)
@@ -87,12 +90,10 @@ class SluiceTaskBackend(BaseTaskBackend):
         # Both rows or neither, in the caller's transaction when one is open (no savepoint
         # of our own: a failed insert breaks the caller's block, which then rolls back).
         with transaction.atomic(using=using, savepoint=False):
-            record = TaskResultRecord.objects.using(using).create(
-                id=result_id, task_path=task.module_path, backend=self.alias, queue_name=task.queue_name,
-                priority=task.priority, args_kwargs=args_kwargs, status=TaskStatus.READY, run_after=task.run_after)
+            enqueued_at = insert_ready(using, result_id, task, self.alias, args_kwargs_json)
             Transport(using).send(queue, body, message_id=result_id, message_type=TASK_MESSAGE_TYPE,
                                   headers={TASK_PATH_HEADER: task.module_path}, deliver_at=task.run_after)
-        result = to_task_result(record, task)
+        result = ready_result(task, result_id, self.alias, enqueued_at, args_kwargs)
         task_enqueued.send(type(self), task_result=result)
         return result
 

@@ -16,10 +16,13 @@ import time
 import traceback
 from typing import Any
 
+from django.db import connections
 from django.db.models.functions import Now
 from django.utils.module_loading import import_string
 
 from core.db import database_now_us
+from core.dialects import Dialect, dialect_for
+from core.dialects.tasks_sql import TASK_ROWS_PER_UPDATE
 from core.models import TaskResultRecord, TaskStatus
 from core.tasks.framework import Task, TaskError, TaskResult, TaskResultStatus
 
@@ -45,6 +48,63 @@ def task_at(path: str) -> Task:
     if not isinstance(found, Task):
         raise TypeError(f"{path} is not a task (declare it with @task)")
     return found
+
+
+#: What enqueue writes in a READY row; the rest are the columns' defaults (NULL times, and
+#: ``enqueued_at``, the database's clock, returned by the INSERT).
+READY_COLUMNS = ("id", "task_path", "backend", "queue_name", "priority", "args_kwargs", "status", "run_after",
+                 "errors", "worker_ids")
+
+
+@functools.lru_cache(maxsize=None)
+def _insert_ready_sql(dialect: Dialect) -> str:
+    return dialect.insert_returning(TaskResultRecord._meta.db_table, READY_COLUMNS, "enqueued_at")
+
+
+def insert_ready(using: str, result_id: str, task: Task, backend: str, args_kwargs_json: str) -> dt.datetime:
+    """A task's READY result row, in whatever transaction ``using`` has open: one INSERT
+    built once per dialect (the ORM's create compiled its SQL anew each time, half of an
+    enqueue).  Returns ``enqueued_at`` as the database wrote it."""
+    connection = connections[using]
+    dialect = dialect_for(connection)
+    run_after = task.run_after
+    if run_after is not None:  # as the ORM stores a DateTimeField on this database
+        run_after = connection.ops.adapt_datetimefield_value(run_after)
+    with connection.cursor() as cursor:
+        cursor.execute(_insert_ready_sql(dialect), [
+            result_id, task.module_path, backend, task.queue_name, task.priority, args_kwargs_json,
+            TaskStatus.READY.value, run_after, "[]", "[]"])
+        (enqueued_at,) = cursor.fetchone()
+    return dialect.to_datetime(enqueued_at)
+
+
+def write_successes(using: str, started: dt.datetime, finished: dt.datetime,
+                    rows: list[tuple[str, str, str | None]]) -> None:
+    """Successful attempts of one chunk, in one UPDATE per TASK_ROWS_PER_UPDATE rows: each
+    ``(id, worker_ids JSON, return_value JSON or None)``, all started at ``started`` (the
+    database's now as their rows were read) and finished at ``finished``."""
+    connection = connections[using]
+    dialect = dialect_for(connection)
+    table = TaskResultRecord._meta.db_table
+    times = [TaskStatus.SUCCESSFUL.value, *(connection.ops.adapt_datetimefield_value(t)
+                                             for t in (started, started, finished))]
+    with connection.cursor() as cursor:
+        for first in range(0, len(rows), TASK_ROWS_PER_UPDATE):
+            part = rows[first:first + TASK_ROWS_PER_UPDATE]
+            cursor.execute(_update_sql(dialect, len(part)), [*times, *(v for row in part for v in row)])
+
+
+@functools.lru_cache(maxsize=64)
+def _update_sql(dialect: Dialect, rows: int) -> str:
+    return dialect.update_task_results(TaskResultRecord._meta.db_table, rows)
+
+
+def ready_result(task: Task, result_id: str, backend: str, enqueued_at: dt.datetime,
+                 args_kwargs: dict[str, Any]) -> TaskResult:
+    """The framework's value of a task just enqueued (what to_task_result makes of its row)."""
+    return TaskResult(task=task, id=result_id, status=TaskResultStatus.READY, enqueued_at=enqueued_at,
+                      started_at=None, finished_at=None, last_attempted_at=None, args=args_kwargs["args"],
+                      kwargs=args_kwargs["kwargs"], backend=backend, errors=[], worker_ids=[])
 
 
 def exception_path(exc: BaseException) -> str:

@@ -10,28 +10,122 @@ error queue, and the failure hook records the attempt (its error and traceback, 
 again or FAILED) in the receive's transaction, after the rollback.  A failed task is a
 failed message: the dashboard groups it, and Retry sends it back to run again.
 
+The handler is a batch handler (``run_tasks``): a chunk's tasks in one call, their result
+rows read in one SELECT (with the database's now) and written back in one UPDATE, where a
+handler per message paid a SELECT and an UPDATE, through the ORM, per task.  A task that
+raises fails the call; the pump then calls it again one message at a time (core.handlers),
+so each task's failure stays its own.  The task that raised is not run again by that
+re-call: its exception is raised again, so every run that raised is one failed attempt,
+counted once.  The others of the call do run again: their database work (result rows
+included) rolled back with the call and counts once, but their side effects outside the
+database and their signals happen again (at least once, as for any handler whose chunk
+rolls back).
+
 Signals: ``task_started`` before each attempt; ``task_finished`` once the task reached
-SUCCESSFUL or FAILED (not after an attempt that Sluice will retry).
+SUCCESSFUL or FAILED (not after an attempt that Sluice will retry), after its row is written.
 """
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
+import json
 import logging
+import threading
+import time
 from typing import Any
+
+from django.db.models.functions import Now
 
 from django.conf import settings
 
-from core.handlers import HandlerRegistry, handlers
+from core.handlers import BatchContext, HandlerRegistry, handlers
 from core.messages import Message
+from core.models import TaskResultRecord
 from core.tasks.backend import TASK_MESSAGE_TYPE, SluiceTaskBackend
-from core.tasks.framework import TaskContext, task_backends, task_finished, task_started
-from core.tasks.results import Attempt, json_value, task_at, to_task_result
+from core.tasks.framework import (Task, TaskContext, TaskError, TaskResult, TaskResultStatus, task_backends,
+                                  task_finished, task_started)
+from core.tasks.results import WORKER_ID, Attempt, json_value, task_at, to_task_result, write_successes
 
 log = logging.getLogger("sluice.tasks")
+
+#: Per pump thread: the exception each task raised in the last call of several messages,
+#: by (id of the Message object, message id), for the pump's one-message re-call (module doc).
+_raised = threading.local()
+
+
+def run_tasks(messages: list[Message], context: BatchContext) -> None:
+    """The tasks of a chunk's messages, one after the other, in the chunk's savepoint: one
+    SELECT of their result rows, one UPDATE with their outcomes (module doc)."""
+    if len(messages) == 1:
+        earlier = getattr(_raised, "by_message", {}).pop((id(messages[0]), messages[0].id), None)
+        if earlier is not None:
+            raise earlier
+    else:
+        _raised.by_message = {}
+    using = context.using
+    ids = [m.id for m in messages]
+    rows = {row[0]: row for row in TaskResultRecord.objects.using(using).filter(pk__in=ids).annotate(db_now=Now())
+            .values_list("id", "enqueued_at", "started_at", "errors", "worker_ids", "db_now")}
+    if not rows:  # none has a result row (run_task's doc): the one-message path
+        for message in messages:
+            run_task(message, context.for_message(message))
+        return
+    now = next(iter(rows.values()))[5]  # the attempts' start: the database's clock
+    read = time.monotonic()
+    tasks: dict[tuple[str, str], Task] = {}  # (path, queue name) → task, looked up once a call
+    done: list[tuple[TaskResult, Any, type]] = []
+    written: list[tuple[str, str, str | None]] = []
+    for message in messages:
+        row = rows.get(message.id)
+        if row is None:
+            run_task(message, context.for_message(message))
+            continue
+        body = message.json()
+        key = (body["task"], body.get("queue_name", ""))
+        task = tasks.get(key)
+        if task is None:
+            task = task_at(key[0])
+            if key[1] and task.queue_name != key[1]:
+                task = task.using(queue_name=key[1])
+            tasks[key] = task
+        _, enqueued_at, started_at, errors, worker_ids, _ = row
+        result = TaskResult(
+            task=task, id=message.id, status=TaskResultStatus.RUNNING, enqueued_at=enqueued_at,
+            started_at=started_at or now, finished_at=None, last_attempted_at=now,
+            args=body.get("args", []), kwargs=body.get("kwargs", {}), backend=body.get("backend", "default"),
+            errors=[TaskError(exception_class_path=e["exception_class_path"], traceback=e["traceback"])
+                    for e in errors or []],
+            worker_ids=[*(worker_ids or []), WORKER_ID])
+        sender = type(task.get_backend())
+        task_started.send(sender=sender, task_result=result)
+        try:
+            value = task.call(TaskContext(task_result=result), *result.args, **result.kwargs) \
+                if task.takes_context else task.call(*result.args, **result.kwargs)
+        except Exception as exc:
+            if len(messages) > 1:
+                _raised.by_message[(id(message), message.id)] = exc
+            raise
+        try:
+            text = None if value is None else json.dumps(value)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"task {task.module_path} returned a value that is not JSON: {exc}") from None
+        written.append((message.id, json.dumps(result.worker_ids), text))
+        done.append((result, None if text is None else json.loads(text), sender))
+    if not done:
+        return
+    finished = now + dt.timedelta(seconds=time.monotonic() - read)
+    write_successes(using, now, finished, written)
+    for result, value, sender in done:
+        finished_result = dataclasses.replace(result, status=TaskResultStatus.SUCCESSFUL, finished_at=finished)
+        object.__setattr__(finished_result, "_return_value", value)
+        task_finished.send(sender=sender, task_result=finished_result)
 
 
 def run_task(message: Message, context: Any) -> None:
     """Run the task a message names (imported by its path), sync or async, with its
-    TaskContext when it takes one; record the attempt's outcome in its result row."""
+    TaskContext when it takes one; record the attempt's outcome in its result row, made
+    now when there is none (enqueued by an older release or by hand, or pruned while its
+    message waited in the error queue)."""
     body = message.json()
     task = task_at(body["task"])
     attempt = Attempt(message.id, context.using, body)
@@ -82,6 +176,6 @@ def register(registry: HandlerRegistry = handlers) -> list[str]:
     creates the queues), in the process's registry unless given another.  Returns the queues."""
     queues = sorted({queue for backend in sluice_backends() for queue in backend.sluice_queues()})
     for queue in queues:
-        registry.register(queue, TASK_MESSAGE_TYPE, run_task)
+        registry.register(queue, TASK_MESSAGE_TYPE, run_tasks, batch=True)
         registry.on_failure(queue, TASK_MESSAGE_TYPE, record_failure)
     return queues
