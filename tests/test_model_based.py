@@ -16,6 +16,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from core.outbox import create_outbox_table
 from core.scheduling import delayed_store
 from tests.conftest import database_vendor
+from tests.model_faults import install_refusals
 from tests.model_machine import SluiceMachine, World, limit_shrinking, profile
 from tests.model_support import DELAYED_RETRY_INCREASE, Proc, create_ledger, drop_ledger
 
@@ -26,8 +27,9 @@ def world(make_queue, error_queue):
     create_outbox_table()
     create_ledger()
     procs = {name: Proc(name) for name in ("A", "B", "C")}
-    queue = make_queue("model")
-    SluiceMachine.world = World(queue, make_queue("model_out"), procs, can_kill=database_vendor() == "postgresql",
+    queue, out = make_queue("model"), make_queue("model_out")
+    install_refusals(queue, out)
+    SluiceMachine.world = World(queue, out, procs, can_kill=database_vendor() == "postgresql",
                                 tasks=True)
     # Django tasks on the same queue (core.tasks): "default" too, the queue tests/task_funcs.py declares.
     tasks = {"default": {"BACKEND": "core.tasks.backend.SluiceTaskBackend", "QUEUES": ["default", queue]}}
