@@ -49,6 +49,7 @@ def _soak(db: str, seconds: float) -> dict[str, Any]:
 
     from core.outbox import create_outbox_table
     from core.queues import create_queue
+    from tests.model_faults import install_refusals
     from tests.model_machine import SOAK, SluiceMachine, World, limit_shrinking
     from tests.model_support import DELAYED_RETRY_INCREASE, Proc, create_ledger
 
@@ -57,6 +58,7 @@ def _soak(db: str, seconds: float) -> dict[str, Any]:
     create_ledger()
     create_queue("soak_model")
     create_queue("soak_model_out")
+    install_refusals("soak_model", "soak_model_out")
     procs = {name: Proc(name) for name in ("A", "B", "C")}
     SluiceMachine.world = World("soak_model", "soak_model_out", procs, can_kill=db == "postgresql")
     SluiceMachine.totals.clear()

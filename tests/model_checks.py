@@ -6,6 +6,7 @@ Between steps no transaction is open, so one read of each table is a consistent 
 """
 from __future__ import annotations
 
+import datetime as dt
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
@@ -16,6 +17,7 @@ from core.messages import Headers
 from core.models import TaskResultRecord
 from core.scheduling import delayed_store
 from core.transport import Transport
+from tests.model_faults import behaves_as
 from tests.model_support import (BATCH_CHILDREN, CHILDREN, LEDGER, LIMIT, POISON_HEADERS, Model, fails_for_good,
                                  model_body, queued_bodies)
 
@@ -34,6 +36,7 @@ class Snapshot:
     errors: dict[str, list[dict]] = field(default_factory=lambda: defaultdict(list))  # key → error-queue headers
     children: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))  # key → child → copies
     results: dict[str, tuple[str, int, int]] = field(default_factory=dict)  # task key → (status, errors, attempts)
+    child_headers: dict[str, list[dict]] = field(default_factory=lambda: defaultdict(list))  # key → its sends' headers
 
 
 def snapshot(queue: str, out: str, model: Model | None = None) -> Snapshot:
@@ -48,8 +51,11 @@ def snapshot(queue: str, out: str, model: Model | None = None) -> Snapshot:
     for message in transport.browse(out, limit=BROWSE_LIMIT):
         body = message.json()
         snap.children[body["parent"]][body["c"]] += 1
+        snap.child_headers[body["parent"]].append(message.headers)
     for message in transport.browse(get_settings().ERROR_QUEUE, limit=BROWSE_LIMIT):
-        if message.headers.get(Headers.FAILED_Q) == queue:
+        # A message set aside (core.receive.last_resort) keeps the headers it was received
+        # with (no FailedQ), plus Sluice.PoisonReason.
+        if message.headers.get(Headers.FAILED_Q) == queue or Headers.POISON_REASON in message.headers:
             snap.errors[model_body(message.json())["k"]].append(message.headers)
     tasks = {sent.task_id: key for key, sent in model.sent.items() if sent.task_id} if model else {}
     if tasks:
@@ -63,6 +69,7 @@ def snapshot(queue: str, out: str, model: Model | None = None) -> Snapshot:
             snap.stored[model_body(body)["k"]] += 1
         elif message.destination == out:
             snap.children[body["parent"]][body["c"]] += 1
+            snap.child_headers[body["parent"]].append(message.headers)
     return snap
 
 
@@ -73,7 +80,7 @@ def _json(body: bytes) -> dict:
 
 
 def expected_children(plan: str, batch: bool) -> Counter:
-    return Counter((BATCH_CHILDREN if batch else CHILDREN).get(plan, ()))
+    return Counter((BATCH_CHILDREN if batch else CHILDREN).get(behaves_as(plan), ()))
 
 
 def violations(model: Model, snap: Snapshot) -> list[str]:
@@ -102,6 +109,7 @@ def violations(model: Model, snap: Snapshot) -> list[str]:
             found.append(f"{what}: sends {dict(snap.children.get(key, {}))}, expected {dict(want)} "
                          f"({'its business work committed' if handled else 'its business work did not commit'})")
         found += _error_queue(what, key, sent, model, snap)
+        found += _child_headers(what, model.parents.get(key), snap.child_headers.get(key, []))
     found += _runs(model)
     return found
 
@@ -109,6 +117,9 @@ def violations(model: Model, snap: Snapshot) -> list[str]:
 def _error_queue(what: str, key: str, sent, model: Model, snap: Snapshot) -> list[str]:
     found = []
     for headers in snap.errors.get(key, []):
+        if sent.plan == "refused_record" or Headers.POISON_REASON in headers:
+            found += _set_aside(what, sent.plan, model.raises[key], headers)
+            continue
         if not fails_for_good(sent.plan):
             found.append(f"{what}: in the error queue, but its handler succeeds after "
                          f"{model.raises[key]} failure(s) (limit {LIMIT})")
@@ -128,6 +139,62 @@ def _error_queue(what: str, key: str, sent, model: Model, snap: Snapshot) -> lis
     return found
 
 
+def _set_aside(what: str, plan: str, raises: int, headers: dict) -> list[str]:
+    """A message whose failure record the database refused: in the error queue as it
+    was received, with the reason, after its one failed run (tests/model_faults.py)."""
+    if plan != "refused_record":
+        return [f"{what}: set aside ({headers.get(Headers.POISON_REASON)!r}), but nothing refuses its writes"]
+    found = [] if headers.get(Headers.POISON_REASON) else [f"{what}: in the error queue without Sluice.PoisonReason"]
+    if Headers.FAILED_ATTEMPTS in headers or raises != 1:
+        found.append(f"{what}: set aside after {raises} failed run(s) with headers {sorted(headers)}: "
+                     "not as it was received after its first failure")
+    return found
+
+
+def _child_headers(what: str, parent: tuple | None, sends: list[dict]) -> list[str]:
+    """Each send of a handler carries its message's conversation: RelatedTo its id, its
+    CorrelationId (when the column takes it), its ConversationId."""
+    if parent is None:
+        return []
+    related_to, correlation, conversation = parent
+    found = []
+    for headers in sends:
+        got = (headers.get(Headers.RELATED_TO), headers.get(Headers.CORRELATION_ID), headers.get(Headers.CONVERSATION_ID))
+        bad = [name for name, want, have in zip(("RelatedTo", "CorrelationId", "ConversationId"),
+                                                 (related_to, correlation, conversation), got)
+               if want is not None and want != have]
+        if bad:
+            found.append(f"{what}: a send of its handler carries {', '.join(bad)} {got}, expected {parent}")
+    return found
+
+
+#: Clock precision the expiry comparison allows (the column's rounding).
+EXPIRY_SLACK = dt.timedelta(milliseconds=2)
+
+
+def _expiry(run, sent) -> str | None:
+    """The run's row keeps the message's ORIGINAL expiry: the send's clock plus its TTL;
+    only a delayed retry (or a delayed send) starts the TTL again, when the mover puts it
+    back in its queue — never earlier than the original, never dropped."""
+    if not sent.ttl or sent.task_id:
+        return None
+    ttl = dt.timedelta(seconds=sent.ttl)
+    if run.expires is None:
+        return f"{run.key}: its TTL ({sent.ttl:g} s) was dropped: the row it ran from has no Expires"
+    if sent.sent_between is None:  # a delayed send: the TTL starts at the move
+        low = sent.earliest + ttl if sent.earliest else None
+        high = run.at + ttl
+    elif run.delayed_retries:
+        low, high = sent.sent_between[0] + ttl, run.at + ttl
+    else:
+        low, high = sent.sent_between[0] + ttl, sent.sent_between[1] + ttl
+    if (low is not None and run.expires < low - EXPIRY_SLACK) or run.expires > high + EXPIRY_SLACK:
+        return (f"{run.key}: ran from a row expiring at {run.expires:%H:%M:%S.%f}, its original expiry is between "
+                f"{low and f'{low:%H:%M:%S.%f}'} and {high:%H:%M:%S.%f} (TTL {sent.ttl:g} s, "
+                f"{run.delayed_retries} delayed retries)")
+    return None
+
+
 def _runs(model: Model) -> list[str]:
     """Expired messages never run; delayed messages never run early (database clock)."""
     found = []
@@ -138,6 +205,8 @@ def _runs(model: Model) -> list[str]:
         if run.expires is not None and run.step_started is not None and run.step_started > run.expires:
             found.append(f"{run.key}: its handler ran although it expired at {run.expires:%H:%M:%S.%f} "
                          f"before the step began ({run.step_started:%H:%M:%S.%f})")
+        if sent is not None and (wrong := _expiry(run, sent)):
+            found.append(wrong)
         if sent is not None and sent.earliest is not None and run.at < sent.earliest:
             found.append(f"{run.key}: delayed until at least {sent.earliest:%H:%M:%S.%f}, its handler ran at "
                          f"{run.at:%H:%M:%S.%f}")

@@ -14,7 +14,9 @@ handler; type ``Batch``, a batch handler, takes the first five):
 - ``refused_long`` / ``refused_nul``: a ledger row and a send the database refuses (a
   300-character correlation id / a NUL in the reply-to address): the message must fail
   on its own, through its retries to the error queue, and block nothing;
-- ``delayed_child``: a ledger row and a delayed send.
+- ``delayed_child``: a ledger row and a delayed send;
+- ``refused_trigger``, ``refused_record``, the foreign rows and ``killed_once``: faults
+  Sluice's ``send()`` cannot make (tests/model_faults.py).
 
 The model counts each handler's raises in memory (``raises``): that is the number of
 failed handler runs, whichever pump ran them, which the message's
@@ -40,7 +42,9 @@ from core.handlers import HandlerRegistry
 from core.runtime.loops import drop_broken_connections
 from core.messages import Headers, Message
 from core.receive.pump import MessagePump
+from core.outgoing import valid_correlation_id
 from core.queues import dialect
+from tests.model_faults import REFUSE_CORRELATION, REFUSED_RECORD_TYPE, Killed, behaves_as, kill_own_connection
 
 LEDGER = "sluice_model_ledger"
 #: Immediate and delayed retries the pumps run with; a message fails LIMIT times at most.
@@ -52,7 +56,7 @@ DELAYED_RETRY_INCREASE = 0.2
 #: Plans left out (comma-separated SLUICE_MODEL_EXCLUDE): to look past a defect already found.
 EXCLUDED = {name for name in os.environ.get("SLUICE_MODEL_EXCLUDE", "").split(",") if name}
 WORK_PLANS = ("ok", "sends", "raise", "flaky1", "flaky3", f"flaky{LIMIT}", "inner_commit", "inner_rollback",
-              "refused_long", "refused_nul", "delayed_child")
+              "refused_long", "refused_nul", "delayed_child", "refused_trigger", "refused_record")
 BATCH_PLANS = ("ok", "sends", "raise", "flaky1", "flaky3", f"flaky{LIMIT}")
 #: Rows another system wrote, whose Headers are no JSON object of strings (producer rule
 #: ``send_foreign_row``): poison, to the error queue at once, never to a handler.
@@ -74,9 +78,10 @@ class _Undo(Exception):
 
 def flaky_runs(plan: str) -> int:
     """How many runs of ``plan`` fail before it succeeds (LIMIT + 1: never succeeds)."""
+    plan = behaves_as(plan)
     if plan.startswith("flaky"):
         return int(plan[5:])
-    return LIMIT + 1 if plan in ("raise", "refused_long", "refused_nul") else 0
+    return LIMIT + 1 if plan in ("raise", "refused_long", "refused_nul", "refused_trigger") else 0
 
 
 def fails_for_good(plan: str) -> bool:
@@ -142,6 +147,7 @@ class Run:
     at: dt.datetime              # the database clock when the handler started
     step_started: dt.datetime    # the database clock before the step that ran it began
     expires: dt.datetime | None  # the row's Expires
+    delayed_retries: int = 0     # NServiceBus.Retries on the row (a delayed retry restarts the TTL)
 
 
 @dataclass
@@ -155,6 +161,9 @@ class Sent:
     rolled_back: bool = False
     #: A Django task's result id (None: a plain message).
     task_id: str | None = None
+    #: The database clock just before and just after the send: its ORIGINAL Expires lies
+    #: between these plus the TTL (None: delayed or foreign, whose TTL starts later).
+    sent_between: tuple[dt.datetime, dt.datetime] | None = None
 
 
 @dataclass
@@ -166,6 +175,16 @@ class Model:
     runs: list[Run] = field(default_factory=list)
     step_started: dt.datetime | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: Handler runs that killed their own connection (plan killed_once), by key.
+    kills: Counter = field(default_factory=Counter)
+    #: The step being run (SluiceMachine._steps numbers them) and the steps in which a
+    #: handler raised: a kill there could roll back a failure count the model already
+    #: counted, so killed_once kills only in a step where nothing raised yet.
+    step_no: int = 0
+    raised_in: set = field(default_factory=set)
+    #: key → what its handler's sends must carry: (RelatedTo, CorrelationId or None when
+    #: not inherited, ConversationId or None), from the message as the handler saw it.
+    parents: dict = field(default_factory=dict)
 
     def next_key(self) -> str:
         return f"m{len(self.sent)}"
@@ -196,6 +215,7 @@ class Handlers:
         self.registry = HandlerRegistry()
         self.registry.register(queue, "Work", self.work)
         self.registry.register(queue, "Batch", self.batch, batch=True)
+        self.registry.register(queue, REFUSED_RECORD_TYPE, self.work)
         if tasks:
             from core.tasks.worker import register
 
@@ -214,12 +234,19 @@ class Handlers:
     def _record(self, message: Message, using: str) -> str:
         key = message.json()["k"]
         with self.model.lock:
-            self.model.runs.append(Run(key, db_now(using), self.model.step_started, message.expires))
+            self.model.runs.append(Run(key, db_now(using), self.model.step_started, message.expires,
+                                       message.delayed_retries))
+            headers = message.headers
+            inherited = headers.get(Headers.CORRELATION_ID) or message.correlation_id
+            self.model.parents[key] = (headers.get(Headers.MESSAGE_ID, message.id),
+                                       inherited if inherited and valid_correlation_id(inherited) else None,
+                                       headers.get(Headers.CONVERSATION_ID))
         return key
 
     def _fail(self, key: str, why: str) -> None:
         with self.model.lock:
             self.model.raises[key] += 1
+            self.model.raised_in.add(self.model.step_no)
         raise PlannedFailure(f"{key}: {why}")
 
     def _will_fail(self, key: str, plan: str) -> bool:
@@ -235,14 +262,22 @@ class Handlers:
         plan = message.json()["b"]
         try:
             self._work(key, plan, message, context)
-        except PlannedFailure:
+        except (PlannedFailure, Killed):  # (a kill rolls the whole receive back: no failure counted)
             raise
         except Exception:  # a send refused in the handler: a failed run too
             with self.model.lock:
                 self.model.raises[key] += 1
+                self.model.raised_in.add(self.model.step_no)
             raise
 
     def _work(self, key: str, plan: str, message: Message, context: Any) -> None:
+        if plan == "killed_once":
+            with self.model.lock:
+                kill = not self.model.kills[key] and self.model.step_no not in self.model.raised_in
+                self.model.kills[key] += kill
+            if kill:
+                kill_own_connection(context.using)
+        plan = behaves_as(plan)
         if plan.startswith("flaky") and self._will_fail(key, plan) or plan == "raise":
             self._fail(key, f"planned failure of {plan}")
         self._ledger(context.using, key, message)
@@ -265,6 +300,8 @@ class Handlers:
             context.send(self.out, {**child, "c": "c0"}, message_type="Child", correlation_id="x" * 300)
         elif plan == "refused_nul":
             context.send(self.out, {**child, "c": "c0"}, message_type="Child", reply_to="a\x00b")
+        elif plan == "refused_trigger":
+            context.send(self.out, {**child, "c": "c0"}, message_type="Child", correlation_id=REFUSE_CORRELATION)
         elif plan == "delayed_child":
             context.send(self.out, {**child, "c": "c0"}, message_type="Child", delay=0.3)
 
