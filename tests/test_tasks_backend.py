@@ -5,11 +5,12 @@ dashboard's Retry to SUCCESSFUL, async tasks, context, signals, checks and reten
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import time
 
 import pytest
 from django.core import checks
-from django.db import transaction
+from django.db import connections, transaction
 from django.test import override_settings
 
 from core.db import database_now_us
@@ -29,6 +30,28 @@ from tests.tasks_support import tasks_on_sluice  # noqa: F401
 
 def run_all(pump_for, setup, **options) -> None:
     drain(pump_for(setup.queue, concurrency=1, **options))
+
+
+def in_a_thread_of_its_own(fn):
+    """``fn()`` in a new thread, as a worker's pump thread runs: where no event loop runs.
+    The browser tests' Playwright leaves one running in the test thread of the same pytest
+    process, and async_to_sync (an async task's call) refuses to run beside it."""
+    outcome: dict = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 — raised again in the test's thread
+            outcome["error"] = exc
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(120)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
 
 
 def test_enqueue_run_and_the_result(tasks_on_sluice, pump_for):
@@ -160,7 +183,7 @@ def test_an_async_task(tasks_on_sluice, pump_for):
     from tests.task_funcs import async_double
 
     result = async_double.enqueue(21)
-    run_all(pump_for, tasks_on_sluice)
+    in_a_thread_of_its_own(lambda: run_all(pump_for, tasks_on_sluice))
     done = async_double.get_result(result.id)
     assert done.status == TaskResultStatus.SUCCESSFUL and done.return_value == 42
     assert PingRecord.objects.filter(message_id="async-21").count() == 1
@@ -171,9 +194,9 @@ def test_aenqueue_and_aget_result(tasks_on_sluice, pump_for):
 
     from tests.task_funcs import add
 
-    result = async_to_sync(add.aenqueue)(4, 5)
+    result = in_a_thread_of_its_own(lambda: async_to_sync(add.aenqueue)(4, 5))
     run_all(pump_for, tasks_on_sluice)
-    done = async_to_sync(add.aget_result)(result.id)
+    done = in_a_thread_of_its_own(lambda: async_to_sync(add.aget_result)(result.id))
     assert done.status == TaskResultStatus.SUCCESSFUL and done.return_value == 9
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from drf_spectacular.authentication import SessionScheme
 from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.renderers import JSONRenderer
@@ -33,6 +34,13 @@ from dashboard.api.errors import exception_handler
 from dashboard.api.params import JSONParser
 from dashboard.security.permissions import CanView
 from dashboard.security.tokens import HashedTokenAuthentication, client_address
+
+
+class CsrfFirstSessionScheme(SessionScheme):
+    """The OpenAPI description of our session scheme: DRF's cookie login (drf-spectacular
+    describes DRF's own class only, not a subclass of it)."""
+
+    target_class = "dashboard.api.access.SessionAuthentication"
 
 
 class AnonThrottle(AnonRateThrottle):
