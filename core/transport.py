@@ -31,6 +31,9 @@ from core.runtime.wakeups import notify_queue, on_commit_wake, queue_key, wake_h
 
 log = logging.getLogger("sluice.transport")
 
+#: A statement and its parameters (Transport.send_along's ``along``).
+Statement = tuple[str, Sequence[Any]]
+
 #: The most rows one purge statement deletes (SQL Server escalates past 5,000 row locks).
 MAX_PURGE_BATCH = 4000
 
@@ -70,7 +73,7 @@ class Transport(MessageBuilder):
         return StatementCursor(self.using)
 
     # -- inserting: every row goes in through enqueue() ----------------------------
-    def enqueue(self, messages: Sequence[OutgoingMessage]) -> None:
+    def enqueue(self, messages: Sequence[OutgoingMessage], along: Statement | None = None) -> tuple[Any, ...] | None:
         """Insert rows into their queue tables: THE insert path (send, send_many, the
         delayed mover, moves to the error / dead-letter queue, the outbox, failed-message
         retries all end here).
@@ -81,8 +84,13 @@ class Transport(MessageBuilder):
         or kept as given (``OutgoingMessage.expires``).  Activity is recorded on each
         queue (after the transaction commits), so an idle temporary queue that just
         received a row is not dropped.
+
+        ``along``: a statement of the caller's returning one row, run with the first
+        insert in one round trip where the dialect can (``insert_along``), else right
+        after the inserts; returns that row (None without ``along``).
         """
         groups: dict[tuple[str, bool], list[OutgoingMessage]] = {}
+        along_row = None
         for m in messages:
             groups.setdefault((m.queue, m.ttl_seconds is not None), []).append(m)
         d = self.dialect
@@ -97,11 +105,19 @@ class Transport(MessageBuilder):
                 size = d.insert_rows_per_statement(len(rows[0]))
                 for start in range(0, len(rows), size):
                     sql, params = d.insert_rows(queue, rows[start:start + size], with_ttl)
-                    cursor.execute(sql, params, prepare=True)
+                    joined = None if along is None else d.insert_along(sql, along[0])
+                    if joined is None:
+                        cursor.execute(sql, params, prepare=True)
+                    else:
+                        cursor.execute(joined, [*params, *along[1]], prepare=True)
+                        along_row, along = cursor.fetchone(), None
+            if along is not None:
+                along_row = cursor.execute(along[0], along[1], prepare=True).fetchone()
         names = sorted({queue for queue, _ in groups})
         for queue in names:
             registry.record_activity(queue, self.using)
         self._announce_on_commit(names, d)
+        return along_row
 
     def _announce_on_commit(self, queues: Sequence[str], d: Dialect) -> None:
         """Once the rows are committed, wake the queues' pumps: this process's at once,
@@ -202,16 +218,29 @@ class Transport(MessageBuilder):
         message in the delayed store instead; its TTL starts when it lands in the queue.
         A zero delay or a time in the past sends at once.
         """
+        return self.send_along(queue, body, None, delay=delay, deliver_at=deliver_at, **options)[0]
+
+    def send_along(self, queue: str, body: Any, along: Statement | None, *, delay: Any = None,
+                   deliver_at: Any = None, **options: Any) -> tuple[str, tuple[Any, ...] | None]:
+        """:meth:`send`, and ``along`` (a statement of the caller's returning one row: a row
+        that belongs with the message, such as a task's result) in the same transaction
+        and, where the dialect can, in the same round trip (:meth:`enqueue`).  Returns
+        the message's id and along's row."""
         wait, when = resolve_due(delay, deliver_at)
         with tracing.send_span(queue, delayed=wait is not None or when is not None) as span:
             message = self.build(queue, body, **options)
             if wait is None and when is None:
-                self.enqueue([message])
+                row = self.enqueue([message], along)
             else:
                 self.schedule(message, wait, when)
+                row = None if along is None else self._run_along(along)
             if span is not None:
                 tracing.sent(span, [message])
-        return message.message_id
+        return message.message_id, row
+
+    def _run_along(self, along: Statement) -> tuple[Any, ...] | None:
+        with self._cursor() as cursor:
+            return cursor.execute(along[0], along[1], prepare=True).fetchone()
 
     def send_many(self, queue: str, bodies: Sequence[Any], *, delay: Any = None, deliver_at: Any = None,
                   **options: Any) -> list[str]:

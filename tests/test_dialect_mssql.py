@@ -160,6 +160,10 @@ def _statements(d: MSSQLDialect, name: str) -> list[Stmt]:
         per_row = 5 + len(d.ttl_params(60)) if with_ttl else 6
         sql, params = d.insert_rows(name, [[None] * per_row] * 3, with_ttl)
         out.append(Stmt("insert_rows", sql, len(params), None))
+    # core/tasks: a task's message and its result row in one batch (the insert's params, then the row's)
+    sql, params = d.insert_rows(name, [[None] * (5 + len(d.ttl_params(60)))], True)
+    out.append(Stmt("insert_along", d.insert_along(sql, d.insert_returning("sluice_task_result", ["id"], "enqueued_at")),
+                    len(params) + 1, None))
     out.append(Stmt("receive", d.receive(name), 1, None))                     # [limit]
     out.append(Stmt("peek_estimate", d.peek_estimate(name), 0, None))         # []
     out.append(Stmt("browse", d.browse(name), len(d.browse_params(0, 50)), None))
@@ -202,7 +206,8 @@ NAMED = ["create_queue_table", "ddl_lock", "drop_queue_table", "existing_indexes
          "create_delayed_table", "delayed_insert_at", "delayed_insert_after", "delayed_fetch_due",
          "delayed_remove", "delayed_increment_failure", "delayed_list", "delayed_deliver_now", "delayed_next",
          "delayed_has_destination", "receive_expired", "max_row_version", "lock_table", "delayed_remove_many",
-         "rename_delayed_table", "insert_rows", "delayed_insert_many", "delayed_claim_due", "record_horizon"]
+         "rename_delayed_table", "insert_rows", "delayed_insert_many", "delayed_claim_due", "record_horizon",
+         "insert_along"]
 
 
 def not_parseable(stmt: Stmt) -> bool:
@@ -251,7 +256,8 @@ def test_placeholders_match_params_and_sql_parses_as_tsql(schema, name):
             continue
         trees = parse(bound)
         tables = [t for tree in trees for t in tree.find_all(exp.Table)
-                  if t.name not in ("indexes", "message", "sp_rename")]  # sys.indexes, receive's CTE
+                  if t.name not in ("indexes", "message", "sp_rename", "sluice_task_result")]  # sys.indexes,
+            # receive's CTE, Django's table of task results (insert_along)
         for table in tables:                              # the queue table, schema-qualified
             assert_table(table, name, schema or "dbo")
         if not tables:                                    # it names the table in a param (OBJECT_ID)
@@ -1037,3 +1043,17 @@ def test_a_foreign_rows_retry_binds_only_what_its_columns_take(mssql_connection,
     values["Headers"].encode("utf-16-le")  # nvarchar: what the driver sends; a lone surrogate raises
     headers = json.loads(values["Headers"])
     assert headers["NServiceBus.CorrelationId"] == long and headers["Foreign.Note"] == "a \ud800 b"
+
+
+def test_a_task_enqueue_is_one_batch_returning_the_result_rows_time():
+    """A task's message and its result row in one round trip: the queue's INSERT, then the
+    result's INSERT … OUTPUT, NOCOUNT on so the OUTPUT row is the first result."""
+    from core.dialects.tasks_sql import MSSQLTaskSQL  # noqa: F401 (the dialect's mixin)
+
+    d = MSSQLDialect()
+    insert_sql, params = d.insert_rows(NAME, [[uuid.uuid4(), None, None, *d.ttl_params(60), "{}", b"x"]], True)
+    along = d.insert_returning("sluice_task_result", ["id", "status"], "enqueued_at")
+    sql = d.insert_along(insert_sql, along)
+    assert sql.startswith("SET NOCOUNT ON; ") and sql.index(insert_sql) < sql.index(along)
+    assert placeholders(sql) == len(params) + 2
+    assert "OUTPUT inserted.[enqueued_at]" in sql

@@ -74,6 +74,25 @@ def test_enqueue_run_and_the_result(tasks_on_sluice, pump_for):
     assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 5
 
 
+def test_an_enqueue_is_one_round_trip_where_the_database_can(tasks_on_sluice):
+    """The message and its result row go in one statement on PostgreSQL (and SQL Server:
+    tests/test_dialect_mssql.py), two on SQLite, which runs in the process."""
+    from django.test.utils import CaptureQueriesContext
+
+    from core.dialects import dialect_for
+    from tests.task_funcs import add
+
+    connection = connections["default"]
+    one_statement = dialect_for(connection).insert_along("INSERT 1", "INSERT 2") is not None
+    with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+        result = add.enqueue(1, 1)
+    statements = [q["sql"] for q in queries.captured_queries if q["sql"].lstrip().upper().startswith(("INSERT", "WITH"))]
+    assert len(statements) == (1 if one_statement else 2), statements
+    [message] = Transport().browse(tasks_on_sluice.queue)
+    assert message.id == result.id
+    assert add.get_result(result.id).enqueued_at == result.enqueued_at
+
+
 def test_database_work_commits_once_with_the_receive(tasks_on_sluice, pump_for):
     from tests.task_funcs import record_ping
 

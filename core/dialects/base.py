@@ -260,6 +260,14 @@ class Dialect(abc.ABC):
         id, correlation_id, reply_to, expires, headers, body."""
         return f"INSERT INTO {self.table(name)} ({self._insert_columns()}) VALUES {self._insert_row(False)}"
 
+    def insert_along(self, insert_sql: str, along_sql: str) -> str | None:
+        """One statement (one round trip) running a message's INSERT (``insert_sql``, one of
+        :meth:`insert_rows`') and then a statement of the caller's that returns one row
+        (``along_sql``; its parameters follow the insert's), or None where the database
+        has no such form or needs none: then the caller runs ``along_sql`` on its own,
+        right after.  SQLite runs in the process, where a second statement costs no trip."""
+        return None
+
     def insert_arrays(self, table: str, columns: Sequence[str], types: Sequence[str]) -> str:
         """INSERT into ``table`` (quoted) of one array parameter per column; ``types`` are
         the columns' SQL types.  Only where :attr:`supports_array_insert`."""

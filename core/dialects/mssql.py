@@ -164,6 +164,10 @@ class MSSQLDialect(MSSQLTaskSQL, DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
         # datetime columns hold naive UTC.
         return value.astimezone(dt.timezone.utc).replace(tzinfo=None)
 
+    def insert_along(self, insert_sql: str, along_sql: str) -> str | None:
+        # One batch; NOCOUNT keeps the insert's row count from coming back before along's row.
+        return f"SET NOCOUNT ON; {insert_sql}; {along_sql}"
+
     def receive(self, name: str) -> str:
         t = self.table(name)
         return (

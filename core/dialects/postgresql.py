@@ -186,6 +186,10 @@ SELECT (SELECT MAX({self.quote('id')}) FROM {table}),
         arrays = ", ".join(f"%b::{t}[]" for t in types)
         return f"INSERT INTO {table} ({', '.join(self.quote(c) for c in columns)}) SELECT * FROM unnest({arrays})"
 
+    def insert_along(self, insert_sql: str, along_sql: str) -> str | None:
+        # A data-modifying WITH runs exactly once whether or not the main statement reads it.
+        return f"WITH sluice_inserted AS ({insert_sql}) {along_sql}"
+
     def insert_rows(self, name: str, rows: list[list[Any]], with_ttl: bool) -> tuple[str, list[Any]]:
         """One ``INSERT … SELECT … FROM unnest(<one array per column>) WITH ORDINALITY``,
         inserted in ORDER BY ordinality so RowVersions follow the list."""

@@ -2,9 +2,10 @@
 
     TASKS = {"default": {"BACKEND": "core.tasks.backend.SluiceTaskBackend", "QUEUES": ["default", "emails"]}}
 
-``enqueue`` writes two rows through the caller's connection, inside its transaction: the
-task's message in the Sluice queue named like the task's ``queue_name`` (``OPTIONS``
-``QUEUE_PREFIX`` before it, if set) and its result row (READY).  A block that rolls back
+``enqueue`` writes two rows through the caller's connection, inside its transaction (in
+one round trip on PostgreSQL and SQL Server): the task's message in the Sluice queue
+named like the task's ``queue_name`` (``OPTIONS`` ``QUEUE_PREFIX`` before it, if set)
+and its result row (READY).  A block that rolls back
 takes both with it: the task never runs and has no result.  ``run_after`` goes through
 Sluice's delayed store, due by the database's clock.  Workers run it with the task
 handler (core.tasks.worker) under Sluice's retries, error queue and failed-message
@@ -26,7 +27,7 @@ from core.models import TaskResultRecord
 from core.queues import validate_name
 from core.tasks.framework import (BaseTaskBackend, InvalidTaskError, Task, TaskResult, TaskResultDoesNotExist,
                                   task_enqueued)
-from core.tasks.results import insert_ready, ready_result, task_at, to_task_result
+from core.tasks.results import enqueued_at, ready_result, ready_row, task_at, to_task_result
 from core.transport import Transport
 
 #: The message type of a task's message (its queue's handler: core.tasks.worker).
@@ -89,11 +90,12 @@ class SluiceTaskBackend(BaseTaskBackend):
         body = {"task": task.module_path, "backend": self.alias, "queue_name": task.queue_name, **args_kwargs}
         # Both rows or neither, in the caller's transaction when one is open (no savepoint
         # of our own: a failed insert breaks the caller's block, which then rolls back).
+        # One round trip where the database can (Transport.send_along).
         with transaction.atomic(using=using, savepoint=False):
-            enqueued_at = insert_ready(using, result_id, task, self.alias, args_kwargs_json)
-            Transport(using).send(queue, body, message_id=result_id, message_type=TASK_MESSAGE_TYPE,
-                                  headers={TASK_PATH_HEADER: task.module_path}, deliver_at=task.run_after)
-        result = ready_result(task, result_id, self.alias, enqueued_at, args_kwargs)
+            _, row = Transport(using).send_along(
+                queue, body, ready_row(using, result_id, task, self.alias, args_kwargs_json), message_id=result_id,
+                message_type=TASK_MESSAGE_TYPE, headers={TASK_PATH_HEADER: task.module_path}, deliver_at=task.run_after)
+        result = ready_result(task, result_id, self.alias, enqueued_at(using, row), args_kwargs)
         task_enqueued.send(type(self), task_result=result)
         return result
 

@@ -61,21 +61,23 @@ def _insert_ready_sql(dialect: Dialect) -> str:
     return dialect.insert_returning(TaskResultRecord._meta.db_table, READY_COLUMNS, "enqueued_at")
 
 
-def insert_ready(using: str, result_id: str, task: Task, backend: str, args_kwargs_json: str) -> dt.datetime:
-    """A task's READY result row, in whatever transaction ``using`` has open: one INSERT
-    built once per dialect (the ORM's create compiled its SQL anew each time, half of an
-    enqueue).  Returns ``enqueued_at`` as the database wrote it."""
+def ready_row(using: str, result_id: str, task: Task, backend: str, args_kwargs_json: str) -> tuple[str, list[Any]]:
+    """The INSERT of a task's READY result row and its parameters, built once per dialect
+    (the ORM's create compiled its SQL anew each time, half of an enqueue); it returns
+    ``enqueued_at`` as the database writes it (:func:`enqueued_at`).  The backend runs it
+    with the task's message (Transport.send_along: one round trip where the database can)."""
     connection = connections[using]
-    dialect = dialect_for(connection)
     run_after = task.run_after
     if run_after is not None:  # as the ORM stores a DateTimeField on this database
         run_after = connection.ops.adapt_datetimefield_value(run_after)
-    with connection.cursor() as cursor:
-        cursor.execute(_insert_ready_sql(dialect), [
-            result_id, task.module_path, backend, task.queue_name, task.priority, args_kwargs_json,
-            TaskStatus.READY.value, run_after, "[]", "[]"])
-        (enqueued_at,) = cursor.fetchone()
-    return dialect.to_datetime(enqueued_at)
+    return _insert_ready_sql(dialect_for(connection)), [
+        result_id, task.module_path, backend, task.queue_name, task.priority, args_kwargs_json,
+        TaskStatus.READY.value, run_after, "[]", "[]"]
+
+
+def enqueued_at(using: str, row: tuple[Any, ...]) -> dt.datetime:
+    """``enqueued_at`` from the row :func:`ready_row`'s INSERT returned."""
+    return dialect_for(connections[using]).to_datetime(row[0])
 
 
 def write_successes(using: str, started: dt.datetime, finished: dt.datetime,
