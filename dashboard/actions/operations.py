@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import TYPE_CHECKING
 
-from celery import Celery
 from core.conf import get_settings
 from django.utils import timezone
 
 from core.models import BulkOperation, BulkOperationStatus
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 log = logging.getLogger("sluice.dashboard")
 
@@ -28,15 +31,20 @@ TASK_QUEUE = "sluice"
 BROKER_TIMEOUT = 2.0
 
 _lock = threading.Lock()
-_producers: dict[str, Celery] = {}
+_producers: dict[str, "Celery"] = {}
 
 
 class BrokerUnavailable(Exception):
     """The task could not be handed to the broker."""
 
 
-def producer(broker_url: str | None = None) -> Celery:
+def producer(broker_url: str | None = None) -> "Celery":
     """A Celery app that only sends tasks (one per broker URL, per process)."""
+    # Celery (and kombu) are imported on the first send, not with this module: every process
+    # that loads Django's admin imports the actions, and a queue worker would carry 60
+    # modules of Celery it never uses.
+    from celery import Celery
+
     url = broker_url or get_settings().REDIS_URL
     with _lock:
         app = _producers.get(url)

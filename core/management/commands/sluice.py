@@ -6,6 +6,7 @@ them; the README's "Command line" section documents them and their stable --json
 """
 from __future__ import annotations
 
+from django.core import checks
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 from django.utils.module_loading import autodiscover_modules
@@ -15,8 +16,16 @@ from core.cli.base import groups
 from core.errors import SluiceError
 
 
+#: The system checks of the web side (the admin's load every template library, the URL
+#: checks every view): `sluice worker` serves queues and skips them, which keeps the API, DRF and
+#: drf-spectacular out of a worker's memory.  Every other command runs all checks.
+WEB_CHECK_TAGS = {checks.Tags.admin, checks.Tags.staticfiles, checks.Tags.templates, checks.Tags.urls}
+
+
 class Command(BaseCommand):
     help = "Sluice: SQL-table messaging (queues, sending, browsing, workers)."
+    # Run in handle(), where the sub-command is known (WEB_CHECK_TAGS).
+    requires_system_checks: list[str] = []
 
     def get_version(self) -> str:
         # `manage.py sluice --version`: Sluice's version, not Django's.
@@ -33,6 +42,9 @@ class Command(BaseCommand):
             group(self).add_to(sub)
 
     def handle(self, *args, **options) -> None:
+        if not options.get("skip_checks"):
+            worker = options["action"] == "worker"
+            self.check(tags=sorted(checks.registry.registry.tags_available() - WEB_CHECK_TAGS) if worker else None)
         try:
             options["handler"](options)
         except (SluiceError, ValueError) as exc:
