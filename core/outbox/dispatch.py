@@ -194,7 +194,9 @@ class Phase2:
     def _mark(self, records: list[_Record], lease: _Lease, report: DispatchReport) -> None:
         if not records:
             return
-        with transaction.atomic(using=self.using):
+        # Its own transaction after a publish; inside the claim's when nothing left the
+        # database (no savepoint: a failed mark fails the whole chunk, lease and all).
+        with transaction.atomic(using=self.using, savepoint=False):
             marked = self._mark_with_operations(records, lease, report)
         done = [record.message_id for record in records if record.message_id in marked]
         report.dispatched.extend(done)
@@ -230,21 +232,23 @@ class Phase2:
         """Mark first: the compare-and-set row-locks the records still ours, so their
         operations are inserted only for them, in the mark's transaction."""
         marked = self.store.mark_dispatched([record.message_id for record in records], lease.token)
-        for record in records:
-            if record.message_id in marked:
-                try:
-                    self._insert_record(record)
-                except Exception as exc:
-                    raise _OperationFailed(exc) from exc
+        ours = [record for record in records if record.message_id in marked]
+        try:
+            self._insert_records(ours)
+        except Exception as exc:
+            raise _OperationFailed(exc) from exc
         return marked
 
-    def _insert_record(self, record: _Record) -> None:
-        immediate = [op for op in record.local if not is_delayed(op)]
+    def _insert_records(self, records: list[_Record]) -> None:
+        """The records' own-database operations: every immediate message of them all in one
+        enqueue (a statement per queue, in record order), then the delayed ones."""
+        immediate = [_outgoing(op, self.using) for record in records for op in record.local if not is_delayed(op)]
         if immediate:
-            Transport(self.using).enqueue([_outgoing(op, self.using) for op in immediate])
-        for op in record.local:
-            if is_delayed(op):
-                self._send(op, self.using, record.age_s)
+            Transport(self.using).enqueue(immediate)
+        for record in records:
+            for op in record.local:
+                if is_delayed(op):
+                    self._send(op, self.using, record.age_s)
 
     def _send(self, op: dict[str, Any], alias: str, age_s: float) -> None:
         """One queue operation: into its queue, or into the delayed store when it is delayed.

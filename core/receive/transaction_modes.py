@@ -20,7 +20,7 @@ modes run a batch handler with one message at a time (core.handlers.as_single).
 from __future__ import annotations
 
 import abc
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 from django.db import connections
 from django.db.transaction import TransactionManagementError
@@ -34,7 +34,7 @@ from core.outbox import Outbox
 from core.outcomes import MessageOutcome
 from core.queues import dialect
 from core.savepoints import SavepointHeld, innermost_savepoint
-from core.transport import OutgoingMessage, Transport
+from core.transport import OutgoingMessage, Statement, Transport
 
 class BatchScope(Protocol):
     """One receive batch, in one transaction."""
@@ -102,8 +102,13 @@ class ChunkBufferedTransport(Transport):
         super().__init__(using)
         self.pending: SavepointHeld[OutgoingMessage] = SavepointHeld(using)
 
-    def enqueue(self, messages: Sequence[OutgoingMessage]) -> None:
+    def enqueue(self, messages: Sequence[OutgoingMessage], along: Statement | None = None) -> tuple[Any, ...] | None:
+        if along is not None:
+            # The caller needs along's row now (a task's result row): no buffering; inside
+            # the savepoint all the same, so it rolls back with the chunk.
+            return Transport.enqueue(self, messages, along)
         self.pending.add(messages)
+        return None
 
     def flush(self) -> None:
         if self.pending:
