@@ -25,4 +25,5 @@ BENCHMARKS: dict[str, str] = {
     "long_drain": "benchmarks.long_drain",
     "soak": "benchmarks.soak",
     "tasks": "benchmarks.tasks",
+    "costs": "benchmarks.costs",
 }
