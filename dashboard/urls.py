@@ -3,7 +3,7 @@ import re
 from django.urls import include, path, register_converter
 
 from dashboard.views import charts
-from dashboard.views import alerts, audit, auth, conversations, delayed, failed, health, monitoring, outbox, overview, queues
+from dashboard.views import alerts, assets, audit, auth, conversations, delayed, failed, health, monitoring, outbox, overview, queues
 
 
 
@@ -41,6 +41,7 @@ app_name = "dashboard"
 urlpatterns = [
     path("", include("dashboard.api.urls")),  # the JSON API (/api/…) and /metrics
     path("healthz", health.healthz, name="healthz"),
+    path("favicon.ico", assets.favicon, name="favicon"),
     path("accounts/login/", auth.login, name="login"),
     path("accounts/logout/", auth.logout, name="logout"),
     path("", overview.overview, name="overview"),
