@@ -36,6 +36,7 @@ RECOMMENDED_MIDDLEWARE = {
     "dashboard.security.middleware.api_query_without_nul": "a 400 for NUL characters in API queries",
 }
 AXES_BACKEND = "axes.backends.AxesStandaloneBackend"
+OIDC_BACKEND = "dashboard.security.oidc.SluiceOIDCBackend"
 AXES_MIDDLEWARE = "axes.middleware.AxesMiddleware"
 
 
@@ -68,7 +69,23 @@ def sluice_project(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             "the dashboard's login has no lock-out after repeated failures (django-axes is not set up)",
             hint=f'add "axes" to INSTALLED_APPS, "{AXES_BACKEND}" first in AUTHENTICATION_BACKENDS and '
                  f'"{AXES_MIDDLEWARE}" last in MIDDLEWARE', id="sluice.W011"))
-    return problems
+    return problems + _single_sign_on()
+
+
+def _single_sign_on() -> list[checks.CheckMessage]:
+    """SLUICE_OIDC_* half set, or set without the backend that uses them (sluice.E014)."""
+    from dashboard.security.oidc import configuration_problems, sso_enabled
+
+    try:
+        problems = configuration_problems()
+    except ValueError:  # a SLUICE_* value refused: sluice.E002 names it
+        return []
+    found = [checks.Error(problem, hint="docs/operations/single-sign-on.md lists the settings", id="sluice.E014")
+             for problem in problems]
+    if sso_enabled() and OIDC_BACKEND not in getattr(settings, "AUTHENTICATION_BACKENDS", ()):
+        found.append(checks.Error("SLUICE_OIDC_ISSUER is set but no backend logs its users in",
+                                  hint=f'add "{OIDC_BACKEND}" to AUTHENTICATION_BACKENDS', id="sluice.E014"))
+    return found
 
 
 def _finds_app_templates(engine: dict[str, Any]) -> bool:

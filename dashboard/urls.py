@@ -3,7 +3,7 @@ import re
 from django.urls import include, path, register_converter
 
 from dashboard.views import charts
-from dashboard.views import alerts, audit, auth, conversations, delayed, failed, health, monitoring, outbox, overview, queues
+from dashboard.views import alerts, assets, audit, auth, conversations, delayed, failed, health, monitoring, outbox, overview, queues
 
 
 
@@ -41,8 +41,11 @@ app_name = "dashboard"
 urlpatterns = [
     path("", include("dashboard.api.urls")),  # the JSON API (/api/…) and /metrics
     path("healthz", health.healthz, name="healthz"),
+    path("favicon.ico", assets.favicon, name="favicon"),
     path("accounts/login/", auth.login, name="login"),
     path("accounts/logout/", auth.logout, name="logout"),
+    path("accounts/sso/login/", auth.sso_login, name="oidc-login"),
+    path("accounts/sso/callback/", auth.sso_callback, name="oidc-callback"),
     path("", overview.overview, name="overview"),
     path("partials/overview/", overview.overview_numbers, name="overview-numbers"),
     path("queues/<sluice_queue:name>/", queues.queue, name="queue"),

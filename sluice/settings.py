@@ -123,7 +123,10 @@ MIDDLEWARE = [
 # django-axes counts failed logins (the dashboard's and the admin's: both go through
 # authenticate()) per user name *and* address: one address guessing one account is stopped,
 # while a stranger cannot lock a real operator out from elsewhere.
-AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
+# Passwords (refused while SLUICE_LOCAL_LOGIN is off), then single sign-on: OpenID Connect,
+# active once SLUICE_OIDC_ISSUER names a provider (dashboard/security/oidc.py).
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "dashboard.security.oidc.LocalPasswordBackend",
+                           "dashboard.security.oidc.SluiceOIDCBackend"]
 AXES_FAILURE_LIMIT = env_int("SLUICE_LOGIN_FAILURE_LIMIT", 5)
 AXES_COOLOFF_TIME = dt.timedelta(minutes=env_int("SLUICE_LOGIN_COOLOFF_MINUTES", 15))
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]

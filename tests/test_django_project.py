@@ -8,8 +8,9 @@ would: migrate, ``sluice setup``, a user, a send from a view inside ``transactio
 (and one whose block rolls back: never sent), ``sluice worker``, the handler's row, a login
 to the dashboard under ``/ops/``, and every API read answering 401 to a stranger.  On
 SQLite, on PostgreSQL, and once more behind a path prefix (``SCRIPT_NAME``, as a reverse
-proxy sets it).  Also: a project with a ``core`` package of its own, and the checks a
-project's settings can fail.
+proxy sets it) with the page's single sign-on settings and a whole login through an
+OpenID Connect provider on 127.0.0.1.  Also: a project with a ``core`` package of its own,
+and the checks a project's settings can fail.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import pytest
 from tests.celery_support import Proc, RedisServer, free_port
 from tests.conftest import ROOT, database_url, wait_for
 from tests.install_support import build_wheel, clean_env, installed_venv, run
+from tests.oidc_provider import CLIENT_ID, CLIENT_SECRET, OIDCProvider
 
 pytestmark = pytest.mark.slow
 
@@ -93,9 +95,11 @@ class Project:
             proc.stop()
 
 
-def make_project(venv: Path, home: Path, redis: RedisServer, database: str | None = None) -> Project:
+def make_project(venv: Path, home: Path, redis: RedisServer, database: str | None = None,
+                 sso: OIDCProvider | None = None) -> Project:
     """startproject + startapp, then the page's files; ``database``: a DATABASES entry for
-    PostgreSQL (the page's lines are for startproject's SQLite)."""
+    PostgreSQL (the page's lines are for startproject's SQLite); ``sso``: the page's single
+    sign-on settings too, pointed at this provider."""
     project = Project(venv, home, redis)
     page = PAGE.read_text()
     for command in ("django-admin startproject mysite .", "python manage.py startapp shop"):
@@ -103,12 +107,17 @@ def make_project(venv: Path, home: Path, redis: RedisServer, database: str | Non
         project.sh(command)
     parts = snippets()
     project.write("mysite/settings.py", parts["mysite/settings.py (add at the end)"], append=True)
+    if sso is not None:
+        project.write("mysite/settings.py", "\n" + parts["mysite/settings.py (single sign-on)"], append=True)
     for name in ("mysite/urls.py", "shop/models.py", "shop/handlers.py", "shop/views.py", "shop/urls.py"):
         project.write(name, parts[name])
     # The test's own lines, after the page's: a Redis of its own, the database under test.
     extra = f"\nSLUICE_REDIS_URL = {redis.url!r}\n"
     if database:
         extra += f"DATABASES = {{'default': {database}}}\n"
+    if sso is not None:
+        extra += (f"SLUICE_OIDC_ISSUER = {sso.issuer!r}\nSLUICE_OIDC_CLIENT_ID = {CLIENT_ID!r}\n"
+                  f"SLUICE_OIDC_CLIENT_SECRET = {CLIENT_SECRET!r}\n")
     project.write("mysite/settings.py", extra, append=True)
     return project
 
@@ -157,7 +166,7 @@ def answers(url: str) -> bool:
 
 # -- the page, followed ------------------------------------------------------------------------------------
 
-def follow_the_page(project: Project, prefix: str = "") -> dict[str, float]:
+def follow_the_page(project: Project, prefix: str = "", sso: OIDCProvider | None = None) -> dict[str, float]:
     """Everything the page says, in its order; returns how long the steps took."""
     times: dict[str, float] = {}
     started = time.monotonic()
@@ -188,6 +197,15 @@ def follow_the_page(project: Project, prefix: str = "") -> dict[str, float]:
                                                "password": password, "next": f"{prefix}/ops/"})
     assert status == 200 and urllib.parse.urlsplit(url).path == f"{prefix}/ops/", (status, url, page[:500])
     assert "orders" in page and "alice" in page
+    # The icon: every page links it, and /favicon.ico under the dashboard leads to it, prefix kept.
+    assert f'<link rel="icon" href="{prefix}/static/dashboard/favicon.svg"' in page
+    _, url, _, _ = operator.open(f"{site}/ops/favicon.ico")
+    assert urllib.parse.urlsplit(url).path == f"{prefix}/static/dashboard/favicon.svg", url
+    if sso is not None:  # a whole single sign-on: to the provider and back, under the prefix
+        sso.log_in_as("olga", groups=["sluice-operator"])
+        status, url, page, _ = Browser().open(f"{site}/ops/accounts/sso/login/?next={prefix}/ops/")
+        assert status == 200 and urllib.parse.urlsplit(url).path == f"{prefix}/ops/", (status, url, page[:500])
+        assert "olga" in page and ">operator<" in page
 
     # The view: an order and its message commit together; one that rolls back sends nothing.
     status, _, body, _ = operator.open(f"{site}/shop/orders/", {"item": "tea", "quantity": "2"})
@@ -223,11 +241,13 @@ def test_a_new_project_on_sqlite_follows_the_page(venv, tmp_path, redis, record_
 
 @pytest.mark.no_database
 def test_a_new_project_behind_a_path_prefix(venv, tmp_path, redis):
-    project = make_project(venv, tmp_path, redis)
-    try:
-        follow_the_page(project, prefix="/intranet")
-    finally:
-        project.stop()
+    """With the page's single sign-on settings, against a provider on 127.0.0.1."""
+    with OIDCProvider() as provider:
+        project = make_project(venv, tmp_path, redis, sso=provider)
+        try:
+            follow_the_page(project, prefix="/intranet", sso=provider)
+        finally:
+            project.stop()
 
 
 @pytest.mark.postgresql

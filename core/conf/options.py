@@ -239,6 +239,30 @@ class SluiceSettings:
     API_RATE_ANON: str = "30/min"
     #: JSON API throttle for logged-in callers, per user (``1200/min``).
     API_RATE_USER: str = "1200/min"
+    #: Single sign-on (dashboard.security.oidc): the OpenID Connect provider's issuer URL, whose
+    #: ``/.well-known/openid-configuration`` names its endpoints; empty: no single sign-on.
+    OIDC_ISSUER: str = ""
+    #: The dashboard's client id at that provider.
+    OIDC_CLIENT_ID: str = ""
+    #: The client's secret (from the environment, not a file in version control).
+    OIDC_CLIENT_SECRET: str = field(default="", repr=False)
+    #: Scopes asked for (space-separated); some providers need ``groups`` added for the role claim.
+    OIDC_SCOPES: str = "openid email profile"
+    #: The claim that names the user (falls back to ``sub``).
+    OIDC_USERNAME_CLAIM: str = "preferred_username"
+    #: The claim (a list or one string; a dotted path reaches into objects, realm_access.roles)
+    #: whose values give the role, through the three lists below; the highest role wins.
+    OIDC_ROLE_CLAIM: str = "groups"
+    #: Claim values that make a viewer.
+    OIDC_VIEWER_GROUPS: tuple[str, ...] = ("sluice-viewer",)
+    #: Claim values that make an operator.
+    OIDC_OPERATOR_GROUPS: tuple[str, ...] = ("sluice-operator",)
+    #: Admins are operators who may also use Django's admin site (staff and superuser).
+    OIDC_ADMIN_GROUPS: tuple[str, ...] = ("sluice-admin",)
+    #: The login page's button: "Log in with <this>".
+    OIDC_PROVIDER_NAME: str = "single sign-on"
+    #: Log in with a user name and password (the login form); off, only single sign-on.
+    LOCAL_LOGIN: bool = True
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -317,6 +341,11 @@ class SluiceSettings:
         if not re.fullmatch(r"\d+[kKmMgGtT]?", self.SPARK_DRIVER_MEMORY.strip()):
             raise ValueError(f"SLUICE_SPARK_DRIVER_MEMORY must be a JVM size such as 2g, "
                              f"not {self.SPARK_DRIVER_MEMORY!r}")
+
+        if self.OIDC_ISSUER and not re.fullmatch(r"https?://[^\s/?#]+(/[^\s?#]*)?", self.OIDC_ISSUER):
+            raise ValueError(f"SLUICE_OIDC_ISSUER must be the provider's http(s) URL, not {self.OIDC_ISSUER!r}")
+        if not self.OIDC_ROLE_CLAIM.strip() or not self.OIDC_USERNAME_CLAIM.strip():
+            raise ValueError("SLUICE_OIDC_ROLE_CLAIM and SLUICE_OIDC_USERNAME_CLAIM must not be empty")
 
     @property
     def delayed_table(self) -> str:

@@ -15,7 +15,7 @@ WIDTH, HEIGHT, PAD = 160, 36, 2
 
 
 def sparkline(label: str, points: Sequence[tuple[dt.datetime, float | None]], span: tuple[dt.datetime, dt.datetime],
-              markers: Sequence[tuple[dt.datetime, str]] = (), color: str = "#2563eb") -> SafeString:
+              markers: Sequence[tuple[dt.datetime, str]] = (), color: str = "var(--chart-blue)") -> SafeString:
     """``points`` over ``span`` as a line (None breaks it), the top value in the title."""
     scale = Scale(span)
     return spark_svg(label, [scale.x(t) for t, _ in points], [v for _, v in points], scale.markers(markers), color)
@@ -38,7 +38,7 @@ class Scale:
 
 
 def spark_svg(label: str, xs: Sequence[float], values: Sequence[float | None],
-              markers: Sequence[tuple[float, str]] = (), color: str = "#2563eb") -> SafeString:
+              markers: Sequence[tuple[float, str]] = (), color: str = "var(--chart-blue)") -> SafeString:
     """The SVG of :func:`sparkline` from x positions already worked out (:class:`Scale`)."""
     present = [v for v in values if v is not None]
     top = _nice_max(max(present)) if present else 1.0
@@ -59,9 +59,9 @@ def spark_svg(label: str, xs: Sequence[float], values: Sequence[float | None],
     for run in runs:
         if len(run) == 1:
             cx, cy = run[0].split(",")
-            parts.append(f'<circle cx="{cx}" cy="{cy}" r="1.5" fill="{color}"/>')
+            parts.append(f'<circle cx="{cx}" cy="{cy}" r="1.5" style="fill:{color}"/>')
         elif run:
-            parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.4" points="{" ".join(run)}"/>')
+            parts.append(f'<polyline fill="none" style="stroke:{color}" stroke-width="1.4" points="{" ".join(run)}"/>')
     if not present:
         parts.append(f'<text x="{WIDTH / 2}" y="{HEIGHT / 2 + 4}" text-anchor="middle" class="empty">no data</text>')
     parts.append("</svg>")

@@ -83,9 +83,9 @@ def line_chart(title: str, series: Sequence[Series], y_format: Callable[[float],
         for run in runs:
             if len(run) == 1:
                 cx, cy = run[0].split(",")
-                parts.append(f'<circle cx="{cx}" cy="{cy}" r="2" fill="{s.color}"/>')
+                parts.append(f'<circle cx="{cx}" cy="{cy}" r="2" style="fill:{s.color}"/>')
             else:
-                parts.append(f'<polyline fill="none" stroke="{s.color}" stroke-width="1.6" points="{" ".join(run)}"/>')
+                parts.append(f'<polyline fill="none" style="stroke:{s.color}" stroke-width="1.6" points="{" ".join(run)}"/>')
     for at, label in markers:
         if t0 <= at <= t1:
             parts.append(f'<line x1="{x(at):.1f}" x2="{x(at):.1f}" y1="{TOP}" y2="{height - BOTTOM}" class="deploy">'
@@ -93,7 +93,7 @@ def line_chart(title: str, series: Sequence[Series], y_format: Callable[[float],
                          f'<text x="{x(at) + 3:.1f}" y="{TOP + 9}" class="deploy-label">{escape(label[:24])}</text>')
     for i, s in enumerate(series):  # legend
         lx = LEFT + i * 110
-        parts.append(f'<rect x="{lx}" y="{height - 10}" width="10" height="3" fill="{s.color}"/>'
+        parts.append(f'<rect x="{lx}" y="{height - 10}" width="10" height="3" style="fill:{s.color}"/>'
                      f'<text x="{lx + 14}" y="{height - 6}">{escape(s.label)}</text>')
     parts.append("</svg>")
     return mark_safe("".join(parts))

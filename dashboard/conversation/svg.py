@@ -18,8 +18,10 @@ TOP = 34
 LABEL_W = 230
 PLOT_W = 700
 LANE_W = 170
-COLORS = {"delay": "#9aa5b1", "wait": "#e0a526", "processing": "#2f6fd0", "failed": "#c62828",
-          "retry": "#8e44ad", "line": "#7b8794", "text": "#1f2933"}
+#: CSS variables (dashboard/static/dashboard/sluice.css): each theme has its own colours.  They
+#: go into style attributes, which outrank the stylesheet's defaults for SVG text.
+COLORS = {"delay": "var(--flow-delay)", "wait": "var(--flow-wait)", "processing": "var(--flow-processing)",
+          "failed": "var(--bad)", "retry": "var(--flow-retry)", "line": "var(--flow-line)", "text": "var(--fg)"}
 SKEW_MARK = "⚠ clock skew"
 
 
@@ -40,7 +42,7 @@ def _label(node: Node, width: int = 30) -> str:
 
 
 def _link(text: str, href: str, x: float, y: float, anchor: str = "start", color: str = COLORS["text"]) -> str:
-    return (f'<a href="{escape(href)}"><text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" fill="{color}">'
+    return (f'<a href="{escape(href)}"><text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" style="fill:{color}">'
             f'{escape(text)}</text></a>')
 
 
@@ -67,7 +69,7 @@ def timeline(nodes: Sequence[Node], links: Mapping[str, str]) -> SafeString:
     for i in range(5):  # the axis: offsets from the first timestamp
         at = t0 + span * i // 4
         parts.append(f'<line x1="{x(at):.1f}" x2="{x(at):.1f}" y1="{TOP - 8}" y2="{height - 26}" '
-                     f'stroke="#e4e7eb"/><text x="{x(at):.1f}" y="{TOP - 14}" text-anchor="middle" '
+                     f'style="stroke:var(--chart-grid)"/><text x="{x(at):.1f}" y="{TOP - 14}" text-anchor="middle" '
                      f'font-size="11">+{escape(duration_text(at - t0))}</text>')
     for row, node in enumerate(nodes):
         y = TOP + row * ROW
@@ -81,21 +83,21 @@ def timeline(nodes: Sequence[Node], links: Mapping[str, str]) -> SafeString:
             if start is None or end is None or end < start:
                 continue
             parts.append(f'<rect x="{x(start):.1f}" y="{y + 4}" width="{max(x(end) - x(start), 1.5):.1f}" '
-                         f'height="{ROW - 8}" fill="{COLORS[kind]}" data-segment="{kind}">'
+                         f'height="{ROW - 8}" style="fill:{COLORS[kind]}" data-segment="{kind}">'
                          f'<title>{escape(name)}: {escape(duration_text(end - start))}</title></rect>')
         if node.started_us is None and node.time_of_failure_us is not None:
             fx = x(node.time_of_failure_us)
-            parts.append(f'<path d="M{fx:.1f},{y + 3} l5,7 l-5,7 l-5,-7 z" fill="{COLORS["failed"]}">'
+            parts.append(f'<path d="M{fx:.1f},{y + 3} l5,7 l-5,7 l-5,-7 z" style="fill:{COLORS["failed"]}">'
                          f'<title>failed ({escape(node.exception_type or "error queue")})</title></path>')
         if node.skewed:
-            parts.append(f'<text x="{LABEL_W + PLOT_W + 6}" y="{y + 13}" fill="{COLORS["failed"]}" '
+            parts.append(f'<text x="{LABEL_W + PLOT_W + 6}" y="{y + 13}" style="fill:{COLORS["failed"]}" '
                          f'data-skew="1">{SKEW_MARK}</text>')
         parts.append("</g>")
     legend_y = height - 10
     for i, (kind, text) in enumerate((("delay", "delayed"), ("wait", "queue wait"),
                                       ("processing", "processing"), ("failed", "failed"))):
         lx = LABEL_W + i * 120
-        parts.append(f'<rect x="{lx}" y="{legend_y - 9}" width="12" height="10" fill="{COLORS[kind]}"/>'
+        parts.append(f'<rect x="{lx}" y="{legend_y - 9}" width="12" height="10" style="fill:{COLORS[kind]}"/>'
                      f'<text x="{lx + 16}" y="{legend_y}" font-size="11">{text}</text>')
     parts.append("</svg>")
     return mark_safe("".join(parts))
@@ -129,14 +131,14 @@ def sequence(nodes: Sequence[Node], links: Mapping[str, str]) -> SafeString:
              f'height="{height:.0f}" role="img" class="conversation-sequence" aria-label="Sequence">'
              '<title>Sequence: queues as lifelines</title>'
              '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
-             f'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="{COLORS["line"]}"/></marker></defs>']
+             f'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" style="fill:{COLORS["line"]}"/></marker></defs>']
     lane_x = {lane: 20 + LANE_W * i + LANE_W / 2 for i, lane in enumerate(lanes)}
     for lane, lx in lane_x.items():
         name = lane if len(lane) <= 24 else "…" + lane[-23:]
         parts.append(f'<g data-lane="{escape(lane)}"><rect x="{lx - LANE_W / 2 + 6:.1f}" y="4" width="{LANE_W - 12}" '
-                     f'height="22" rx="3" fill="#eef2f7" stroke="{COLORS["line"]}"/>'
+                     f'height="22" rx="3" style="fill:var(--flow-box);stroke:{COLORS["line"]}"/>'
                      f'<text x="{lx:.1f}" y="19" text-anchor="middle" font-size="12">{escape(name)}</text>'
-                     f'<line x1="{lx:.1f}" x2="{lx:.1f}" y1="26" y2="{height - 6:.0f}" stroke="{COLORS["line"]}" '
+                     f'<line x1="{lx:.1f}" x2="{lx:.1f}" y1="26" y2="{height - 6:.0f}" style="stroke:{COLORS["line"]}" '
                      'stroke-dasharray="4 4"/></g>')
     for row, node in enumerate(nodes):
         y = TOP + 20 + row * ROW * 1.5
@@ -146,15 +148,15 @@ def sequence(nodes: Sequence[Node], links: Mapping[str, str]) -> SafeString:
         dash = ' stroke-dasharray="6 3"' if node.intent == "reply" else ""
         parts.append(f'<g data-message="{escape(node.message_id)}">')
         if x1 == x2:  # sent to its own queue: a loop on the lifeline
-            parts.append(f'<path d="M{x1:.1f},{y - 8:.1f} h26 v12 h-24" fill="none" stroke="{color}" '
+            parts.append(f'<path d="M{x1:.1f},{y - 8:.1f} h26 v12 h-24" fill="none" style="stroke:{color}" '
                          f'stroke-width="1.5"{dash} marker-end="url(#arrow)"/>')
             tx, anchor = x1 + 30, "start"
         else:
             end = x2 - 5 if x2 > x1 else x2 + 5
-            parts.append(f'<line x1="{x1:.1f}" y1="{y:.1f}" x2="{end:.1f}" y2="{y:.1f}" stroke="{color}" '
+            parts.append(f'<line x1="{x1:.1f}" y1="{y:.1f}" x2="{end:.1f}" y2="{y:.1f}" style="stroke:{color}" '
                          f'stroke-width="1.5"{dash} marker-end="url(#arrow)"/>')
             tx, anchor = (x1 + x2) / 2, "middle"
-        parts.append(f'<rect x="{x2 - 4:.1f}" y="{y - 6:.1f}" width="8" height="12" fill="{color}"/>')
+        parts.append(f'<rect x="{x2 - 4:.1f}" y="{y - 6:.1f}" width="8" height="12" style="fill:{color}"/>')
         what = _label(node, 26) + ("" if node.intent in ("", "send") else f" ({node.intent})")
         parts.append(_link(what, links.get(node.message_id, "#"), tx, y - 5, anchor, color))
         parts.append("</g>")

@@ -68,3 +68,17 @@ def size(n: int | None) -> str:
 @register.filter
 def percent(value: float | None) -> int:
     return int(round((value or 0) * 100))
+
+
+#: The theme toggle's cookie (dashboard/static/dashboard/theme.js): "light" or "dark"; absent,
+#: the page follows the system's prefers-color-scheme.
+THEME_COOKIE = "sluice_theme"
+
+
+@register.simple_tag(takes_context=True)
+def theme_attribute(context) -> str:
+    """`` data-theme="dark"`` on <html> when the visitor chose a theme: drawn by the server,
+    so the first paint is already in it (an inline script could do it only with a nonce)."""
+    request = context.get("request")
+    theme = request.COOKIES.get(THEME_COOKIE) if request is not None else None
+    return format_html(' data-theme="{}"', theme) if theme in ("light", "dark") else ""

@@ -23,7 +23,9 @@ from dashboard.charts.svgchart import Series, line_chart
 from dashboard.views.common import act, error_response, operator_only, page
 from dashboard.pages import is_htmx
 
-COLORS = {"throughput": "#2563eb", "p50": "#16a34a", "p95": "#d97706", "p99": "#dc2626", "failure": "#b91c1c"}
+#: CSS variables (sluice.css): the charts take each theme's colours.
+COLORS = {"throughput": "var(--chart-blue)", "p50": "var(--chart-green)", "p95": "var(--chart-amber)",
+          "p99": "var(--chart-red)", "failure": "var(--chart-crimson)"}
 #: Most windows drawn on one page (every queue together).
 MAX_POINTS = 5000
 

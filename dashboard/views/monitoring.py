@@ -25,8 +25,10 @@ from dashboard.charts.svgchart import Series, line_chart
 from dashboard.views.common import error_response, page
 from dashboard.pages import is_htmx
 
-COLORS = {"throughput": "#2563eb", "retries": "#d97706", "failures": "#dc2626", "processing": "#16a34a",
-          "critical": "#7c3aed", "length": "#0891b2", "p50": "#16a34a", "p95": "#d97706", "p99": "#dc2626"}
+#: CSS variables (sluice.css): the charts take each theme's colours.
+COLORS = {"throughput": "var(--chart-blue)", "retries": "var(--chart-amber)", "failures": "var(--chart-red)",
+          "processing": "var(--chart-green)", "critical": "var(--chart-violet)", "length": "var(--chart-cyan)",
+          "p50": "var(--chart-green)", "p95": "var(--chart-amber)", "p99": "var(--chart-red)"}
 
 
 def ms(value: float | None) -> str:
