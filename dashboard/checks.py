@@ -40,7 +40,9 @@ OIDC_BACKEND = "dashboard.security.oidc.SluiceOIDCBackend"
 AXES_MIDDLEWARE = "axes.middleware.AxesMiddleware"
 
 
-@checks.register(checks.Tags.compatibility)
+# Tagged "dashboard": the dashboard's serving set-up, which `sluice worker` does not check
+# (core/management/commands/sluice.py: the single sign-on part loads an HTTP client).
+@checks.register("dashboard")
 def sluice_project(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Apps, middleware and templates a project must have for the dashboard."""
     problems: list[checks.CheckMessage] = []

@@ -17,9 +17,10 @@ from core.errors import SluiceError
 
 
 #: The system checks of the web side (the admin's load every template library, the URL
-#: checks every view): `sluice worker` serves queues and skips them, which keeps the API, DRF and
-#: drf-spectacular out of a worker's memory.  Every other command runs all checks.
-WEB_CHECK_TAGS = {checks.Tags.admin, checks.Tags.staticfiles, checks.Tags.templates, checks.Tags.urls}
+#: checks every view, the dashboard's its single sign-on client): `sluice worker` serves
+#: queues and skips them, which keeps the API, DRF, drf-spectacular and an HTTP client out
+#: of a worker's memory.  Every other command runs all checks.
+WEB_CHECK_TAGS = {checks.Tags.admin, checks.Tags.staticfiles, checks.Tags.templates, checks.Tags.urls, "dashboard"}
 
 
 class Command(BaseCommand):
