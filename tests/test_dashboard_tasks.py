@@ -76,6 +76,7 @@ def test_a_failed_task_shows_each_error_and_links_both_ways_with_its_failed_mess
     assert "builtins.ValueError" in html and "Traceback (most recent call last)" in html
     assert "broken fails on attempt 2" in html and "broken fails on attempt 1" in html
     assert f'href="{reverse("dashboard:failed-detail", args=[record.pk])}">failed message</a>' in html
+    assert "moved to the error queue" in html
     assert "None yet: the task has not succeeded." in html
 
 
