@@ -147,3 +147,12 @@ def test_roles_anonymous_go_to_login_and_no_role_is_refused(tasks_on_sluice, vie
     assert nobody.get(url).status_code == 403
     assert viewer_client.get(url).status_code == 200
     assert viewer_client.post(url).status_code == 405  # a page to read only
+
+
+def test_the_docs_name_the_page_and_its_link_as_they_are():
+    from tests.conftest import ROOT
+
+    section = (ROOT / "docs" / "tasks.md").read_text().split("## Seeing a task in the dashboard")[1].split("\n## ")[0]
+    assert "`/tasks/<result id>/`" in section and result_url("ID") == "/tasks/ID/"
+    assert "**Task result**" in section and LINK.pattern.endswith(">Task result</a>")
+    assert all(f"`{status}`" in section for status in ("READY", "RUNNING", "SUCCESSFUL", "FAILED"))
