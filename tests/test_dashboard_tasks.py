@@ -128,7 +128,7 @@ def test_task_values_are_escaped_and_masked(tasks_on_sluice, pump_for, viewer_cl
     assert "&quot;key&quot;: &quot;***&quot;" in html
 
 
-@pytest.mark.parametrize("result_id", ["0f0e0d0c-0000-4000-8000-000000000000", "x" * 65, "../..", "a/b"])
+@pytest.mark.parametrize("result_id", ["0f0e0d0c-0000-4000-8000-000000000000", "x" * 65, "../..", "a/b", "a\x00b"])
 def test_an_unknown_result_is_the_dashboards_404_page(transactional_db, viewer_client, result_id):  # noqa: F811
     response = viewer_client.get(result_url(result_id))
     assert response.status_code == 404
@@ -156,3 +156,39 @@ def test_the_docs_name_the_page_and_its_link_as_they_are():
     assert "`/tasks/<result id>/`" in section and result_url("ID") == "/tasks/ID/"
     assert "**Task result**" in section and LINK.pattern.endswith(">Task result</a>")
     assert all(f"`{status}`" in section for status in ("READY", "RUNNING", "SUCCESSFUL", "FAILED"))
+
+
+# -- the JSON API: GET /api/tasks/<result id>/ ----------------------------------------------------
+
+def api_url(result_id: str) -> str:
+    return reverse("dashboard:api-task-result", args=[result_id])
+
+
+def test_the_api_answers_a_result_in_its_documented_shape(tasks_on_sluice, pump_for, viewer_client):  # noqa: F811
+    from dashboard.api.tasks import TaskResultShape
+    from tests.task_funcs import flaky
+
+    fine = flaky.enqueue("api")
+    broken, record = fail_a_task(pump_for, tasks_on_sluice, "api-broken")
+    run_all(pump_for, tasks_on_sluice)
+    answer = viewer_client.get(api_url(fine.id)).json()
+    assert set(answer) == set(TaskResultShape().fields)
+    assert answer["status"] == "SUCCESSFUL" and answer["return_value"] == {"key": "api", "attempt": 1}
+    assert answer["args"] == ["api"] and answer["kwargs"] == {} and answer["attempts"] == 1
+    assert answer["queue"] == tasks_on_sluice.queue and answer["errors"] == [] and answer["failed_id"] is None
+    answer = viewer_client.get(api_url(broken.id)).json()
+    assert answer["status"] == "FAILED" and answer["return_value"] is None and answer["failed_id"] == record.pk
+    assert [e["exception_class_path"] for e in answer["errors"]] == ["builtins.ValueError"] * 2
+    assert "api-broken fails on attempt 2" in answer["errors"][-1]["traceback"]
+
+
+def test_the_api_masks_refuses_and_404s(tasks_on_sluice, viewer_client, settings):  # noqa: F811
+    from tests.task_funcs import record_ping
+
+    settings.SLUICE_MASK_BODY_FIELDS = ("key",)
+    result = record_ping.enqueue(key="s3cret-value")
+    assert viewer_client.get(api_url(result.id)).json()["kwargs"] == {"key": "***"}
+    assert Client().get(api_url(result.id)).status_code == 401
+    for unknown in ("0f0e0d0c-0000-4000-8000-000000000000", "x" * 65, "a\x00b"):
+        missing = viewer_client.get(api_url(unknown))
+        assert missing.status_code == 404 and "no task result has this id" in missing.json()["error"]

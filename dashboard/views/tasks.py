@@ -22,9 +22,9 @@ from core.errors import SluiceError, UnknownQueue
 from core.messages import Headers
 from core.models import FailedMessage, TaskResultRecord, TaskStatus
 from core.queues import queue_model, registry
-from core.tasks.names import TASK_MESSAGE_TYPE, sluice_queue_of
+from core.tasks.names import is_task_message, sluice_queue_of, stored_result
 from core.transport import row_id_for
-from dashboard.security.masking import mask_body
+from dashboard.security.masking import mask_value
 from dashboard.security.permissions import viewer_required
 from dashboard.views.common import body_view, error_response, page
 
@@ -34,8 +34,6 @@ HEAD_ROWS = 2000
 #: A status's tag class (the CSS of the other pages' status tags).
 STATUS_TAGS = {TaskStatus.READY: "idle", TaskStatus.RUNNING: "warn", TaskStatus.SUCCESSFUL: "ok",
                TaskStatus.FAILED: "bad"}
-#: The longest result id (the table's key); a longer one cannot be a result.
-MAX_ID = TaskResultRecord._meta.pk.max_length
 
 
 @dataclass(frozen=True)
@@ -46,23 +44,22 @@ class ResultLink:
     url: str | None
 
 
-def is_task(message_type: str | None) -> bool:
-    return (message_type or "").split(";")[0].split(",")[0].strip() == TASK_MESSAGE_TYPE
-
-
 def result_link(message_id: str, message_type: str | None) -> ResultLink | None:
     """The result link of a message page: None when the message is no task."""
-    if not is_task(message_type):
+    if not is_task_message(message_type):
         return None
-    exists = len(message_id) <= MAX_ID and \
-        TaskResultRecord.objects.using(get_settings().DATABASE).filter(pk=message_id).exists()
+    exists = stored_result(message_id, get_settings().DATABASE) is not None
     return ResultLink(reverse("dashboard:task-result", args=[message_id]) if exists else None)
 
 
 def _shown_json(value: Any):
     """A stored JSON value as the page shows it: pretty, escaped by the template, masked like
     message bodies (SLUICE_MASK_BODY_FIELDS: the arguments are the message's body)."""
-    return body_view(mask_body(json.dumps(value, ensure_ascii=False).encode("utf-8")))
+    try:
+        text = json.dumps(mask_value(value), ensure_ascii=False)
+    except RecursionError:  # nested deeper than this process's stack allows here
+        text = '"(nested too deeply to show)"'
+    return body_view(text.encode("utf-8"))
 
 
 def _message_place(record: TaskResultRecord, using: str) -> dict[str, Any]:
@@ -95,8 +92,7 @@ def _message_place(record: TaskResultRecord, using: str) -> dict[str, Any]:
 @require_GET
 def task_result(request: HttpRequest, result_id: str) -> HttpResponse:
     using = get_settings().DATABASE
-    record = TaskResultRecord.objects.using(using).filter(pk=result_id).first() if len(result_id) <= MAX_ID \
-        else None
+    record = stored_result(result_id, using)
     if record is None:
         return error_response(request, "There is no task result with this id (never enqueued, or pruned after "
                                        "SLUICE_TASK_RESULTS_RETENTION).", 404)
