@@ -2,7 +2,8 @@
 server: the task runs on Sluice's backend, fails every attempt, reaches the error queue and
 is ingested; a viewer logs in on its failed-message page, follows "Task result" to the
 result page, sees FAILED and the error, and opens the earlier attempt's traceback.  No
-request of the pages answers 4xx/5xx.  Setup: tests/browser_support.py."""
+request of the pages answers 4xx/5xx, and the result page keeps to the
+Content-Security-Policy.  Setup: tests/browser_support.py."""
 from __future__ import annotations
 
 from tests.browser_support import (  # noqa: F401 — fixtures
@@ -11,6 +12,7 @@ from tests.browser_support import (  # noqa: F401 — fixtures
 from tests.conftest import drain
 from tests.dashboard_pages_support import _fresh_dashboard_cache, make_user  # noqa: F401
 from tests.tasks_support import tasks_on_sluice  # noqa: F401
+from tests.test_browser_csp import LISTEN
 
 from playwright.sync_api import expect  # noqa: E402
 
@@ -30,6 +32,7 @@ def test_a_viewer_follows_a_failed_tasks_link_to_its_result(live_server, page, t
     ingest_errors()
     record = FailedMessage.objects.get(message_id=result.id)
     net = NetworkLog(page)
+    page.add_init_script(LISTEN)  # Content-Security-Policy violations, recorded
 
     login(page, live_server.url, make_user("viewer").username, f"/failed/{record.pk}/")
     page.get_by_role("link", name="Task result").click()
@@ -45,6 +48,7 @@ def test_a_viewer_follows_a_failed_tasks_link_to_its_result(live_server, page, t
     expect(errors.nth(1).locator("pre")).to_be_hidden()
     errors.nth(1).locator("summary").click()
     expect(errors.nth(1).locator("pre")).to_contain_text("browser fails on attempt 1")
+    assert page.evaluate("window.__csp") == []
     # And back to the failed-message page.
     page.locator("[data-task-failed] a").click()
     page.wait_for_url(f"{live_server.url}/failed/{record.pk}/")
