@@ -3,7 +3,9 @@ import re
 from django.urls import include, path, register_converter
 
 from dashboard.views import charts
-from dashboard.views import alerts, assets, audit, auth, conversations, delayed, failed, health, monitoring, outbox, overview, queues
+from dashboard.views import (
+    alerts, assets, audit, auth, conversations, delayed, failed, health, monitoring, outbox, overview, queues, tasks,
+)
 
 
 
@@ -67,6 +69,8 @@ urlpatterns = [
     path("failed/<int:pk>/", failed.failed_detail, name="failed-detail"),
     path("failed/<int:pk>/body", failed.failed_body, name="failed-body"),
     path("failed/<int:pk>/edit/", failed.edit_retry, name="failed-edit"),
+    # A Django task's result (its id is its message's: <sluice_id:…> like message ids).
+    path("tasks/<sluice_id:result_id>/", tasks.task_result, name="task-result"),
     path("conversations/", conversations.search, name="conversations"),
     # Conversation ids may hold "/" like message ids: <sluice_id:…>.
     path("conversations/<sluice_id:conversation_id>/", conversations.conversation, name="conversation"),

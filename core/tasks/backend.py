@@ -27,13 +27,10 @@ from core.models import TaskResultRecord
 from core.queues import validate_name
 from core.tasks.framework import (BaseTaskBackend, InvalidTaskError, Task, TaskResult, TaskResultDoesNotExist,
                                   task_enqueued)
+from core.tasks.names import TASK_MESSAGE_TYPE, TASK_PATH_HEADER  # (core.tasks.worker imports them from here)
 from core.tasks.results import enqueued_at, ready_result, ready_row, task_at, to_task_result
 from core.transport import Transport
 
-#: The message type of a task's message (its queue's handler: core.tasks.worker).
-TASK_MESSAGE_TYPE = "Sluice.DjangoTask"
-#: The header that names the task on its message (the dashboard's message pages show it).
-TASK_PATH_HEADER = "Django.Task"  # ("Sluice." names control headers, which producers may not set)
 #: OPTIONS the backend reads.
 KNOWN_OPTIONS = {"DATABASE", "QUEUE_PREFIX"}
 

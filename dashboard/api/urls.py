@@ -10,6 +10,7 @@ from dashboard.api import alerts as al
 from dashboard.api import conversations as conv
 from dashboard.api import monitoring as mon
 from dashboard.api import failed as fv
+from dashboard.api import tasks as tk
 from dashboard.api import views as v
 
 
@@ -44,6 +45,8 @@ urlpatterns = [
     path("api/operations/<int:pk>/", fv.OperationItem.as_view(), name="api-operation"),
     path("api/conversations/", conv.ConversationSearch.as_view(), name="api-conversations"),
     path("api/conversations/<path:conversation_id>/", conv.ConversationItem.as_view(), name="api-conversation"),
+    # A result id is its message's id: <path:…> like message ids.
+    path("api/tasks/<path:result_id>/", tk.TaskResultItem.as_view(), name="api-task-result"),
     path("api/outbox/", v.OutboxList.as_view(), name="api-outbox"),
     path("api/outbox/<path:message_id>/dispatch/", v.OutboxDispatch.as_view(), name="api-outbox-dispatch"),
     path("api/audit/", v.AuditList.as_view(), name="api-audit"),

@@ -127,6 +127,18 @@ def mask_body(body: bytes | memoryview | None) -> bytes:
         return WITHHELD_BODY
 
 
+def mask_value(value: Any) -> Any:
+    """A JSON value already loaded (a task's arguments or return value) with the fields of
+    SLUICE_MASK_BODY_FIELDS masked, as mask_body masks a body's."""
+    fields = masked_fields()
+    if not fields:
+        return value
+    try:
+        return _walk(value, fields)
+    except RecursionError:  # deeper than masking's walk can go: not shown
+        return WITHHELD_BODY.decode("utf-8")
+
+
 def is_masking(body: bytes | memoryview | None) -> bool:
     """Whether ``body`` is shown differently from what is stored."""
     return bool(masked_fields()) and mask_body(body) != bytes(body or b"")

@@ -25,6 +25,7 @@ from dashboard.actions import ActionError, validate
 from dashboard.security.masking import mask_body, mask_headers
 from dashboard.security.permissions import viewer_required
 from dashboard.views import edits
+from dashboard.views.tasks import result_link
 from dashboard.views.common import (
     act, back_to, body_view, download, error_response, operator_only, ordered_headers, page,
     parse_date,
@@ -180,6 +181,7 @@ def failed_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "section": "failed", "record": record, "headers": ordered_headers(headers, PINNED),
         "body": body_view(mask_body(record.body)), "history": list(reversed(record.history or [])),
         "editable": record.status in (FailureStatus.UNRESOLVED, FailureStatus.ARCHIVED),
+        "task_result": result_link(record.message_id, record.message_type),
     })
 
 

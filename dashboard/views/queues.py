@@ -20,6 +20,7 @@ from dashboard import actions
 from dashboard.security.masking import mask_body, mask_headers, mask_raw_headers, masked_header_names
 from dashboard.security.permissions import viewer_required
 from dashboard.views.failed import recent_operations
+from dashboard.views.tasks import result_link
 from dashboard.views.common import (
     act, back_to, body_view, download, error_response, int_param, operator_only, ordered_headers, page,
 )
@@ -181,6 +182,7 @@ def message(request: HttpRequest, name: str, row_version: int) -> HttpResponse:
         "section": "queues", "name": name, "m": m, "headers": headers, "body": body_view(mask_body(m.body)),
         "sent": sent_at(m), "others": [q.name for q in list_queues() if q.name != name],
         "conversation_id": m.headers.get(Headers.CONVERSATION_ID, "") if not m.poison else "",
+        "task_result": None if m.poison else result_link(m.id, m.message_type),
     })
 
 
