@@ -25,7 +25,7 @@ from core.errors import InvalidQueueName
 from core.models import TaskResultRecord
 from core.queues import validate_name
 from core.tasks.framework import (BaseTaskBackend, InvalidTaskError, Task, TaskResult, TaskResultDoesNotExist,
-                                  task_enqueued)
+                                  normalize_json, task_enqueued)
 from core.tasks.results import insert_ready, ready_result, task_at, to_task_result
 from core.transport import Transport
 
@@ -35,6 +35,11 @@ TASK_MESSAGE_TYPE = "Sluice.DjangoTask"
 TASK_PATH_HEADER = "Django.Task"  # ("Sluice." names control headers, which producers may not set)
 #: OPTIONS the backend reads.
 KNOWN_OPTIONS = {"DATABASE", "QUEUE_PREFIX"}
+
+
+class TaskArgumentsNotJSON(InvalidTaskError, TypeError):
+    """A task's arguments that are not JSON: the framework's InvalidTask(Error), and the
+    TypeError ("Unsupported type: ...") its other backends raise for them."""
 
 
 class SluiceTaskBackend(BaseTaskBackend):
@@ -78,10 +83,11 @@ class SluiceTaskBackend(BaseTaskBackend):
             # Workers import the task by this path: it must name this very task.
             raise InvalidTaskError(f"{task.module_path} does not name this task at module level")
         try:
-            # As the database's JSON will give it back (TypeError when it cannot).
-            args_kwargs_json = json.dumps({"args": list(args), "kwargs": dict(kwargs)})
+            # Normalised as the framework's TaskResult does (tuples to lists, UTF-8 bytes to
+            # text), then as the database's JSON will give it back.
+            args_kwargs_json = json.dumps({"args": normalize_json(list(args)), "kwargs": normalize_json(dict(kwargs))})
         except (TypeError, ValueError) as exc:
-            raise InvalidTaskError(f"task arguments must be JSON: {exc}") from None
+            raise TaskArgumentsNotJSON(f"task arguments must be JSON: {exc}") from None
         args_kwargs = json.loads(args_kwargs_json)
         result_id = str(uuid.uuid4())  # the form a MessageId takes (Transport keeps it as is)
         using = self.using
