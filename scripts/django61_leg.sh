@@ -79,7 +79,7 @@ esac
 # the docs page's example, and a smoke set of the engine, the failed-message workflow and
 # the dashboard.  On SQLite also the own-project test (a fresh project with the built wheel,
 # which pip installs with Django 6.1 on this Python; its database is its own, so once is enough).
-TESTS=(tests/test_tasks_backend.py tests/test_tasks_upstream.py tests/test_docs_tasks.py tests/test_model_based.py
+TESTS=(tests/test_tasks_backend.py tests/test_tasks_options.py tests/test_tasks_upstream.py tests/test_docs_tasks.py tests/test_model_based.py
        tests/test_transport.py tests/test_pump.py tests/test_failures.py
        tests/test_outbox.py tests/test_dashboard_pages.py tests/test_settings.py)
 SQLITE_ONLY=(tests/test_django_project.py::test_a_new_project_on_sqlite_follows_the_page)
@@ -103,6 +103,6 @@ run_leg sqlite "${LEG_SQLITE_URL:-sqlite:///var/django61.sqlite3}" "${SQLITE_ONL
 if [ "${LEG_PG:-0}" = 1 ] || [ -n "${LEG_PG_URL:-}" ]; then
     run_leg postgresql "${LEG_PG_URL:-postgresql://sluice:sluice@127.0.0.1:5432/sluice_django61}" || status=1
 fi
-log "django61 timing: $(IFS=,; echo "${timing[*]}"), whole leg ${SECONDS} s (its venv included)"
+log "django61 timing: $(printf "%s, " "${timing[@]}")whole leg ${SECONDS} s (its venv included)"
 if [ "$status" = 0 ]; then log "Django $version leg passed"; else log "Django $version leg FAILED"; fi
 exit "$status"

@@ -42,7 +42,7 @@ from django.utils.module_loading import import_string
 from core.handlers import BatchContext, HandlerRegistry, handlers
 from core.messages import Message
 from core.models import TaskResultRecord
-from core.tasks.backend import TASK_MESSAGE_TYPE, SluiceTaskBackend
+from core.tasks.backend import TASK_MESSAGE_TYPE, SluiceTaskBackend, task_retry_limits
 from core.tasks.framework import (Task, TaskContext, TaskError, TaskResult, TaskResultStatus, normalize_json,
                                   task_backends, task_finished, task_started)
 from core.tasks.results import WORKER_ID, Attempt, json_value, task_at, to_task_result, write_successes
@@ -184,4 +184,5 @@ def register(registry: HandlerRegistry = handlers) -> list[str]:
     for queue in queues:
         registry.register(queue, TASK_MESSAGE_TYPE, run_tasks, batch=True)
         registry.on_failure(queue, TASK_MESSAGE_TYPE, record_failure)
+        registry.on_retry_limits(queue, TASK_MESSAGE_TYPE, task_retry_limits)
     return queues
