@@ -224,6 +224,23 @@ def test_signals_fire_once_each(tasks_on_sluice, pump_for):
                     ("finished", result.id, TaskResultStatus.SUCCESSFUL)]
 
 
+def test_a_failed_task_is_logged_with_its_exception(tasks_on_sluice, pump_for, caplog):
+    """The framework logs task_finished on its logger ("django.tasks"; "django_tasks" in the
+    backport); a FAILED task's line carries the task's own exception (not the pump's
+    wrapper of it), as with the framework's own backends."""
+    from core.tasks.framework import FRAMEWORK
+    from tests import task_funcs
+
+    logger = "django.tasks" if FRAMEWORK == "django.tasks" else "django_tasks"
+    task_funcs.FAIL_NEXT["logged"] = 1
+    with caplog.at_level("INFO", logger=logger):
+        result = task_funcs.flaky.enqueue("logged")
+        run_all(pump_for, tasks_on_sluice, immediate_retries=0)
+    [failed] = [r for r in caplog.records if r.name == logger and r.levelname == "ERROR"]
+    assert result.id in failed.getMessage() and "state=FAILED" in failed.getMessage()
+    assert failed.exc_info is not None and isinstance(failed.exc_info[1], ValueError), failed.exc_info
+
+
 def test_the_backend_refuses_what_it_cannot_do(tasks_on_sluice):
     from tests.task_funcs import add
 

@@ -158,7 +158,13 @@ def record_failure(message: Message, exc: BaseException, outcome: str, using: st
             task = task_at(attempt.record.task_path)
         except Exception:  # the task itself cannot be imported: no TaskResult to send
             return
-        task_finished.send(sender=type(task.get_backend()), task_result=to_task_result(attempt.record, task))
+        finished = to_task_result(attempt.record, task)
+        # Sent while the exception is being handled, as the framework's own backends do: its
+        # log receiver then logs the FAILED task with the exception and its traceback.
+        try:
+            raise exc
+        except BaseException:
+            task_finished.send(sender=type(task.get_backend()), task_result=finished)
 
 
 def sluice_backends() -> list[SluiceTaskBackend]:
