@@ -107,7 +107,8 @@ test: venv services-all
 			2) echo "== Django 6.1 leg NOT RUN: no Python 3.12 found (scripts/django61_leg.sh)"; \
 			   leg_note="; the Django 6.1 leg did NOT run (no Python 3.12)"; \
 			   if [ "$${SLUICE_REQUIRE_DJANGO61:-0}" = 1 ]; then failed="$$failed django61(no-python3.12)"; fi ;; \
-			*) failed="$$failed django61" ;; \
+			*) failed="$$failed django61"; echo "== django61 FAILED (var/test-django61.log):"; \
+			   sed -n '/short test summary info/,/passed\|failed\|error/p' var/test-django61.log ;; \
 		esac; \
 	else leg_note="; the Django 6.1 leg was left out (DJANGO61=0)"; fi; \
 	if [ -n "$$failed" ]; then echo "== FAILED:$$failed$$leg_note"; exit 1; fi; \
