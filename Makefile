@@ -3,7 +3,7 @@
 # Chromium), so `make test` and `make run` work on a fresh Debian 12 machine.
 #
 #   make run                 migrate, set up, serve the dashboard (gunicorn; prints a login) + worker (Ctrl-C stops)
-#   make test                lint, then pytest on SQLite and PostgreSQL at once (docs build and clean install included)
+#   make test                lint, then pytest on SQLite and PostgreSQL at once (docs build and clean install included), and a Django 6.1 leg
 #   make test-sqlite         pytest on SQLite only
 #   make test-postgresql     pytest on PostgreSQL only
 #   make bench               transport benchmark on SQLite and PostgreSQL
@@ -17,7 +17,8 @@
 #            TEST_SHARDS=2 (pytest processes per database in make test; 1: one each),
 #            MSSQL_URL=mssql://... (make test also runs on that SQL Server; see
 #            .github/workflows/sqlserver.yml), DEMO=0 (make run without demo traffic),
-#            RUN_ADDR=127.0.0.1:8080 (where make run serves).
+#            RUN_ADDR=127.0.0.1:8080 (where make run serves), DJANGO61=0 (make test
+#            without the Django 6.1 leg), SLUICE_REQUIRE_DJANGO61=1 (fail when no Python 3.12).
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -75,17 +76,43 @@ services-postgres:
 # venvs: tests/test_docs.py, tests/test_clean_install.py),
 # all at once, each in TEST_SHARDS parts started 15 s apart (scripts/test_passes.sh; a log
 # of each part in var/test-NAME-K.log); runs them all even if one fails, fails if any failed.
+# Beside them, DJANGO61_DELAY seconds in (after the parts' busy first minute), the Django 6.1
+# leg: Python 3.12 and Django 6.1, a chosen set on SQLite then PostgreSQL
+# (scripts/django61_leg.sh; log var/test-django61.log); its failure fails make test.  Without
+# a Python 3.12 the summary says it did not run; SLUICE_REQUIRE_DJANGO61=1 (.ci/run) makes
+# that a failure.  DJANGO61=0 leaves the leg out.
+DJANGO61       ?= 1
+DJANGO61_DELAY ?= 75
 test: venv services-all
 	@mkdir -p var
-	@failed=""; \
+	@failed=""; leg_note=""; \
 	echo "== lint (import contracts, declared dependencies)"; \
 	$(MAKE) --no-print-directory lint-only || failed="$$failed lint"; \
+	if [ '$(DJANGO61)' = 1 ]; then \
+		echo "== the Django 6.1 leg (Python 3.12) starts in $(DJANGO61_DELAY) s; log var/test-django61.log"; \
+		( sleep '$(DJANGO61_DELAY)'; \
+		  LEG_PG_URL='$(PG_URL)_django61' LEG_REDIS_URL='$(TEST_REDIS)/14' LEG_PYTEST_ARGS='$(PYTEST_ARGS)' \
+		  bash scripts/django61_leg.sh 2>&1 | tee var/test-django61.log | sed -u 's/^/[django61] /'; \
+		  exit "$${PIPESTATUS[0]}" ) & leg=$$!; \
+	fi; \
 	echo "== pytest on SQLite ($(SQLITE_URL)) and PostgreSQL ($(PG_URL))$(if $(MSSQL_URL), and SQL Server), at once"; \
 	bash scripts/test_passes.sh --shards '$(TEST_SHARDS)' --redis '$(TEST_REDIS)' \
 		'postgresql=$(PG_URL)' 'sqlite=$(SQLITE_URL)' $(if $(MSSQL_URL),'mssql=$(MSSQL_URL)') \
 		-- $(PYTEST_ARGS) || failed="$$failed pytest"; \
-	if [ -n "$$failed" ]; then echo "== FAILED:$$failed"; exit 1; fi; \
-	echo "== all passed (lint, sqlite, postgresql$(if $(MSSQL_URL),$(comma) mssql))"
+	if [ '$(DJANGO61)' = 1 ]; then \
+		wait "$$leg"; leg_status=$$?; \
+		grep -h 'django61 timing' var/test-django61.log | tail -1 | sed 's/^\[django61\] /== /'; \
+		case "$$leg_status" in \
+			0) leg_note=", django 6.1 leg" ;; \
+			2) echo "== Django 6.1 leg NOT RUN: no Python 3.12 found (scripts/django61_leg.sh)"; \
+			   leg_note="; the Django 6.1 leg did NOT run (no Python 3.12)"; \
+			   if [ "$${SLUICE_REQUIRE_DJANGO61:-0}" = 1 ]; then failed="$$failed django61(no-python3.12)"; fi ;; \
+			*) failed="$$failed django61"; echo "== django61 FAILED (var/test-django61.log):"; \
+			   sed -n '/short test summary info/,/passed\|failed\|error/p' var/test-django61.log ;; \
+		esac; \
+	else leg_note="; the Django 6.1 leg was left out (DJANGO61=0)"; fi; \
+	if [ -n "$$failed" ]; then echo "== FAILED:$$failed$$leg_note"; exit 1; fi; \
+	echo "== all passed (lint, sqlite, postgresql$(if $(MSSQL_URL),$(comma) mssql)$$leg_note)"
 
 test-sqlite: venv services-test-sqlite
 	@mkdir -p var

@@ -145,19 +145,43 @@ class FailureHook(Protocol):
     def __call__(self, message: Message, exc: BaseException, outcome: str, using: str) -> Any: ...
 
 
+class RetryLimits(Protocol):
+    def __call__(self, message: Message) -> tuple[int | None, int | None]: ...
+
+
 class HandlerRegistry:
     """(queue, message type) → handler; a handler registered with no type takes the rest.
 
     A failure hook (:meth:`on_failure`) is told of each failed attempt of a message type
     after its handler's work was rolled back, in the receive's transaction, with where
     the message went (``retry``, ``delayed-retry``, ``error``): what a handler records
-    inside its own work would roll back with it (core.tasks records task attempts so)."""
+    inside its own work would roll back with it (core.tasks records task attempts so).
+
+    Retry limits (:meth:`on_retry_limits`) let a message type's messages carry their own
+    immediate and delayed retry counts (core.tasks: a task's ``@task(immediate_retries=…)``),
+    in place of the pump's, read from the failed message when its outcome is decided."""
 
     def __init__(self) -> None:
         self._handlers: dict[tuple[str, str | None], Handler] = {}
         self._batch: set[tuple[str, str | None]] = set()
         self._failure_hooks: dict[tuple[str, str], FailureHook] = {}
+        self._retry_limits: dict[tuple[str, str], RetryLimits] = {}
         self._lock = threading.Lock()
+
+    def on_retry_limits(self, queue: str, message_type: str, fn: RetryLimits) -> RetryLimits:
+        """Register ``fn(message) -> (immediate, delayed)``: a message's own retry counts
+        (None for either keeps the pump's)."""
+        with self._lock:
+            self._retry_limits[(queue, message_type)] = fn
+        return fn
+
+    def retry_limits(self, queue: str, message: Message) -> tuple[int | None, int | None]:
+        if self._retry_limits:
+            for name in message.message_types():
+                fn = self._retry_limits.get((queue, name))
+                if fn is not None:
+                    return fn(message)
+        return None, None
 
     def on_failure(self, queue: str, message_type: str, fn: FailureHook) -> FailureHook:
         """Register ``fn(message, exc, outcome, using)`` for failed attempts of ``message_type`` on ``queue``."""
@@ -193,6 +217,7 @@ class HandlerRegistry:
             self._batch.discard((queue, message_type))
             if message_type is not None:
                 self._failure_hooks.pop((queue, message_type), None)
+                self._retry_limits.pop((queue, message_type), None)
 
     def lookup(self, queue: str, message: Message) -> tuple[Handler | BatchHandler | None, bool]:
         """The handler for ``message`` and whether it is a batch handler."""

@@ -38,11 +38,14 @@ def installed_venv(wheel: Path, extras: str = "") -> Path:
     with zipfile.ZipFile(wheel) as zf:
         record = next(n for n in zf.namelist() if n.endswith(".dist-info/RECORD"))
         key = hashlib.sha256(zf.read(record) + extras.encode() + sys.version.encode()).hexdigest()[:16]
-    venv = CACHE / f"{extras or 'base'}-{key}"
+    # One cache entry per interpreter: make test's Django 6.1 leg (Python 3.12) installs the
+    # wheel while the main passes (Python 3.11) use theirs, so neither may remove the other's.
+    kind = f"{extras or 'base'}-py{sys.version_info.major}{sys.version_info.minor}"
+    venv = CACHE / f"{kind}-{key}"
     python = venv / "bin" / "python"
     if (venv / ".complete").exists():
         return venv
-    for stale in CACHE.glob(f"{extras or 'base'}-*"):
+    for stale in CACHE.glob(f"{kind}-*"):
         shutil.rmtree(stale, ignore_errors=True)
     run([sys.executable, "-m", "venv", str(venv)], cwd=CACHE.parent, env=clean_env(), timeout=120)
     requirement = f"{wheel}[{extras}]" if extras else str(wheel)

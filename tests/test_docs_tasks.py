@@ -25,7 +25,7 @@ def blocks() -> dict[str, str]:
 
 
 def test_the_page_has_its_blocks():
-    assert {"settings.py", "shop/tasks.py", "shop/views.py", "shop/status.py"} <= set(blocks())
+    assert {"settings.py", "shop/tasks.py", "shop/views.py", "shop/status.py", "shop/reports.py"} <= set(blocks())
 
 
 @pytest.fixture
@@ -73,3 +73,15 @@ def test_the_page_runs_as_written(shop, pump_for):
     from django.contrib.auth.models import User
 
     assert status.welcome_status(result_id) == {"user_id": User.objects.get(username="ada").pk, "attempt": 1}
+
+
+def test_the_page_s_per_task_options_reach_the_message(shop):
+    """The page's task with Sluice's options: its message has the TTL and the retry counts."""
+    from core.tasks.backend import DELAYED_RETRIES_HEADER, IMMEDIATE_RETRIES_HEADER
+    from core.transport import Transport
+
+    reports = importlib.import_module("shop.reports")
+    result = reports.nightly_report.enqueue("2026-01-01")
+    [message] = [m for m in Transport().browse("default") if m.id == result.id]
+    assert message.expires is not None
+    assert (message.headers[IMMEDIATE_RETRIES_HEADER], message.headers[DELAYED_RETRIES_HEADER]) == ("1", "0")

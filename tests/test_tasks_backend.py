@@ -243,6 +243,23 @@ def test_signals_fire_once_each(tasks_on_sluice, pump_for):
                     ("finished", result.id, TaskResultStatus.SUCCESSFUL)]
 
 
+def test_a_failed_task_is_logged_with_its_exception(tasks_on_sluice, pump_for, caplog):
+    """The framework logs task_finished on its logger ("django.tasks"; "django_tasks" in the
+    backport); a FAILED task's line carries the task's own exception (not the pump's
+    wrapper of it), as with the framework's own backends."""
+    from core.tasks.framework import FRAMEWORK
+    from tests import task_funcs
+
+    logger = "django.tasks" if FRAMEWORK == "django.tasks" else "django_tasks"
+    task_funcs.FAIL_NEXT["logged"] = 1
+    with caplog.at_level("INFO", logger=logger):
+        result = task_funcs.flaky.enqueue("logged")
+        run_all(pump_for, tasks_on_sluice, immediate_retries=0)
+    [failed] = [r for r in caplog.records if r.name == logger and r.levelname == "ERROR"]
+    assert result.id in failed.getMessage() and "state=FAILED" in failed.getMessage()
+    assert failed.exc_info is not None and isinstance(failed.exc_info[1], ValueError), failed.exc_info
+
+
 def test_the_backend_refuses_what_it_cannot_do(tasks_on_sluice):
     from tests.task_funcs import add
 
@@ -253,9 +270,26 @@ def test_the_backend_refuses_what_it_cannot_do(tasks_on_sluice):
         add.using(priority=5)
     with pytest.raises(InvalidTaskError):
         add.using(queue_name="elsewhere")
+    # Arguments that are not JSON: the framework's InvalidTask and, as its other backends
+    # raise, its TypeError "Unsupported type".
     with pytest.raises(InvalidTaskError):
         add.enqueue(object(), 1)
+    with pytest.raises(TypeError, match="Unsupported type"):
+        add.enqueue(object(), 1)
     assert not TaskResultRecord.objects.exists()
+
+
+def test_arguments_and_results_are_normalised_as_the_framework_does(tasks_on_sluice, pump_for):
+    """Tuples become lists and UTF-8 bytes text, at enqueue and in the stored result, as the
+    framework's TaskResult normalises them."""
+    from tests.task_funcs import add
+
+    text = add.enqueue(b"ab", "c")
+    lists = add.enqueue(("a", "b"), ["c"])
+    assert text.args == ["ab", "c"] and lists.args == [["a", "b"], ["c"]]
+    run_all(pump_for, tasks_on_sluice)
+    assert add.get_result(text.id).return_value == "abc"
+    assert add.get_result(lists.id).return_value == ["a", "b", "c"]
 
 
 def test_system_checks(tasks_on_sluice):
@@ -268,6 +302,18 @@ def test_system_checks(tasks_on_sluice):
         ids = sorted(m.id for m in task_backends["default"].check())
     assert ids == ["sluice.E021", "sluice.E022", "sluice.E024"]
     assert all(isinstance(m, checks.CheckMessage) for m in tasks_on_sluice.backend.check())
+
+
+def test_workers_serve_sluice_backends_beside_one_that_cannot_load(tasks_on_sluice):
+    """Another TASKS backend whose package this worker lacks is not Sluice's to serve: the
+    task handler still registers on Sluice's queues (the framework's check names the other)."""
+    from core.handlers import HandlerRegistry
+    from core.tasks.worker import register
+
+    from django.conf import settings
+
+    with override_settings(TASKS={**settings.TASKS, "elsewhere": {"BACKEND": "not.installed.Backend"}}):
+        assert register(HandlerRegistry()) == [tasks_on_sluice.queue]
 
 
 def test_setup_creates_the_task_queues(tasks_on_sluice):

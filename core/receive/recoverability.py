@@ -90,10 +90,14 @@ class Recoverability:
         return guarded(self.transport, self.error_queue, message, write, record)
 
     def decide(self, message: Message) -> FailureOutcome:
-        """Where a failed attempt of ``message`` takes it (from the counts on its row)."""
-        if message.failed_attempts + 1 <= self.immediate_retries:
+        """Where a failed attempt of ``message`` takes it (from the counts on its row, against
+        the retry limits its message type gives it, else the pump's)."""
+        immediate, delayed = self.registry.retry_limits(message.queue, message)
+        immediate = self.immediate_retries if immediate is None else immediate
+        delayed = self.delayed_retries if delayed is None else delayed
+        if message.failed_attempts + 1 <= immediate:
             return FailureOutcome.RETRY
-        if message.delayed_retries < self.delayed_retries:
+        if message.delayed_retries < delayed:
             return FailureOutcome.DELAYED_RETRY
         return FailureOutcome.ERROR
 

@@ -13,8 +13,10 @@ workflow.  docs/tasks.md is the guide.
 """
 from __future__ import annotations
 
+import datetime as dt
 import json
 import uuid
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 from django.apps import apps
@@ -22,20 +24,79 @@ from django.core import checks
 from django.db import connections, transaction
 
 from core.conf import get_settings
-from core.errors import InvalidQueueName
+from core.errors import InvalidQueueName, InvalidTTL
+from core.messages import Message
 from core.models import TaskResultRecord
-from core.queues import validate_name
+from core.queues import validate_name, validate_ttl
 from core.tasks.framework import (BaseTaskBackend, InvalidTaskError, Task, TaskResult, TaskResultDoesNotExist,
-                                  task_enqueued)
+                                  normalize_json, task_enqueued)
 from core.tasks.names import TASK_MESSAGE_TYPE, TASK_PATH_HEADER  # (core.tasks.worker imports them from here)
 from core.tasks.results import enqueued_at, ready_result, ready_row, task_at, to_task_result
 from core.transport import Transport
 
 #: OPTIONS the backend reads.
 KNOWN_OPTIONS = {"DATABASE", "QUEUE_PREFIX"}
+#: The headers that carry a task's own retry counts (SluiceTask) to the worker's recoverability.
+IMMEDIATE_RETRIES_HEADER = "Django.Task.ImmediateRetries"
+DELAYED_RETRIES_HEADER = "Django.Task.DelayedRetries"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SluiceTask(Task):
+    """The task class of Sluice's backend (the framework's ``task_class``): ``@task`` takes
+    Sluice's per-task options beside the framework's.
+
+    - ``ttl``: seconds (or a timedelta) the task's message may wait to be received; past
+      it the message expires unrun (the queue's expiry rules: dropped, or dead-lettered).
+      A delayed task's TTL starts when it is due.
+    - ``immediate_retries`` / ``delayed_retries``: this task's retry counts, in place of
+      SLUICE_IMMEDIATE_RETRIES / SLUICE_DELAYED_RETRIES (the worker's).
+
+    None keeps the default.  ``dataclasses.replace(task, ttl=60)`` makes a variant (the
+    framework's ``using()`` knows only its own fields)."""
+
+    ttl: float | dt.timedelta | None = None
+    immediate_retries: int | None = None
+    delayed_retries: int | None = None
+
+    def sluice_options(self) -> tuple[float | None, dict[str, str]]:
+        """The message's TTL in seconds and the headers with the task's retry counts;
+        InvalidTaskError naming the option when one is not valid."""
+        try:
+            ttl = validate_ttl(self.ttl, "ttl")
+        except InvalidTTL as exc:
+            raise InvalidTaskError(f"task {self.module_path}: {exc}") from None
+        if ttl == 0:
+            raise InvalidTaskError(f"task {self.module_path}: ttl must be more than 0 seconds (None: no TTL)")
+        headers = {}
+        for name, header in (("immediate_retries", IMMEDIATE_RETRIES_HEADER),
+                             ("delayed_retries", DELAYED_RETRIES_HEADER)):
+            count = getattr(self, name)
+            if count is None:
+                continue
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise InvalidTaskError(f"task {self.module_path}: {name} must be a whole number >= 0, not {count!r}")
+            headers[header] = str(count)
+        return ttl, headers
+
+
+def task_retry_limits(message: Message) -> tuple[int | None, int | None]:
+    """A task message's own retry counts (core.handlers' retry limits), None where it has
+    none or the header is not a count (a foreign row: the worker's counts then)."""
+    def count(header: str) -> int | None:
+        text = message.headers.get(header, "")
+        return int(text) if text.isdigit() else None
+
+    return count(IMMEDIATE_RETRIES_HEADER), count(DELAYED_RETRIES_HEADER)
+
+
+class TaskArgumentsNotJSON(InvalidTaskError, TypeError):
+    """A task's arguments that are not JSON: the framework's InvalidTask(Error), and the
+    TypeError ("Unsupported type: ...") its other backends raise for them."""
 
 
 class SluiceTaskBackend(BaseTaskBackend):
+    task_class = SluiceTask
     supports_defer = True
     supports_async_task = True
     supports_get_result = True
@@ -65,6 +126,8 @@ class SluiceTaskBackend(BaseTaskBackend):
     # -- enqueue ---------------------------------------------------------------------
     def validate_task(self, task: Task) -> None:
         super().validate_task(task)
+        if isinstance(task, SluiceTask):
+            task.sluice_options()
         try:
             validate_name(self.sluice_queue(task.queue_name))
         except InvalidQueueName as exc:
@@ -76,14 +139,16 @@ class SluiceTaskBackend(BaseTaskBackend):
             # Workers import the task by this path: it must name this very task.
             raise InvalidTaskError(f"{task.module_path} does not name this task at module level")
         try:
-            # As the database's JSON will give it back (TypeError when it cannot).
-            args_kwargs_json = json.dumps({"args": list(args), "kwargs": dict(kwargs)})
+            # Normalised as the framework's TaskResult does (tuples to lists, UTF-8 bytes to
+            # text), then as the database's JSON will give it back.
+            args_kwargs_json = json.dumps({"args": normalize_json(list(args)), "kwargs": normalize_json(dict(kwargs))})
         except (TypeError, ValueError) as exc:
-            raise InvalidTaskError(f"task arguments must be JSON: {exc}") from None
+            raise TaskArgumentsNotJSON(f"task arguments must be JSON: {exc}") from None
         args_kwargs = json.loads(args_kwargs_json)
         result_id = str(uuid.uuid4())  # the form a MessageId takes (Transport keeps it as is)
         using = self.using
         queue = self.sluice_queue(task.queue_name)
+        ttl, headers = task.sluice_options() if isinstance(task, SluiceTask) else (None, {})
         body = {"task": task.module_path, "backend": self.alias, "queue_name": task.queue_name, **args_kwargs}
         # Both rows or neither, in the caller's transaction when one is open (no savepoint
         # of our own: a failed insert breaks the caller's block, which then rolls back).
@@ -91,7 +156,8 @@ class SluiceTaskBackend(BaseTaskBackend):
         with transaction.atomic(using=using, savepoint=False):
             _, row = Transport(using).send_along(
                 queue, body, ready_row(using, result_id, task, self.alias, args_kwargs_json), message_id=result_id,
-                message_type=TASK_MESSAGE_TYPE, headers={TASK_PATH_HEADER: task.module_path}, deliver_at=task.run_after)
+                message_type=TASK_MESSAGE_TYPE, headers={TASK_PATH_HEADER: task.module_path, **headers}, ttl=ttl,
+                deliver_at=task.run_after)
         result = ready_result(task, result_id, self.alias, enqueued_at(using, row), args_kwargs)
         task_enqueued.send(type(self), task_result=result)
         return result

@@ -17,6 +17,7 @@ if find_spec("django.tasks") is not None:
     from django.tasks.exceptions import InvalidTask as InvalidTaskError
     from django.tasks.exceptions import TaskResultDoesNotExist
     from django.tasks.signals import task_enqueued, task_finished, task_started
+    from django.utils.json import normalize_json
 
     FRAMEWORK = "django.tasks"
 else:  # Django 5.2 with the backport (ImportError without it: install sluice[tasks])
@@ -26,9 +27,10 @@ else:  # Django 5.2 with the backport (ImportError without it: install sluice[ta
                                    TaskResult, TaskResultStatus)
     from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist  # type: ignore[no-redef]
     from django_tasks.signals import task_enqueued, task_finished, task_started  # type: ignore[no-redef]
+    from django_tasks.utils import normalize_json  # type: ignore[no-redef]
 
     FRAMEWORK = "django_tasks"
 
 __all__ = ["BaseTaskBackend", "DEFAULT_TASK_PRIORITY", "FRAMEWORK", "InvalidTaskError", "Task", "TaskContext",
-           "TaskError", "TaskResult", "TaskResultDoesNotExist", "TaskResultStatus", "task_backends",
+           "TaskError", "TaskResult", "TaskResultDoesNotExist", "TaskResultStatus", "normalize_json", "task_backends",
            "task_enqueued", "task_finished", "task_started"]

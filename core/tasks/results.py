@@ -24,7 +24,7 @@ from core.db import database_now_us
 from core.dialects import Dialect, dialect_for
 from core.dialects.tasks_sql import TASK_ROWS_PER_UPDATE
 from core.models import TaskResultRecord, TaskStatus
-from core.tasks.framework import Task, TaskError, TaskResult, TaskResultStatus
+from core.tasks.framework import Task, TaskError, TaskResult, TaskResultStatus, normalize_json
 
 #: This process in ``worker_ids`` (the framework allows 64 characters).
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"[-64:]
@@ -32,9 +32,10 @@ WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"[-64:]
 
 def json_value(value: Any) -> Any:
     """``value`` as it will come back from the database's JSON (TypeError when it cannot be):
-    what the framework calls normalising, done with the json module both Django lines share."""
+    the framework's normalising (tuples become lists, UTF-8 bytes text; its "Unsupported
+    type" error otherwise), then a round trip through the json module."""
     try:
-        return json.loads(json.dumps(value))
+        return json.loads(json.dumps(normalize_json(value)))
     except (TypeError, ValueError) as exc:
         raise TypeError(f"not JSON: {exc}") from None
 

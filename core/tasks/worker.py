@@ -37,13 +37,14 @@ from typing import Any
 from django.db.models.functions import Now
 
 from django.conf import settings
+from django.utils.module_loading import import_string
 
 from core.handlers import BatchContext, HandlerRegistry, handlers
 from core.messages import Message
 from core.models import TaskResultRecord
-from core.tasks.backend import TASK_MESSAGE_TYPE, SluiceTaskBackend
-from core.tasks.framework import (Task, TaskContext, TaskError, TaskResult, TaskResultStatus, task_backends,
-                                  task_finished, task_started)
+from core.tasks.backend import TASK_MESSAGE_TYPE, SluiceTaskBackend, task_retry_limits
+from core.tasks.framework import (Task, TaskContext, TaskError, TaskResult, TaskResultStatus, normalize_json,
+                                  task_backends, task_finished, task_started)
 from core.tasks.results import WORKER_ID, Attempt, json_value, task_at, to_task_result, write_successes
 
 log = logging.getLogger("sluice.tasks")
@@ -106,7 +107,7 @@ def run_tasks(messages: list[Message], context: BatchContext) -> None:
                 _raised.by_message[(id(message), message.id)] = exc
             raise
         try:
-            text = None if value is None else json.dumps(value)
+            text = None if value is None else json.dumps(normalize_json(value))
         except (TypeError, ValueError) as exc:
             raise TypeError(f"task {task.module_path} returned a value that is not JSON: {exc}") from None
         written.append((message.id, json.dumps(result.worker_ids), text))
@@ -157,16 +158,27 @@ def record_failure(message: Message, exc: BaseException, outcome: str, using: st
             task = task_at(attempt.record.task_path)
         except Exception:  # the task itself cannot be imported: no TaskResult to send
             return
-        task_finished.send(sender=type(task.get_backend()), task_result=to_task_result(attempt.record, task))
+        finished = to_task_result(attempt.record, task)
+        # Sent while the exception is being handled, as the framework's own backends do: its
+        # log receiver then logs the FAILED task with the exception and its traceback.
+        try:
+            raise exc
+        except BaseException:
+            task_finished.send(sender=type(task.get_backend()), task_result=finished)
 
 
 def sluice_backends() -> list[SluiceTaskBackend]:
-    """The backends of Django's TASKS setting that are Sluice's."""
+    """The backends of Django's TASKS setting that are Sluice's.  Only those are loaded: a
+    backend of another kind that cannot be imported (its package missing on this worker) is
+    not Sluice's to serve, and the framework's own check names it."""
     found = []
-    for alias in getattr(settings, "TASKS", None) or {}:
-        backend = task_backends[alias]
-        if isinstance(backend, SluiceTaskBackend):
-            found.append(backend)
+    for alias, params in (getattr(settings, "TASKS", None) or {}).items():
+        try:
+            kind = import_string(params.get("BACKEND", ""))
+        except ImportError:
+            continue
+        if isinstance(kind, type) and issubclass(kind, SluiceTaskBackend):
+            found.append(task_backends[alias])
     return found
 
 
@@ -178,4 +190,5 @@ def register(registry: HandlerRegistry = handlers) -> list[str]:
     for queue in queues:
         registry.register(queue, TASK_MESSAGE_TYPE, run_tasks, batch=True)
         registry.on_failure(queue, TASK_MESSAGE_TYPE, record_failure)
+        registry.on_retry_limits(queue, TASK_MESSAGE_TYPE, task_retry_limits)
     return queues
