@@ -51,6 +51,8 @@ urlpatterns = [
     path("queues/<sluice_queue:name>/delete/", queues.delete, name="queue-delete"),
     path("queues/<sluice_queue:name>/purge/", queues.purge, name="queue-purge"),
     path("queues/<sluice_queue:name>/move/", queues.move, name="queue-move"),
+    path("queues/<sluice_queue:name>/pause/", queues.pause, name="queue-pause"),
+    path("queues/<sluice_queue:name>/resume/", queues.resume, name="queue-resume"),
     path("delayed/", delayed.delayed, name="delayed"),
     # Message ids may hold "/" (order/42): <sluice_id:…> (IdConverter).
     path("delayed/<sluice_id:message_id>/deliver-now/", delayed.deliver_now, name="delayed-deliver-now"),

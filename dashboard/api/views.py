@@ -9,6 +9,7 @@ from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from core import pauses
 from core.conf import get_settings
 from core.delayed import delayed_store
 from core.messages import Message
@@ -37,7 +38,9 @@ class QueueList(SluiceAPIView):
     @doc(out.QueueList, summary="Every queue with its counts (cached a few seconds)")
     def get(self, request: Request) -> Response:
         snap = stats.snapshot()
-        return Response({"queues": [s.queue_json(q) for q in snap.queues], "at": snap.at.isoformat(),
+        paused = pauses.paused_queues()  # not cached: a pause shows at once
+        return Response({"queues": [{**s.queue_json(q), "paused": q.name in paused} for q in snap.queues],
+                         "at": snap.at.isoformat(),
                          "problem": snap.problem or None})
 
 
@@ -115,6 +118,30 @@ class QueuePurge(SluiceAPIView):
         confirm = request_object(request).get("confirm")
         return act(lambda: actions.purge_queue(request.user, name, confirm, via="api"),
                     lambda r: {"operation": r.operation_id, "count": r.count}, status.HTTP_202_ACCEPTED)
+
+
+def _pause_state(name: str, result: actions.ActionResult) -> dict:
+    found = pauses.pause_of(name)
+    return {"queue": name, "paused": found is not None, "changed": bool(result.count),
+            "paused_at": found.paused_at.isoformat() if found else None, "paused_by": found.paused_by if found else None}
+
+
+class QueuePause(SluiceAPIView):
+    audit_action = "pause_queue"
+
+    @doc(out.PauseState, errors=ERRORS_ACT, request=None,
+         summary="Pause a queue: no worker receives from it until it is resumed (sends still land, due delayed "
+                 "messages still arrive, expiry purges still run); pausing a paused queue changes nothing")
+    def post(self, request: Request, name: str) -> Response:
+        return act(lambda: actions.pause_queue(request.user, name, via="api"), lambda r: _pause_state(name, r))
+
+
+class QueueResume(SluiceAPIView):
+    audit_action = "resume_queue"
+
+    @doc(out.PauseState, errors=ERRORS_ACT, request=None, summary="Resume a paused queue")
+    def post(self, request: Request, name: str) -> Response:
+        return act(lambda: actions.resume_queue(request.user, name, via="api"), lambda r: _pause_state(name, r))
 
 
 # -- delayed ----------------------------------------------------------------------------------------
