@@ -3,7 +3,9 @@ import re
 from django.urls import include, path, register_converter
 
 from dashboard.views import charts
-from dashboard.views import alerts, audit, auth, conversations, delayed, failed, health, monitoring, outbox, overview, queues
+from dashboard.views import (
+    alerts, audit, auth, conversations, delayed, failed, health, monitoring, outbox, overview, queues, sending,
+)
 
 
 
@@ -51,6 +53,7 @@ urlpatterns = [
     path("queues/<sluice_queue:name>/delete/", queues.delete, name="queue-delete"),
     path("queues/<sluice_queue:name>/purge/", queues.purge, name="queue-purge"),
     path("queues/<sluice_queue:name>/move/", queues.move, name="queue-move"),
+    path("send/", sending.send, name="send"),
     path("queues/<sluice_queue:name>/pause/", queues.pause, name="queue-pause"),
     path("queues/<sluice_queue:name>/resume/", queues.resume, name="queue-resume"),
     path("delayed/", delayed.delayed, name="delayed"),

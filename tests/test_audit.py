@@ -46,6 +46,8 @@ def cases(w):
          lambda u: actions.pause_queue(u, "no_such_queue")),
         ("resume_queue", lambda u: actions.resume_queue(u, w["other"]),
          lambda u: actions.resume_queue(u, "no_such_queue")),
+        ("send_message", lambda u: actions.send_message(u, w["other"], body='{"n": 1}'),
+         lambda u: actions.send_message(u, w["other"], body="not json")),
         ("purge_queue", lambda u: actions.purge_queue(u, w["q"], w["q"]),
          lambda u: actions.purge_queue(u, w["q"], "wrong")),
         ("deliver_delayed_now", lambda u: actions.deliver_delayed_now(u, [w["delayed"][0]]),

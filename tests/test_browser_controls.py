@@ -66,3 +66,29 @@ def test_pause_from_the_overview_and_resume_from_the_queue_page(live_server, pag
     finally:
         producer.stop()
         host.stop()
+
+
+def test_the_send_form_shows_a_json_error_then_a_good_send_opens_the_message_page(live_server, page, shop):
+    network = NetworkLog(page)
+    login(page, live_server.url, make_user("operator").username, f"/queues/{shop}/")
+    page.get_by_role("link", name=f"Send a message to {shop}…").click()
+    page.wait_for_url(f"**/send/?queue={shop}")
+    expect(page.get_by_label("Queue")).to_have_value(shop)
+    page.get_by_label("Message type").fill("PlaceOrder")
+    page.get_by_label("Body (JSON)").fill('{"order": 42,}')
+    page.get_by_label("Headers (JSON object)").fill('{"Tenant": "acme"}')
+    page.get_by_role("button", name="Send").click()
+    expect(page.locator("[data-send-error]")).to_contain_text("the body is not JSON")
+    expect(page.get_by_label("Message type")).to_have_value("PlaceOrder")  # kept
+    assert Transport().browse(shop) == []
+
+    page.get_by_label("Body (JSON)").fill('{"order": 42}')
+    page.get_by_role("button", name="Send").click()
+    page.wait_for_url(f"**/queues/{shop}/messages/*/")
+    expect(page.locator("ul.messages")).to_contain_text(f"sent to {shop}")
+    expect(page.locator("main, body").first).to_contain_text("PlaceOrder")
+    [m] = Transport().browse(shop)
+    assert m.body == b'{"order": 42}' and m.headers["Tenant"] == "acme"
+    assert page.url.endswith(f"/queues/{shop}/messages/{m.row_version}/")
+    assert [e.outcome for e in AuditEntry.objects.filter(action="send_message").order_by("pk")] == ["rejected", "ok"]
+    assert [f for f in network.failures if "/send/" not in f] == []  # the refused send is a 400 by design

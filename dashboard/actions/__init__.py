@@ -7,6 +7,7 @@ Celery worker runs), writes one :class:`~dashboard.models.AuditEntry` with the o
 and returns an :class:`ActionResult`.  ``via`` ("web", "api") is recorded too.
 
 Queues:   delete_messages, purge_queue, move_message, pause_queue, resume_queue
+Sending:  send_message (the dashboard's send form)
 Delayed:  deliver_delayed_now, delete_delayed
 Failed:   retry_failed, archive_failed, restore_failed, edit_and_retry, delete_failed
           (selections: see :func:`parse_selection`)
@@ -40,6 +41,7 @@ from dashboard.actions.failed import (
 from dashboard.actions.pipeline import run_pipeline
 from dashboard.actions.queues import delete_messages, move_message, pause_queue, purge_queue, resume_queue
 from dashboard.actions.result import ActionResult
+from dashboard.actions.sending import send_message
 
 #: Every action name, as AuditEntry.action stores it (filters on the audit page).
 ACTIONS = (
@@ -47,6 +49,7 @@ ACTIONS = (
     "retry_failed", "archive_failed", "restore_failed", "edit_and_retry", "delete_failed", "dispatch_outbox",
     "run_pipeline", "save_alert_rule", "delete_alert_rule", "save_alert_target", "delete_alert_target",
     "test_alert_target", "create_silence", "expire_silence", "import_alerts", "pause_queue", "resume_queue",
+    "send_message",
 )
 #: Account changes (`sluice user`, via "cli"), audited beside the actions.
 ACCOUNT_ACTIONS = ("set_role", "issue_token", "revoke_token", "disable_user")
@@ -61,4 +64,5 @@ __all__ = [
     "edit_and_retry", "move_message", "parse_selection", "purge_queue", "restore_failed", "retry_failed",
     "run_pipeline", "save_alert_rule", "delete_alert_rule", "save_alert_target", "delete_alert_target",
     "test_alert_target", "create_silence", "expire_silence", "import_alerts", "pause_queue", "resume_queue",
+    "send_message",
 ]

@@ -282,6 +282,14 @@ class Dispatched(f.Serializer):
     dispatched = f.IntegerField()
 
 
+class SentMessage(f.Serializer):
+    message_id = f.CharField()
+    queue = f.CharField()
+    delayed = f.BooleanField(help_text="True: it waits in the delayed store until its delay has passed.")
+    row_version = f.IntegerField(allow_null=True, help_text="Its row in the queue (null when delayed, or "
+                                 "already received).")
+
+
 class PauseState(f.Serializer):
     queue = f.CharField()
     paused = f.BooleanField()

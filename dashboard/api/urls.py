@@ -24,6 +24,7 @@ urlpatterns = [
     path("api/schema/", SchemaView.as_view(), name="api-schema"),
     path("api/queues/", v.QueueList.as_view(), name="api-queues"),
     path("api/queues/<str:name>/messages/", v.QueueMessages.as_view(), name="api-queue-messages"),
+    path("api/queues/<str:name>/send/", v.QueueSend.as_view(), name="api-queue-send"),
     # Message ids may hold "/" (order/42): <path:…>, the longer routes first.
     path("api/queues/<str:name>/messages/<path:message_id>/move/", v.QueueMessageMove.as_view(),
          name="api-queue-message-move"),

@@ -3,6 +3,8 @@ actions for operators (through dashboard.actions, which checks the role again an
 audit).  Failed messages and bulk operations: dashboard/api/failed.py.  Shapes: serializers.py."""
 from __future__ import annotations
 
+import json
+
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter
 from rest_framework import status
@@ -87,6 +89,24 @@ class QueueMessages(SluiceAPIView):
             listed = shown
         return Response({"messages": [s.message_json(m, size, bodies) for m, size in listed],
                          "next_after": listed[-1][0].row_version if more and listed else None})
+
+
+class QueueSend(SluiceAPIView):
+    audit_action = "send_message"
+
+    @doc(out.SentMessage, code=status.HTTP_201_CREATED, errors=ERRORS_ACT, request=s.SendRequest,
+         summary="Send a message to a queue through the one send path (the dashboard's send form); "
+                 "control headers are refused")
+    def post(self, request: Request, name: str) -> Response:
+        data = request_object(request)
+        if "body" not in data:
+            raise ActionError("body is required: any JSON value")
+        sent = actions.send_message(request.user, name, body=json.dumps(data["body"]),
+                                    message_type=data.get("message_type") or "", headers=data.get("headers"),
+                                    delay=data.get("delay"), ttl=data.get("ttl"), via="api")
+        stats.forget_snapshot()
+        return Response({"message_id": sent.message_id, "queue": name, "delayed": sent.delayed,
+                         "row_version": sent.row_version}, status=status.HTTP_201_CREATED)
 
 
 class QueueMessage(SluiceAPIView):
