@@ -1,9 +1,16 @@
 """Operator controls in Chromium, as the pages render them: the overview's Pause button stops
 a running worker within a second while a producer keeps sending, the badge shows, Resume on
-the queue page lets it drain within a second.  Setup: tests/browser_support.py."""
+the queue page lets it drain within a second; the send form refuses bad JSON, then a good
+send opens the new message's page.  Setup: tests/browser_support.py.
+
+The pages' screenshots for docs/operations/queue-controls.md (``queue-paused.png``,
+``send-form.png``) go to docs/screenshots/ with ``SLUICE_SCREENSHOTS=1``, else to a
+temporary directory."""
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +19,7 @@ from tests.browser_support import (  # noqa: F401 — fixtures
 )
 from tests.dashboard_pages_support import _fresh_dashboard_cache, make_user  # noqa: F401
 from tests.test_browser_dashboard import shop  # noqa: F401 — fixture
-from tests.conftest import wait_for
+from tests.conftest import ROOT, wait_for
 from tests.test_queue_pause import Producer
 
 from playwright.sync_api import expect  # noqa: E402
@@ -25,7 +32,13 @@ from dashboard.models import AuditEntry  # noqa: E402
 pytestmark = BROWSER_MARKS
 
 
-def test_pause_from_the_overview_and_resume_from_the_queue_page(live_server, page, shop, temp_handlers, settings):
+def screenshot(page, tmp_path: Path, name: str) -> None:
+    folder = ROOT / "docs" / "screenshots" if os.environ.get("SLUICE_SCREENSHOTS") == "1" else tmp_path
+    page.screenshot(path=str(folder / name))
+
+
+def test_pause_from_the_overview_and_resume_from_the_queue_page(live_server, page, shop, temp_handlers, settings,
+                                                                 tmp_path):
     settings.SLUICE_PEEK_DELAY = 1.0
     handled: list[float] = []
     temp_handlers(shop, None, lambda message, context: handled.append(time.monotonic()))
@@ -53,6 +66,7 @@ def test_pause_from_the_overview_and_resume_from_the_queue_page(live_server, pag
         page.locator(f'tr[data-queue="{shop}"] a').first.click()
         page.wait_for_url(f"**/queues/{shop}/")
         expect(page.locator("[data-pause-banner]")).to_contain_text("Paused")
+        screenshot(page, tmp_path, "queue-paused.png")
         before = time.monotonic()
         page.get_by_role("button", name=f"Resume {shop}").click()
         expect(page.locator("[data-pause-banner]")).to_have_count(0)  # reloaded: the resume committed
@@ -68,7 +82,8 @@ def test_pause_from_the_overview_and_resume_from_the_queue_page(live_server, pag
         host.stop()
 
 
-def test_the_send_form_shows_a_json_error_then_a_good_send_opens_the_message_page(live_server, page, shop):
+def test_the_send_form_shows_a_json_error_then_a_good_send_opens_the_message_page(live_server, page, shop,
+                                                                                  tmp_path):
     network = NetworkLog(page)
     login(page, live_server.url, make_user("operator").username, f"/queues/{shop}/")
     page.get_by_role("link", name=f"Send a message to {shop}…").click()
@@ -80,6 +95,7 @@ def test_the_send_form_shows_a_json_error_then_a_good_send_opens_the_message_pag
     page.get_by_role("button", name="Send").click()
     expect(page.locator("[data-send-error]")).to_contain_text("the body is not JSON")
     expect(page.get_by_label("Message type")).to_have_value("PlaceOrder")  # kept
+    screenshot(page, tmp_path, "send-form.png")
     assert Transport().browse(shop) == []
 
     page.get_by_label("Body (JSON)").fill('{"order": 42}')
