@@ -34,7 +34,7 @@ from django.dispatch import Signal
 
 from core.conf import get_settings
 from core.dialects import dialect_for
-from core.models import QueuePause, QueueRecord
+from core.models import QueuePause
 from core.queues import registry
 from core.runtime.wakeups import PAUSE_CHANNEL, PAUSES_KEY, on_commit_wake, queue_key, wake_hub
 
@@ -85,11 +85,10 @@ def pause(queue: str, *, by: str = "", via: str = "", using: str | None = None) 
             queue=name, defaults={"paused_at": Now(), "paused_by": by[:150]})
         if created:
             _announce(name, alias)
-    info = pause_of(name, alias) if created else _info(row)  # paused_at as the database wrote it
-    assert info is not None
     if created:
+        row.refresh_from_db(using=alias, fields=["paused_at"])  # the time as the database wrote it
         pause_changed.send(sender=PauseInfo, queue=name, paused=True, by=by, via=via)
-    return info, created
+    return _info(row), created
 
 
 def resume(queue: str, *, by: str = "", via: str = "", using: str | None = None) -> bool:
@@ -120,11 +119,6 @@ def _announce(name: str, alias: str) -> None:
         wake_hub.wake(queue_key(name))
 
     on_commit_wake(wake, alias, f"pause of {name}")
-
-
-def queues_known(names: list[str], using: str | None = None) -> set[str]:
-    """Which of ``names`` are registered queues (a pause row may outlive a dropped table)."""
-    return set(QueueRecord.objects.using(_alias(using)).filter(name__in=names).values_list("name", flat=True))
 
 
 class PauseBoard:
@@ -189,3 +183,12 @@ def board(using: str) -> PauseBoard:
             if found is None:
                 found = _boards[using] = PauseBoard(using)
     return found
+
+
+def forget() -> None:
+    """Every board of this process reads the table again at its next look: for a change
+    made behind Sluice's back (a restored backup, a test database flushed)."""
+    with _boards_lock:
+        boards = list(_boards.values())
+    for found in boards:
+        found.mark_stale()
