@@ -16,7 +16,7 @@ from django.db.models.functions import Now
 from core.conf import get_settings
 from core.dialects import Dialect, dialect_for
 from core.errors import InvalidQueueName, InvalidTTL, UnknownQueue
-from core.models import QueueKind, QueueRecord
+from core.models import QueueKind, QueuePause, QueueRecord
 
 log = logging.getLogger("sluice.queues")
 
@@ -289,6 +289,7 @@ def delete_queue(name: str, using: str | None = None) -> None:
         for sql, params in d.drop_queue_table(name):
             cursor.execute(sql, params)
         QueueRecord.objects.using(alias).filter(name=name).delete()
+        QueuePause.objects.using(alias).filter(queue=name).delete()  # a new queue of that name runs
     registry.forget(name)
     log.info("deleted queue %s", name)
 

@@ -19,6 +19,7 @@ from core.runtime.loops import ThreadRunner
 from core.outbox import OutboxDispatcher, worker_loops
 from core.receive.pump import MessagePump
 from core.monitoring.queue_samples import QueueSampler
+from core import pauses
 from core.queues import registry
 from core.monitoring import gauges
 
@@ -87,8 +88,10 @@ class WorkerHost:
         return self.runner.stop(timeout)
 
     def is_empty(self) -> bool:
-        """Every served queue is empty and the outbox has nothing left to dispatch."""
-        return all(p.receiver.peek_estimate(p.queue) == 0 for p in self.pumps) \
+        """Every served queue is empty (a paused one counts as done: its messages wait for
+        the resume) and the outbox has nothing left to dispatch."""
+        paused = pauses.paused_queues()
+        return all(p.queue in paused or p.receiver.peek_estimate(p.queue) == 0 for p in self.pumps) \
             and not any(d.pending() for d in self.dispatchers)
 
     def summary(self) -> list[str]:

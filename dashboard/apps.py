@@ -42,3 +42,8 @@ class DashboardConfig(AppConfig):
         # not at the top: they read the engine's settings, and this module must load (and
         # say what is wrong) even when the engine cannot.
         from dashboard import checks  # noqa: F401
+        # The command line's pauses and resumes are audited like the pages' (the engine
+        # announces them with a signal: it does not import the dashboard).
+        from core.pauses import pause_changed
+        from dashboard.actions.queues import audit_cli_pause
+        pause_changed.connect(audit_cli_pause, dispatch_uid="sluice-audit-cli-pause")

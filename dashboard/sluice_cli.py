@@ -15,7 +15,7 @@ from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from core.cli.base import CommandError, Group, command_group
+from core.cli.base import CommandError, Group, cli_actor, command_group
 from dashboard import deploys
 from dashboard.security import tokens
 from dashboard.actions.audit import Audit
@@ -32,14 +32,6 @@ def set_role(user: Any, role: str) -> None:
     user.groups.remove(*[g for name, g in groups.items() if name != ROLES[role]])
     user.groups.add(groups[ROLES[role]])
     forget_role(user)
-
-
-def cli_actor() -> str:
-    """Who runs this command: the operating-system user (there is no dashboard login here)."""
-    try:
-        return f"{getpass.getuser()} (cli)"
-    except (KeyError, OSError):  # no passwd entry (some containers)
-        return "? (cli)"
 
 
 def audit(action: str, user: Any, detail: str) -> None:

@@ -4,7 +4,8 @@ from django.urls import include, path, register_converter
 
 from dashboard.views import charts
 from dashboard.views import (
-    alerts, assets, audit, auth, conversations, delayed, failed, health, monitoring, outbox, overview, queues, tasks,
+    alerts, assets, audit, auth, conversations, delayed, failed, health, monitoring, outbox, overview, queues,
+    sending, tasks,
 )
 
 
@@ -56,6 +57,9 @@ urlpatterns = [
     path("queues/<sluice_queue:name>/delete/", queues.delete, name="queue-delete"),
     path("queues/<sluice_queue:name>/purge/", queues.purge, name="queue-purge"),
     path("queues/<sluice_queue:name>/move/", queues.move, name="queue-move"),
+    path("send/", sending.send, name="send"),
+    path("queues/<sluice_queue:name>/pause/", queues.pause, name="queue-pause"),
+    path("queues/<sluice_queue:name>/resume/", queues.resume, name="queue-resume"),
     path("delayed/", delayed.delayed, name="delayed"),
     # Message ids may hold "/" (order/42): <sluice_id:…> (IdConverter).
     path("delayed/<sluice_id:message_id>/deliver-now/", delayed.deliver_now, name="delayed-deliver-now"),

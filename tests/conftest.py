@@ -18,6 +18,7 @@ from urllib.parse import quote
 import pytest
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 
+from core import pauses
 from core.handlers import handlers
 from core.queues import create_queue, delete_queue, registry
 from core.transport import Transport
@@ -218,8 +219,10 @@ def spark():
 @pytest.fixture(autouse=True)
 def _fresh_registry_cache():
     registry.forget()
+    pauses.forget()  # the database is flushed between tests without a word to the boards
     yield
     registry.forget()
+    pauses.forget()
 
 
 @pytest.fixture

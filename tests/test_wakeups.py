@@ -12,7 +12,7 @@ from django.db import connection, transaction
 
 from core.delayed import DelayedMover
 from core.runtime.loops import ThreadRunner
-from core.runtime.wakeups import QUEUE_CHANNEL, acquire_listener, release_listener
+from core.runtime.wakeups import acquire_listener, release_listener
 from tests.conftest import manage, wait_for
 from tests.test_delayed import store  # noqa: F401 — the fixture
 
@@ -113,7 +113,9 @@ def test_one_listener_per_process_and_a_dropped_one_polls(transactional_db, queu
     listener = first._listener
     assert listener.connected.wait(10)
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE query ILIKE %s", [f"LISTEN {QUEUE_CHANNEL}%"])
+        # Its last statement is the LISTEN on whichever channel comes last.
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE query ILIKE %s AND pid = %s",
+                       ["LISTEN sluice_%", listener.backend_pid])
         assert cursor.fetchone()[0] >= 1
         cursor.execute("SELECT pg_terminate_backend(%s)", [listener.backend_pid])
     wait_for(lambda: listener.lost.is_set() or not listener.connected.is_set(), timeout=5, what="the drop")

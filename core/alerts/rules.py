@@ -12,6 +12,8 @@ from typing import Any, Callable
 
 from django.utils import timezone
 
+from core import pauses
+from core.db import database_now_us
 from core.monitoring import measurements as m
 from core.models.alerts import AlertDelivery, AlertRule, DeliveryStatus, RuleKind, WorkerSighting
 from core.conf import get_settings
@@ -46,6 +48,15 @@ class Readings:
     @cached_property
     def queues(self) -> list[m.QueueLevel]:
         return m.queue_levels()
+
+    @cached_property
+    def paused(self) -> dict[str, float]:
+        """Paused queues and how long each has been, in seconds of the database's clock."""
+        found = pauses.paused_queues()
+        if not found:
+            return {}
+        now = database_now_us() / 1e6
+        return {name: max(now - p.paused_at.timestamp(), 0.0) for name, p in found.items()}
 
     @cached_property
     def health(self) -> m.WorkerHealth:
@@ -138,11 +149,20 @@ def _critical_time(rule: AlertRule, readings: Readings) -> list[Breach]:
 def _stalled(rule: AlertRule, readings: Readings) -> list[Breach]:
     window = rule.window_seconds
     # Only a queue whose oldest message waited the whole window can have stalled for it.
+    # A paused queue waits on purpose: the queue_paused rule speaks for it.
+    paused = readings.paused
     waiting = [q for q in _queues(rule, readings) if q.pending and q.pending > rule.threshold
-               and q.oldest_age_seconds is not None and q.oldest_age_seconds >= window]
+               and q.oldest_age_seconds is not None and q.oldest_age_seconds >= window and q.name not in paused]
     done = readings.completed(window) if waiting else set()
     return [Breach({"queue": q.name}, q.pending, f"queue {q.name} has {q.pending} messages waiting and "
                    f"finished none in {window:g} s") for q in waiting if q.name not in done]
+
+
+def _queue_paused(rule: AlertRule, readings: Readings) -> list[Breach]:
+    pattern = (rule.filters or {}).get("queue")
+    return [Breach({"queue": name}, age, f"queue {name} has been paused for {age:.0f} s (above {rule.threshold:g} s); "
+                   "its messages wait until it is resumed")
+            for name, age in readings.paused.items() if age > rule.threshold and m.matches(pattern, name)]
 
 
 def _failed_group(rule: AlertRule, readings: Readings) -> list[Breach]:
@@ -251,6 +271,7 @@ CHECKS: dict[str, Callable[[AlertRule, Readings], list[Breach]]] = {
     RuleKind.REDIS_DOWN: _redis_down,
     RuleKind.RECORDS_NOT_EXPORTED: _records,
     RuleKind.DELIVERY_FAILED: _delivery_failed,
+    RuleKind.QUEUE_PAUSED: _queue_paused,
 }
 
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import abc
 import argparse
+import getpass
 from typing import Any, Callable
 
 from django.core.management.base import BaseCommand, CommandError
 
-__all__ = ["CommandError", "Group", "command_group", "groups", "positive", "parse_header"]
+__all__ = ["CommandError", "Group", "cli_actor", "command_group", "groups", "positive", "parse_header"]
 
 _groups: list[type["Group"]] = []
 
@@ -70,3 +71,11 @@ def parse_header(text: str) -> tuple[str, str]:
     if not sep or not key:
         raise CommandError(f"--header wants KEY=VALUE, not {text!r}")
     return key, value
+
+
+def cli_actor() -> str:
+    """Who runs this command: the operating-system user (there is no dashboard login here)."""
+    try:
+        return f"{getpass.getuser()} (cli)"
+    except (KeyError, OSError):  # no passwd entry (some containers)
+        return "? (cli)"

@@ -1,11 +1,11 @@
-"""`sluice setup` and `sluice queue create|list|delete|purge`."""
+"""`sluice setup` and `sluice queue create|list|delete|purge|pause|resume`."""
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from core import queues
-from core.cli.base import Group, command_group
+from core import pauses, queues
+from core.cli.base import Group, cli_actor, command_group
 from core.setup import setup_infrastructure
 from core.transport import Transport
 
@@ -16,7 +16,7 @@ class QueueCommands(Group):
         self.handles(sub.add_parser(
             "setup", help="migrate and create the error queue and every handled queue (idempotent)"), self.setup)
 
-        queue = sub.add_parser("queue", help="create, list, delete or purge queues")
+        queue = sub.add_parser("queue", help="create, list, delete, purge, pause or resume queues")
         qsub = queue.add_subparsers(dest="queue_action", required=True, metavar="ACTION")
         create = self.handles(qsub.add_parser(
             "create", help="create a queue (idempotent; given settings are applied)"), self.create)
@@ -35,6 +35,15 @@ class QueueCommands(Group):
             "purge", help="delete a queue's messages (in batches, skipping ones being received)"), self.purge)
         purge.add_argument("name")
         purge.add_argument("--expired-only", action="store_true")
+        pause = self.handles(qsub.add_parser(
+            "pause", help="stop every worker receiving from a queue until it is resumed (sends still land; "
+                          "the pause is kept in the database, audited)"), self.pause)
+        pause.add_argument("name")
+        pause.add_argument("--json", action="store_true")
+        resume = self.handles(qsub.add_parser("resume", help="let the workers receive from a paused queue again"),
+                              self.resume)
+        resume.add_argument("name")
+        resume.add_argument("--json", action="store_true")
 
     def setup(self, options: dict[str, Any]) -> None:
         for name, created in setup_infrastructure():
@@ -49,6 +58,7 @@ class QueueCommands(Group):
 
     def list(self, options: dict[str, Any]) -> None:
         transport = Transport()
+        paused = pauses.paused_queues()
         rows = []
         for record in queues.list_queues():
             counts = transport.counts(record.name)
@@ -58,6 +68,7 @@ class QueueCommands(Group):
                 "ttl_seconds": record.default_ttl_seconds,
                 "dead_letter_on_expiry": record.dead_letter_on_expiry,
                 "auto_delete_on_idle_seconds": record.auto_delete_on_idle_seconds,
+                "paused": record.name in paused,
             })
         if options["json"]:
             self.stdout.write(json.dumps(rows))
@@ -74,3 +85,22 @@ class QueueCommands(Group):
     def purge(self, options: dict[str, Any]) -> None:
         n = Transport().purge(options["name"], expired_only=options["expired_only"])
         self.stdout.write(f"purged {n} {'expired ' if options['expired_only'] else ''}message(s) from {options['name']}")
+
+    def pause(self, options: dict[str, Any]) -> None:
+        info, changed = pauses.pause(options["name"], by=cli_actor(), via="cli")
+        if options["json"]:
+            self.stdout.write(json.dumps({**info.as_json(), "changed": changed}))
+        elif changed:
+            self.stdout.write(f"paused queue {info.queue}: workers receive nothing from it until "
+                              f"`sluice queue resume {info.queue}`")
+        else:
+            self.stdout.write(f"queue {info.queue} was already paused (since {info.paused_at.isoformat()}, "
+                              f"by {info.paused_by or '?'})")
+
+    def resume(self, options: dict[str, Any]) -> None:
+        name = options["name"]
+        changed = pauses.resume(name, by=cli_actor(), via="cli")
+        if options["json"]:
+            self.stdout.write(json.dumps({"queue": name, "paused": False, "changed": changed}))
+        else:
+            self.stdout.write(f"resumed queue {name}" if changed else f"queue {name} was not paused")

@@ -40,6 +40,21 @@ class QueueRecord(models.Model):
         return self.name
 
 
+class QueuePause(models.Model):
+    """A paused queue: its pumps receive nothing until the row is gone (core/pauses.py).
+    A table of its own, not a registry column: the registry is cached per process for
+    seconds, while every pump must see a pause within one."""
+
+    queue = models.CharField(max_length=64, primary_key=True)
+    #: The database's clock.
+    paused_at = models.DateTimeField()
+    #: Who paused it: a dashboard user's name, or "<os user> (cli)".
+    paused_by = models.CharField(max_length=150, default="", blank=True)
+
+    class Meta:
+        db_table = "sluice_queue_pause"
+
+
 class Lease(models.Model):
     """A named lease: which process currently does a job only one should do (the
     delayed-message mover).  Times are the database's clock."""

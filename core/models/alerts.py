@@ -26,6 +26,7 @@ class RuleKind(models.TextChoices):
     WORKERS_BELOW = "workers_below", "fewer than N live workers (none at all included)"
     RECORDS_NOT_EXPORTED = "records_not_exported", "processing records not exported for T seconds"
     DELIVERY_FAILED = "delivery_failed", "an alert notification finally failed"
+    QUEUE_PAUSED = "queue_paused", "a queue paused for longer than T seconds"
 
 
 class Severity(models.TextChoices):

@@ -3,6 +3,8 @@
 A pump runs ``concurrency`` threads (its ``threads``; core.runtime.loops.ThreadRunner starts
 one per unit, each with its own wait).  One :meth:`MessagePump.step` on a thread:
 
+0. A paused queue (core.pauses: an in-memory set, no statement) is not received from:
+   the thread waits for the resume's wake-up.
 1. *Peek* — only when the thread comes back from an idle wait that no wake-up cut
    short: estimate the queue length from max − min RowVersion (never a row count).
    Empty → wait ``peek_delay``.  A wake-up (core.runtime.wakeups: a commit in this process at
@@ -53,6 +55,7 @@ from core.handlers import HandlerRegistry, as_single, handlers as default_handle
 from core.runtime.loops import current_lane, discard_connection
 from core.messages import Message
 from core.outcomes import MessageOutcome, PumpStats
+from core.pauses import board
 from core.queues import dialect, missing_indexes
 from core.receive.recoverability import FailureOutcome, Recoverability
 from core.tracing.consuming import BatchTrace, batch_trace
@@ -144,6 +147,8 @@ class MessagePump:
         self._poll_while_lost = receive_dialect.wake_poll_interval
         self._listener: PostgresListener | None = \
             acquire_listener(self.receive_alias) if receive_dialect.supports_notify else None
+        #: Paused queues as this process knows them (core/pauses.py): no statement per step.
+        self._pauses = board(self.receive_alias)
 
     # -- waking ---------------------------------------------------------------------
     def bind_wake(self, wake: Callable[..., None]) -> None:
@@ -183,6 +188,13 @@ class MessagePump:
         self._pending = False  # this step begins after any wake-up so far: it sees their rows
         if self._stopping.is_set():
             return self._idle_wait()
+        try:
+            paused = self._pauses.is_paused(self.queue, self._listener is None or self._listener.lost.is_set())
+        except DatabaseError as exc:
+            discard_connection(self.receive_alias)
+            return self.receive_breaker.failure(exc)
+        if paused:
+            return self._paused(lane)
         want = min(self.batch_size, self.max_records_to_peek)
         if lane.peek:
             try:
@@ -224,6 +236,12 @@ class MessagePump:
             return 0.0
         lane.peek = True
         return self._idle_wait()
+
+    def _paused(self, lane: _Lane) -> float:
+        """Paused: wait as on an empty queue (the resume's wake-up ends it: the same flag
+        protocol), but where no notification can come, no longer than the board's poll."""
+        wait = self._short(lane)
+        return wait if self._listener is not None else min(wait, self._poll_while_lost)
 
     def stop(self) -> None:
         """Finish the current batches, take no new ones."""

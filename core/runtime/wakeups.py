@@ -6,9 +6,10 @@ One mechanism for the whole process, shared by the delayed mover and the pumps:
   (its movers) or :func:`queue_key` of a queue (its pumps).  Stores and
   :meth:`core.transport.Transport.enqueue` call it when their transaction commits.
 - Across processes on PostgreSQL: ONE ``LISTEN`` connection per process and database
-  alias (:func:`acquire_listener`), on two channels: :data:`DELAYED_CHANNEL` (payload
-  ``<table>|<due epoch>``, sent by the delayed store inside its transaction) and
-  :data:`QUEUE_CHANNEL` (payload: a queue name).  Every notification goes into the hub.
+  alias (:func:`acquire_listener`), on three channels: :data:`DELAYED_CHANNEL` (payload
+  ``<table>|<due epoch>``, sent by the delayed store inside its transaction),
+  :data:`QUEUE_CHANNEL` (payload: a queue name) and :data:`PAUSE_CHANNEL` (a queue paused or
+  resumed: core/pauses.py).  Every notification goes into the hub.
 - Queue notifications are sent *after* commit by one :class:`Notifier` thread per
   process and alias, on a connection of its own, coalescing: names requested while a
   NOTIFY is in flight go out together, each queue once.  A send transaction therefore
@@ -43,6 +44,10 @@ log = logging.getLogger("sluice.wakeups")
 
 DELAYED_CHANNEL = "sluice_delayed"
 QUEUE_CHANNEL = "sluice_queue"
+#: A queue was paused or resumed (payload: its name; core/pauses.py).
+PAUSE_CHANNEL = "sluice_pause"
+#: The hub key of the process's paused-queue boards (core/pauses.py).
+PAUSES_KEY = "sluice:pauses"
 #: The delayed channel's "look now, whatever the table" payload.
 LOOK_NOW = "*|0"
 
@@ -123,6 +128,10 @@ def dispatch(channel: str, payload: str, pid: int | None = None) -> None:
         if pid not in _own_pids:
             wake_hub.wake(queue_key(payload))
         return
+    if channel == PAUSE_CHANNEL:
+        wake_hub.wake(PAUSES_KEY)  # the boards first: the queue's pumps then read the news
+        wake_hub.wake(queue_key(payload))
+        return
     table, _, epoch = payload.rpartition("|")
     if table == "*":
         wake_hub.wake_all()
@@ -142,7 +151,7 @@ class PostgresListener(threading.Thread):
     (before the first connect they need not: connecting wakes everyone)."""
 
     def __init__(self, using: str, callback: Callable[..., None] = dispatch,
-                 channels: tuple[str, ...] = (DELAYED_CHANNEL, QUEUE_CHANNEL), *,
+                 channels: tuple[str, ...] = (DELAYED_CHANNEL, QUEUE_CHANNEL, PAUSE_CHANNEL), *,
                  health_check: float | None = None, health_timeout: float | None = None) -> None:
         super().__init__(name="sluice-listen", daemon=True)
         settings = get_settings()

@@ -6,7 +6,8 @@ the user and an HTTP status), acts through ``core`` (or starts a ``BulkOperation
 Celery worker runs), writes one :class:`~dashboard.models.AuditEntry` with the outcome,
 and returns an :class:`ActionResult`.  ``via`` ("web", "api") is recorded too.
 
-Queues:   delete_messages, purge_queue, move_message
+Queues:   delete_messages, purge_queue, move_message, pause_queue, resume_queue
+Sending:  send_message (the dashboard's send form)
 Delayed:  deliver_delayed_now, delete_delayed
 Failed:   retry_failed, archive_failed, restore_failed, edit_and_retry, delete_failed
           (selections: see :func:`parse_selection`)
@@ -38,15 +39,17 @@ from dashboard.actions.failed import (
     retry_failed,
 )
 from dashboard.actions.pipeline import run_pipeline
-from dashboard.actions.queues import delete_messages, move_message, purge_queue
+from dashboard.actions.queues import delete_messages, move_message, pause_queue, purge_queue, resume_queue
 from dashboard.actions.result import ActionResult
+from dashboard.actions.sending import send_message
 
 #: Every action name, as AuditEntry.action stores it (filters on the audit page).
 ACTIONS = (
     "delete_messages", "purge_queue", "move_message", "deliver_delayed_now", "delete_delayed",
     "retry_failed", "archive_failed", "restore_failed", "edit_and_retry", "delete_failed", "dispatch_outbox",
     "run_pipeline", "save_alert_rule", "delete_alert_rule", "save_alert_target", "delete_alert_target",
-    "test_alert_target", "create_silence", "expire_silence", "import_alerts",
+    "test_alert_target", "create_silence", "expire_silence", "import_alerts", "pause_queue", "resume_queue",
+    "send_message",
 )
 #: Account changes (`sluice user`, via "cli"), audited beside the actions.
 ACCOUNT_ACTIONS = ("set_role", "issue_token", "revoke_token", "disable_user")
@@ -60,5 +63,6 @@ __all__ = [
     "delete_delayed", "delete_failed", "delete_messages", "deliver_delayed_now", "dispatch_outbox",
     "edit_and_retry", "move_message", "parse_selection", "purge_queue", "restore_failed", "retry_failed",
     "run_pipeline", "save_alert_rule", "delete_alert_rule", "save_alert_target", "delete_alert_target",
-    "test_alert_target", "create_silence", "expire_silence", "import_alerts",
+    "test_alert_target", "create_silence", "expire_silence", "import_alerts", "pause_queue", "resume_queue",
+    "send_message",
 ]

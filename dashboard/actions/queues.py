@@ -1,11 +1,11 @@
-"""Actions on queue tables: delete messages, purge a queue, move a message."""
+"""Actions on queues: delete messages, purge a queue, move a message, pause and resume."""
 from __future__ import annotations
 
 from typing import Any, Sequence
 
 from django.db import transaction
 
-from core import failures
+from core import failures, pauses
 from core.conf import get_settings
 from core.errors import PoisonMessage
 from core.messages import Message, decode_headers
@@ -13,10 +13,11 @@ from core.queues import queue_model
 from core.transport import Transport, row_id_for
 
 from dashboard.actions import validate
-from dashboard.actions.audit import acting, describe_ids
+from dashboard.actions.audit import Audit, acting, describe_ids
 from dashboard.actions.errors import ActionError
 from dashboard.actions.operations import BrokerUnavailable, enqueue
 from dashboard.actions.result import ActionResult
+from dashboard.models import AuditOutcome
 
 
 def delete_messages(user: Any, queue: str, ids: Sequence[str], *, via: str = "") -> ActionResult:
@@ -90,3 +91,33 @@ def move_message(user: Any, queue: str, message_id: str, to_queue: str, *, via: 
         audit.detail = f"moved to {target.name}"
     return ActionResult("move_message", 1, f"message moved from {source.name} to {target.name}",
                         audit_id=audit.entry_id, message_id=message_id)
+
+
+def pause_queue(user: Any, queue: str, *, via: str = "") -> ActionResult:
+    """Stop every worker receiving from ``queue`` (core.pauses; sends still land).  Pausing a
+    paused queue changes nothing and says so.  ActionError 404 for an unknown queue."""
+    with acting(user, "pause_queue", via, target=f"queue {queue}") as audit:
+        info = validate.queue(queue)
+        paused, changed = pauses.pause(info.name, by=getattr(user, "username", ""), via=via)
+        audit.detail = "paused" if changed else f"already paused since {paused.paused_at:%Y-%m-%d %H:%M:%S} UTC"
+    text = f"queue {info.name} paused: workers receive nothing from it until it is resumed" if changed \
+        else f"queue {info.name} was already paused (by {paused.paused_by or 'someone'})"
+    return ActionResult("pause_queue", int(changed), text, audit_id=audit.entry_id)
+
+
+def resume_queue(user: Any, queue: str, *, via: str = "") -> ActionResult:
+    """Let the workers receive from ``queue`` again.  ActionError 404 for an unknown queue."""
+    with acting(user, "resume_queue", via, target=f"queue {queue}") as audit:
+        info = validate.queue(queue)
+        changed = pauses.resume(info.name, by=getattr(user, "username", ""), via=via)
+        audit.detail = "resumed" if changed else "was not paused"
+    text = f"queue {info.name} resumed" if changed else f"queue {info.name} was not paused"
+    return ActionResult("resume_queue", int(changed), text, audit_id=audit.entry_id)
+
+
+def audit_cli_pause(sender: Any, *, queue: str, paused: bool, by: str, via: str, **_: Any) -> None:
+    """core.pauses.pause_changed: the command line's pauses and resumes go into the audit log
+    (the dashboard's own actions write theirs in :func:`acting`)."""
+    if via == "cli":
+        Audit(user=None, action="pause_queue" if paused else "resume_queue", via="cli",
+              target=f"queue {queue}", actor=by).write(AuditOutcome.OK, "paused" if paused else "resumed")

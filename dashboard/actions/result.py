@@ -20,3 +20,7 @@ class ActionResult:
     message_id: str | None = None
     #: The PipelineRun queued (run_pipeline).
     run_id: int | None = None
+    #: The new message's row in its queue (send_message; None when delayed or already received).
+    row_version: int | None = None
+    #: The new message waits in the delayed store (send_message).
+    delayed: bool = False

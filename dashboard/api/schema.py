@@ -75,6 +75,7 @@ class Queue(f.Serializer):
     sent_per_minute = f.FloatField(allow_null=True)
     ttl_seconds = f.FloatField(allow_null=True)
     error = _opt_str()
+    paused = f.BooleanField(help_text="No worker receives from the queue until it is resumed.")
 
 
 class QueueList(f.Serializer):
@@ -279,6 +280,22 @@ class Delivered(f.Serializer):
 
 class Dispatched(f.Serializer):
     dispatched = f.IntegerField()
+
+
+class SentMessage(f.Serializer):
+    message_id = f.CharField()
+    queue = f.CharField()
+    delayed = f.BooleanField(help_text="True: it waits in the delayed store until its delay has passed.")
+    row_version = f.IntegerField(allow_null=True, help_text="Its row in the queue (null when delayed, or "
+                                 "already received).")
+
+
+class PauseState(f.Serializer):
+    queue = f.CharField()
+    paused = f.BooleanField()
+    changed = f.BooleanField(help_text="False: the queue already was in that state.")
+    paused_at = f.DateTimeField(allow_null=True)
+    paused_by = _opt_str()
 
 
 class Started(f.Serializer):

@@ -93,6 +93,16 @@ class PurgeRequest(serializers.Serializer):
     confirm = serializers.CharField(help_text="The queue's name, typed to confirm.")
 
 
+class SendRequest(serializers.Serializer):
+    body = serializers.JSONField(help_text="The body: any JSON value, sent as its JSON text.")
+    message_type = serializers.CharField(required=False, allow_blank=True)
+    headers = serializers.DictField(child=serializers.CharField(allow_blank=True), required=False,
+                                    help_text="Extra headers; Sluice's control headers are refused.")
+    delay = serializers.FloatField(required=False, allow_null=True, help_text="Seconds before delivery.")
+    ttl = serializers.FloatField(required=False, allow_null=True, help_text="Seconds to live (capped by the "
+                                 "queue's TTL).")
+
+
 class MoveRequest(serializers.Serializer):
     to = serializers.CharField(help_text="The queue to move the message to.")
 

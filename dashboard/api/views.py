@@ -3,12 +3,15 @@ actions for operators (through dashboard.actions, which checks the role again an
 audit).  Failed messages and bulk operations: dashboard/api/failed.py.  Shapes: serializers.py."""
 from __future__ import annotations
 
+import json
+
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from core import pauses
 from core.conf import get_settings
 from core.delayed import delayed_store
 from core.messages import Message
@@ -37,7 +40,9 @@ class QueueList(SluiceAPIView):
     @doc(out.QueueList, summary="Every queue with its counts (cached a few seconds)")
     def get(self, request: Request) -> Response:
         snap = stats.snapshot()
-        return Response({"queues": [s.queue_json(q) for q in snap.queues], "at": snap.at.isoformat(),
+        paused = pauses.paused_queues()  # not cached: a pause shows at once
+        return Response({"queues": [{**s.queue_json(q), "paused": q.name in paused} for q in snap.queues],
+                         "at": snap.at.isoformat(),
                          "problem": snap.problem or None})
 
 
@@ -86,6 +91,24 @@ class QueueMessages(SluiceAPIView):
                          "next_after": listed[-1][0].row_version if more and listed else None})
 
 
+class QueueSend(SluiceAPIView):
+    audit_action = "send_message"
+
+    @doc(out.SentMessage, code=status.HTTP_201_CREATED, errors=ERRORS_ACT, request=s.SendRequest,
+         summary="Send a message to a queue through the one send path (the dashboard's send form); "
+                 "control headers are refused")
+    def post(self, request: Request, name: str) -> Response:
+        data = request_object(request)
+        if "body" not in data:
+            raise ActionError("body is required: any JSON value")
+        sent = actions.send_message(request.user, name, body=json.dumps(data["body"]),
+                                    message_type=data.get("message_type") or "", headers=data.get("headers"),
+                                    delay=data.get("delay"), ttl=data.get("ttl"), via="api")
+        stats.forget_snapshot()
+        return Response({"message_id": sent.message_id, "queue": name, "delayed": sent.delayed,
+                         "row_version": sent.row_version}, status=status.HTTP_201_CREATED)
+
+
 class QueueMessage(SluiceAPIView):
     audit_action = "delete_messages"
 
@@ -115,6 +138,30 @@ class QueuePurge(SluiceAPIView):
         confirm = request_object(request).get("confirm")
         return act(lambda: actions.purge_queue(request.user, name, confirm, via="api"),
                     lambda r: {"operation": r.operation_id, "count": r.count}, status.HTTP_202_ACCEPTED)
+
+
+def _pause_state(name: str, result: actions.ActionResult) -> dict:
+    found = pauses.pause_of(name)
+    return {"queue": name, "paused": found is not None, "changed": bool(result.count),
+            "paused_at": found.paused_at.isoformat() if found else None, "paused_by": found.paused_by if found else None}
+
+
+class QueuePause(SluiceAPIView):
+    audit_action = "pause_queue"
+
+    @doc(out.PauseState, errors=ERRORS_ACT, request=None,
+         summary="Pause a queue: no worker receives from it until it is resumed (sends still land, due delayed "
+                 "messages still arrive, expiry purges still run); pausing a paused queue changes nothing")
+    def post(self, request: Request, name: str) -> Response:
+        return act(lambda: actions.pause_queue(request.user, name, via="api"), lambda r: _pause_state(name, r))
+
+
+class QueueResume(SluiceAPIView):
+    audit_action = "resume_queue"
+
+    @doc(out.PauseState, errors=ERRORS_ACT, request=None, summary="Resume a paused queue")
+    def post(self, request: Request, name: str) -> Response:
+        return act(lambda: actions.resume_queue(request.user, name, via="api"), lambda r: _pause_state(name, r))
 
 
 # -- delayed ----------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
+from core import pauses
 from dashboard.counting import stats
 from dashboard.security.permissions import viewer_required
 from dashboard.templatetags.sluice_ui import age
@@ -41,10 +42,12 @@ def _number(value: int | None, prefix: str = "", suffix: str = "") -> str:
     return "—" if value is None else f"{prefix}{value}{suffix}"
 
 
-def _rows(snap: stats.Snapshot) -> list[dict[str, Any]]:
+def _rows(snap: stats.Snapshot, paused: dict[str, pauses.PauseInfo]) -> list[dict[str, Any]]:
     """The queue table's rows as display strings: the template only loops (a page may list
     hundreds of queues, and per-cell template logic costs about a millisecond a row)."""
     queue_url = reverse("dashboard:queue", args=["QUEUE"]).replace("QUEUE", "{}")
+    pause_url = reverse("dashboard:queue-pause", args=["QUEUE"]).replace("QUEUE", "{}")
+    resume_url = reverse("dashboard:queue-resume", args=["QUEUE"]).replace("QUEUE", "{}")
     failed_url = reverse("dashboard:failed") + "?queue={}"
     rows = []
     for q in snap.queues:
@@ -64,18 +67,23 @@ def _rows(snap: stats.Snapshot) -> list[dict[str, Any]]:
         cells.append(("num", "—" if q.sent_per_minute is None else f"{q.sent_per_minute:.0f}", ""))
         cells.append(("num", age(q.oldest_age_seconds), ""))
         rows.append({"name": q.name, "url": queue_url.format(quote(q.name)), "kind": q.kind, "error": q.error,
-                     "kind_class": KIND_CLASSES.get(q.kind, "idle"), "cells": cells})
+                     "kind_class": KIND_CLASSES.get(q.kind, "idle"), "cells": cells, "paused": paused.get(q.name),
+                     "toggle": "resume" if q.name in paused else "pause",
+                     "toggle_url": (resume_url if q.name in paused else pause_url).format(quote(q.name))})
     return rows
 
 
 def _context() -> dict[str, Any]:
     snap = stats.snapshot()
+    # Read each time, not from the cached snapshot: a pause shows at once (a tiny table).
+    paused = pauses.paused_queues()
     workers = _workers(snap.health)
     errors = {(w["name"], b.get("name")): b.get("last_error") or "" for w in workers for b in w.get("breakers", [])}
     triggered = [{**t, "last_error": errors.get((t["worker"], t["breaker"]), "")} for t in snap.health.triggered]
     readable = [q for q in snap.queues if not q.error]
     return {
-        "snap": snap, "rows": _rows(snap), "workers": workers, "triggered": triggered, "poll_seconds": POLL_SECONDS,
+        "snap": snap, "rows": _rows(snap, paused), "paused_count": len(paused),
+        "overview_url": reverse("dashboard:overview"), "workers": workers, "triggered": triggered, "poll_seconds": POLL_SECONDS,
         "section": "overview", "total_pending": sum(q.pending or 0 for q in readable),
         "estimated": any(q.estimated for q in readable),
         "failed_unresolved": snap.failed.get("unresolved", 0),

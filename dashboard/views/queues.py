@@ -1,5 +1,6 @@
 """``/queues/<name>/``: browse a queue in FIFO order (keyset on RowVersion), filter, look at a
-message, delete selected, purge with the queue's name typed as confirmation, move a message."""
+message, delete selected, purge with the queue's name typed as confirmation, move a message,
+pause and resume the queue."""
 from __future__ import annotations
 
 import datetime as dt
@@ -12,6 +13,7 @@ from django.utils import timezone
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
+from core import pauses
 from core.errors import SluiceError, UnknownQueue
 from core.messages import Headers, Message, parse_wire_time
 from core.queues import list_queues, registry
@@ -150,6 +152,7 @@ def queue(request: HttpRequest, name: str) -> HttpResponse:
                               "the value is not looked at.")
     return page(request, "dashboard/queue.html", {
         "section": "queues", "name": name, "info": info, "rows": rows, "f": f, "problem": problem,
+        "paused": pauses.pause_of(name),
         "next_url": f"?{urlencode({**f.params(), 'after': cursor})}" if more else "",
         "first_url": f"?{urlencode(f.params())}" if after else "", "after": after,
         "this_url": request.get_full_path(), **recent_operations(),  # a purge's progress bar
@@ -223,3 +226,17 @@ def move(request: HttpRequest, name: str) -> HttpResponse:
     target = request.POST.get("to", "")
     return act(request, lambda: actions.move_message(request.user, name, message_id, target, via="web"),
                reverse("dashboard:queue", args=[name]))
+
+
+@operator_only("pause_queue")
+@require_POST
+def pause(request: HttpRequest, name: str) -> HttpResponse:
+    return act(request, lambda: actions.pause_queue(request.user, name, via="web"),
+               back_to(request, reverse("dashboard:queue", args=[name])))
+
+
+@operator_only("resume_queue")
+@require_POST
+def resume(request: HttpRequest, name: str) -> HttpResponse:
+    return act(request, lambda: actions.resume_queue(request.user, name, via="web"),
+               back_to(request, reverse("dashboard:queue", args=[name])))
