@@ -9,7 +9,7 @@ from core.dialects.base import Dialect
 from core.dialects.delayed_sql import DelayedSQL
 from core.dialects.dashboard_sql import DashboardSQL
 from core.dialects.outbox_sql import OutboxSQL
-from core.dialects.tasks_sql import TaskSQL
+from core.dialects.tasks_sql import PostgreSQLTaskSQL
 
 # pg_advisory_xact_lock key for Sluice's DDL ("sluice" as an int).
 DDL_LOCK_KEY = 0x736C7569
@@ -32,7 +32,7 @@ TABLE_UPKEEP = (
 )
 
 
-class PostgreSQLDialect(TaskSQL, DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
+class PostgreSQLDialect(PostgreSQLTaskSQL, DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
     json_cast = "CAST({} AS jsonb)"  # a JSON text parameter into a jsonb column
     vendor = "postgresql"
     true_literal = "TRUE"

@@ -11,9 +11,10 @@ TASK_ROWS_PER_UPDATE = 500
 
 
 class TaskSQL:
-    """The result rows' statements; ``quote`` comes from the Dialect."""
+    """The result rows' statements; ``quote`` and ``now_sql`` come from the Dialect."""
 
     quote: Any
+    now_sql: Any
     #: A JSON column's value from a text parameter (PostgreSQL: a cast to jsonb).
     json_cast = "{}"
 
@@ -45,6 +46,40 @@ class TaskSQL:
         t = self.quote(table)
         return (f"UPDATE {t} SET {self._task_sets('v')} FROM ({self._task_rows(rows)}) v "
                 f"WHERE {t}.{self.quote('id')} = v.rid")
+
+    def task_results_read(self, table: str, ids: Sequence[str]) -> tuple[str, list[Any]]:
+        """A chunk's result rows (id, enqueued_at, started_at, errors, worker_ids) and the
+        database's now in each row: (sql, params)."""
+        q = self.quote
+        marks = ", ".join(["%s"] * len(ids))
+        return (f"SELECT {q('id')}, {q('enqueued_at')}, {q('started_at')}, {q('errors')}, {q('worker_ids')}, "
+                f"{self.now_sql()} FROM {q(table)} WHERE {q('id')} IN ({marks})", list(ids))
+
+    def task_results_update(self, table: str, times: list[Any],
+                            rows: list[tuple[str, str, str | None]]) -> tuple[str, list[Any]]:
+        """:meth:`update_task_results` with its parameters, for at most TASK_ROWS_PER_UPDATE
+        ``rows``: (sql, params)."""
+        return self.update_task_results(table, len(rows)), [*times, *(v for row in rows for v in row)]
+
+
+class PostgreSQLTaskSQL(TaskSQL):
+    """PostgreSQL: a chunk's ids and results as array parameters, one statement text for
+    every chunk size (prepared once, where a list or derived table of N rows was parsed and
+    planned anew for every chunk)."""
+
+    def task_results_read(self, table: str, ids: Sequence[str]) -> tuple[str, list[Any]]:
+        q = self.quote
+        return (f"SELECT {q('id')}, {q('enqueued_at')}, {q('started_at')}, {q('errors')}, {q('worker_ids')}, "
+                f"{self.now_sql()} FROM {q(table)} WHERE {q('id')} = ANY(%s::text[])", [list(ids)])
+
+    def task_results_update(self, table: str, times: list[Any],
+                            rows: list[tuple[str, str, str | None]]) -> tuple[str, list[Any]]:
+        t = self.quote(table)
+        sql = (f"UPDATE {t} SET {self._task_sets('v')} "
+               "FROM unnest(%s::text[], %s::text[], %s::text[]) AS v(rid, wids, value) "
+               f"WHERE {t}.{self.quote('id')} = v.rid")
+        ids, wids, values = (list(column) for column in zip(*rows))
+        return sql, [*times, ids, wids, values]
 
 
 class MSSQLTaskSQL(TaskSQL):

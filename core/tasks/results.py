@@ -20,7 +20,7 @@ from django.db import connections
 from django.db.models.functions import Now
 from django.utils.module_loading import import_string
 
-from core.db import database_now_us
+from core.db import StatementCursor, database_now_us
 from core.dialects import Dialect, dialect_for
 from core.dialects.tasks_sql import TASK_ROWS_PER_UPDATE
 from core.models import TaskResultRecord, TaskStatus
@@ -81,6 +81,21 @@ def enqueued_at(using: str, row: tuple[Any, ...]) -> dt.datetime:
     return dialect_for(connections[using]).to_datetime(row[0])
 
 
+def read_results(using: str, ids: list[str]) -> list[tuple[str, dt.datetime, dt.datetime | None, list, list, dt.datetime]]:
+    """A chunk's result rows: (id, enqueued_at, started_at, errors, worker_ids, the
+    database's now), in one statement (prepared where the database binds on the server)."""
+    dialect = dialect_for(connections[using])
+    with StatementCursor(using) as cursor:
+        raw = cursor.execute(*dialect.task_results_read(TaskResultRecord._meta.db_table, ids), prepare=True).fetchall()
+    return [(rid, dialect.to_datetime(enqueued), dialect.to_datetime(started), _json(errors), _json(worker_ids),
+             dialect.to_datetime(now)) for rid, enqueued, started, errors, worker_ids, now in raw]
+
+
+def _json(value: Any) -> Any:
+    """A JSON column's value as the driver gave it: decoded already (jsonb), or text."""
+    return json.loads(value) if isinstance(value, (str, bytes)) else value
+
+
 def write_successes(using: str, started: dt.datetime, finished: dt.datetime,
                     rows: list[tuple[str, str, str | None]]) -> None:
     """Successful attempts of one chunk, in one UPDATE per TASK_ROWS_PER_UPDATE rows: each
@@ -91,15 +106,10 @@ def write_successes(using: str, started: dt.datetime, finished: dt.datetime,
     table = TaskResultRecord._meta.db_table
     times = [TaskStatus.SUCCESSFUL.value, *(connection.ops.adapt_datetimefield_value(t)
                                              for t in (started, started, finished))]
-    with connection.cursor() as cursor:
+    with StatementCursor(using) as cursor:
         for first in range(0, len(rows), TASK_ROWS_PER_UPDATE):
-            part = rows[first:first + TASK_ROWS_PER_UPDATE]
-            cursor.execute(_update_sql(dialect, len(part)), [*times, *(v for row in part for v in row)])
-
-
-@functools.lru_cache(maxsize=64)
-def _update_sql(dialect: Dialect, rows: int) -> str:
-    return dialect.update_task_results(TaskResultRecord._meta.db_table, rows)
+            cursor.execute(*dialect.task_results_update(table, times, rows[first:first + TASK_ROWS_PER_UPDATE]),
+                           prepare=True)
 
 
 def ready_result(task: Task, result_id: str, backend: str, enqueued_at: dt.datetime,

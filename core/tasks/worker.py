@@ -34,18 +34,16 @@ import threading
 import time
 from typing import Any
 
-from django.db.models.functions import Now
 
 from django.conf import settings
 from django.utils.module_loading import import_string
 
 from core.handlers import BatchContext, HandlerRegistry, handlers
 from core.messages import Message
-from core.models import TaskResultRecord
 from core.tasks.backend import TASK_MESSAGE_TYPE, SluiceTaskBackend, task_retry_limits
 from core.tasks.framework import (Task, TaskContext, TaskError, TaskResult, TaskResultStatus, normalize_json,
                                   task_backends, task_finished, task_started)
-from core.tasks.results import WORKER_ID, Attempt, json_value, task_at, to_task_result, write_successes
+from core.tasks.results import WORKER_ID, Attempt, json_value, read_results, task_at, to_task_result, write_successes
 
 log = logging.getLogger("sluice.tasks")
 
@@ -65,8 +63,7 @@ def run_tasks(messages: list[Message], context: BatchContext) -> None:
         _raised.by_message = {}
     using = context.using
     ids = [m.id for m in messages]
-    rows = {row[0]: row for row in TaskResultRecord.objects.using(using).filter(pk__in=ids).annotate(db_now=Now())
-            .values_list("id", "enqueued_at", "started_at", "errors", "worker_ids", "db_now")}
+    rows = {row[0]: row for row in read_results(using, ids)}
     if not rows:  # none has a result row (run_task's doc): the one-message path
         for message in messages:
             run_task(message, context.for_message(message))
