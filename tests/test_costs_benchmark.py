@@ -1,0 +1,31 @@
+"""`python -m benchmarks costs`: counts a handled message's statements, WAL bytes and CPU
+on PostgreSQL (a database of its own on the server, `sluice_bench_costs`) and prints its
+one JSON line."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks.costs import VARIANTS
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.no_database
+
+
+def test_the_costs_benchmark_counts_every_variant():
+    result = subprocess.run([sys.executable, "-m", "benchmarks", "costs", "--messages", "40"],
+                            cwd=ROOT, capture_output=True, timeout=300)
+    assert result.returncode == 0, result.stderr.decode()
+    lines = result.stdout.decode().splitlines()
+    assert len(lines) == 1
+    data = json.loads(lines[0])
+    assert data["benchmark"] == "costs" and data["messages"] == 40 and data["db"] == "postgresql"
+    for variant in VARIANTS:
+        assert data[f"{variant}_wal_bytes"] > 0 and data[f"{variant}_db_cpu_us"] >= 0
+    # What the variants are for: records cost WAL, a relay writes, the outbox writes more.
+    assert data["noop_no_records_wal_bytes"] < data["noop_wal_bytes"]
+    assert data["relay_statements_per_100"] > data["noop_statements_per_100"]
+    assert data["relay_outbox_statements_per_100"] > data["relay_statements_per_100"]
