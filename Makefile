@@ -85,7 +85,7 @@ DJANGO61       ?= 1
 DJANGO61_DELAY ?= 75
 test: venv services-all
 	@mkdir -p var
-	@failed=""; leg_note=""; \
+	@failed=""; leg_note=""; leg_said=""; \
 	echo "== lint (import contracts, declared dependencies)"; \
 	$(MAKE) --no-print-directory lint-only || failed="$$failed lint"; \
 	if [ '$(DJANGO61)' = 1 ]; then \
@@ -103,7 +103,7 @@ test: venv services-all
 		wait "$$leg"; leg_status=$$?; \
 		grep -h 'django61 timing' var/test-django61.log | tail -1 | sed 's/^\[django61\] /== /'; \
 		case "$$leg_status" in \
-			0) leg_note=", django 6.1 leg" ;; \
+			0) leg_note=", django 6.1 leg"; leg_said="; the Django 6.1 leg passed" ;; \
 			2) echo "== Django 6.1 leg NOT RUN: no Python 3.12 found (scripts/django61_leg.sh)"; \
 			   leg_note="; the Django 6.1 leg did NOT run (no Python 3.12)"; \
 			   if [ "$${SLUICE_REQUIRE_DJANGO61:-0}" = 1 ]; then failed="$$failed django61(no-python3.12)"; fi ;; \
@@ -111,7 +111,7 @@ test: venv services-all
 			   sed -n '/short test summary info/,/passed\|failed\|error/p' var/test-django61.log ;; \
 		esac; \
 	else leg_note="; the Django 6.1 leg was left out (DJANGO61=0)"; fi; \
-	if [ -n "$$failed" ]; then echo "== FAILED:$$failed$$leg_note"; exit 1; fi; \
+	if [ -n "$$failed" ]; then echo "== FAILED:$$failed$${leg_said:-$$leg_note}"; exit 1; fi; \
 	echo "== all passed (lint, sqlite, postgresql$(if $(MSSQL_URL),$(comma) mssql)$$leg_note)"
 
 test-sqlite: venv services-test-sqlite

@@ -370,7 +370,7 @@ def test_make_run_serves_the_dashboard_with_its_static_files_and_stops_on_ctrl_c
         assert static, "the page loaded no static files"
         for response in static:
             assert response.status == 200, response.url
-            assert re.search(r"\.[0-9a-f]{12}\.(js|css)$", response.url), f"not a cache-busting name: {response.url}"
+            assert re.search(r"\.[0-9a-f]{12}\.(js|css|svg)$", response.url), f"not a cache-busting name: {response.url}"
             assert "immutable" in response.headers.get("cache-control", "")
         assert any("htmx" in r.url for r in static)
 
