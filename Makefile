@@ -139,12 +139,15 @@ soak: venv services-postgres
 
 # Mutation testing of the guarantee code ([tool.mutmut] in pyproject.toml: which files,
 # which tests), on SQLite; the report in docs/guarantees.md.  MUTATE_ARGS: mutant names or
-# globs to run a part (e.g. 'core.savepoints*'); a full run takes hours on two cores.
+# globs to run a part (e.g. 'core.savepoints*'); the first run maps tests to functions
+# (kept in mutants/, reused by later parts).  One pytest at a time: the mutants share a
+# test database (--reuse-db).
 MUTATE_ARGS ?=
+MUTATE_URL  ?= sqlite:///$(CURDIR)/var/mutate.sqlite3
 mutate: venv
 	@mkdir -p var
-	DATABASE_URL='$(SQLITE_URL)' $(VENV)/bin/mutmut run $(MUTATE_ARGS); \
-	DATABASE_URL='$(SQLITE_URL)' $(VENV)/bin/mutmut results
+	DATABASE_URL='$(MUTATE_URL)' $(VENV)/bin/mutmut run --max-children 1 $(MUTATE_ARGS); \
+	DATABASE_URL='$(MUTATE_URL)' $(VENV)/bin/mutmut results
 
 lint: venv lint-only
 

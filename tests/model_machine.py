@@ -238,10 +238,6 @@ class SluiceMachine(RuleBasedStateMachine):
     @traced
     def send_foreign_readable(self, plan: str) -> None:
         """A readable row another system wrote, with headers Sluice could not write back as they are."""
-        if plan == "foreign_surrogate_ok" and self.outbox:
-            # Known and open: in outbox mode such a row is handled one attempt late (a failed
-            # attempt counted with no handler run; docs/guarantees.md, "Not promised").
-            return
         insert_readable_foreign_row(self.world.queue, self._sent(plan, False, None)["k"], plan)
 
     @rule(plans=st.lists(st.sampled_from(BATCH_PLANS), min_size=1, max_size=5), batch=st.booleans(), ttl=TTLS,

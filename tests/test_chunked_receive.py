@@ -248,3 +248,19 @@ def test_sigkill_in_the_middle_of_a_chunk_loses_nothing_and_doubles_nothing(make
         again.wait(30)
     rows = list(PingRecord.objects.values_list("message_id", flat=True))
     assert sorted(rows) == sorted(ids)
+
+
+def test_a_failed_attempts_processing_record_times_its_handler(transport, queue, pump_for, temp_handlers):
+    """The record of a failed attempt starts when its handler started, as a success's does:
+    the failure carries the start out of the rolled-back chunk."""
+    def slow_failure(message, context):
+        time.sleep(0.1)
+        raise Boom("after a while")
+
+    temp_handlers(queue, "Slow", slow_failure)
+    transport.send(queue, {"n": 1}, message_type="Slow")
+    pump_for(queue, immediate_retries=1, concurrency=1).receive_and_process(10)
+
+    [record] = ProcessingRecord.objects.filter(queue=queue)
+    assert record.outcome == "retried"
+    assert record.ended_us - record.started_us >= 100_000

@@ -107,6 +107,37 @@ def test_a_lone_surrogate_in_a_foreign_rows_header_does_not_stall_a_failing_hand
     assert json.loads(record.headers)["Foreign.Note"] == f"a {LONE} b"
 
 
+def test_in_outbox_mode_a_lone_surrogate_in_a_foreign_rows_header_is_handled_at_its_first_attempt(
+        queue, make_queue, transport, temp_handlers, error_queue, pump_for, outbox):
+    """The handler's send carries the foreign row's ConversationId on (a lone surrogate) into
+    the outbox record's operations: that text must take it as the queue's headers do, or the
+    handler's work rolls back and a failed attempt is counted for a handler that succeeded."""
+    out = make_queue()
+    runs: list[int] = []
+
+    def relay(message, context):
+        runs.append(message.json()["n"])
+        context.send(out, {"echo": message.json()["n"]})
+
+    temp_handlers(queue, "Ping", relay)
+    bad = put_foreign_row(queue, foreign_headers("Ping"), b'{"n": 0}')
+    transport.send(queue, {"n": 1}, message_type="Ping")
+    pump = pump_for(queue, immediate_retries=1, delayed_retries=0, concurrency=1, receive_batch_size=10,
+                    transaction_mode="outbox")
+
+    pump.receive_and_process(10)
+
+    assert runs == [0, 1]  # each handled once, at its first attempt: nothing counted, nothing redone
+    assert pump.stats.retried == 0
+    assert transport.counts(queue).total == 0
+    assert transport.counts(error_queue).total == 0
+    sent = {m.json()["echo"]: m for m in transport.browse(out, limit=10)}
+    assert sorted(sent) == [0, 1]
+    # The surrogate travelled on through the outbox exactly, as the default mode carries it.
+    assert sent[0].headers[Headers.CONVERSATION_ID] == f"conv-{LONE}"
+    assert outbox.store.states([bad])[bad][0]  # its record dispatched
+
+
 def test_a_lone_surrogate_in_exception_text_does_not_stall_the_error_queue_move(endpoint, transport, error_queue):
     queue, handled, pump = endpoint
     # A normal send whose body is valid JSON with a lone surrogate in it (as text).
@@ -272,3 +303,48 @@ def test_a_transient_error_at_the_flush_is_not_counted_as_the_messages_failed_at
     assert pump.stats.retried == 0
     pump.receive_and_process(1)
     assert [m.json() for m in transport.browse(out, limit=10)] == [{"echo": 1}]
+
+
+def test_a_handler_that_swallows_a_database_error_fails_itself_not_the_next_message(
+        queue, transport, temp_handlers, error_queue, pump_for, caplog):
+    """A handler catches a database error without an ``atomic()`` of its own.  On PostgreSQL
+    the error has aborted the transaction (every later statement is refused until a
+    rollback): the handler's failure is its own, counted on its message — the message after
+    it in the chunk is not blamed, and the batch commits instead of looping.  On SQLite a
+    failed statement leaves the transaction usable: the handler succeeded."""
+    from django.db import DatabaseError
+
+    handled: list[int] = []
+
+    def swallow(message, context):
+        handled.append(message.json()["n"])
+        with connection.cursor() as cursor:
+            try:
+                cursor.execute("SELECT * FROM no_such_table_here")
+            except DatabaseError:
+                pass  # swallowed: on PostgreSQL, the transaction is now unusable
+
+    temp_handlers(queue, "Swallow", swallow)
+    def ping(message, context):
+        with connection.cursor() as cursor:  # refused in an aborted transaction: it would be blamed
+            cursor.execute("SELECT 1")
+        handled.append(message.json()["n"])
+
+    temp_handlers(queue, "Ping", ping)
+    bad = transport.send(queue, {"n": 0}, message_type="Swallow")
+    transport.send(queue, {"n": 1}, message_type="Ping")
+    pump = pump_for(queue, immediate_retries=1, delayed_retries=0, concurrency=1, receive_batch_size=10)
+
+    for _ in range(3):
+        pump.receive_and_process(10)
+
+    assert transport.counts(queue).total == 0  # no loop: both settled
+    assert handled.count(1) == 1 and ProcessingRecord.objects.filter(queue=queue).exists()
+    assert pump.stats.retried + pump.stats.errored == (2 if connection.vendor == "postgresql" else 0)
+    if connection.vendor == "postgresql":
+        assert handled.count(0) == 2  # its two attempts, then the error queue
+        [failed] = transport.browse(error_queue, limit=10)
+        assert failed.headers[Headers.MESSAGE_ID] == bad
+        assert "aborted" in failed.headers[Headers.EXCEPTION_MESSAGE]
+    else:
+        assert handled.count(0) == 1 and transport.counts(error_queue).total == 0

@@ -190,6 +190,31 @@ def test_a_dispatcher_whose_lease_ran_out_while_publishing_leaves_the_record_to_
     assert record.dispatched and record.last_error is None
 
 
+def test_a_dispatcher_that_lost_its_lease_neither_marks_nor_fails_nor_frees_its_successors_claim(
+        outbox, queue, monkeypatch):
+    """The lease is the token's: dispatcher A's lease ran out while it published, B claimed
+    the record and is still publishing.  A then finishing (its mark) or failing (its error)
+    changes nothing: neither marks the record under B, nor records A's error, nor ends B's
+    lease — which would let a third dispatcher publish the external operations again while
+    B still is.  B's mark is the one that counts."""
+    monkeypatch.setattr(type(outbox), "after_commit", lambda self, ids: None)  # dispatch by hand
+    store = outbox.store
+    register_destination("test-noop", lambda op: None)
+    _record_with_a_local_and_an_external_operation(outbox, queue, "taken-1", "test-noop")
+    assert [r.message_id for r in store.claim(["taken-1"], 0.2, "token-a")] == ["taken-1"]
+    time.sleep(0.4)  # A's lease runs out
+    assert [r.message_id for r in store.claim(["taken-1"], 30.0, "token-b")] == ["taken-1"]
+
+    assert store.fail("taken-1", "A's destination failed", "token-a") is False
+    assert store.claim(["taken-1"], 30.0, "token-c") == []  # still B's: no third publication
+    assert store.mark_dispatched(["taken-1"], "token-a") == set()
+    record = store.record("taken-1")
+    assert not record.dispatched and record.last_error is None
+
+    assert store.mark_dispatched(["taken-1"], "token-b") == {"taken-1"}
+    assert store.record("taken-1").dispatched
+
+
 def test_two_dispatchers_at_once_under_a_slow_destination_do_every_local_operation_once(
         outbox, queue, monkeypatch, caplog):
     """Two dispatchers race over the same records while publishing takes longer than the

@@ -10,7 +10,7 @@ Each message names one :class:`AlertDelivery` and an attempt number n.  An attem
    :func:`send_window`) and sends a *check* message to the same queue, delayed to that
    deadline.  No network.  Claim, check and receive commit together, or none does (and
    the message comes again).
-2. **Call** — once every transaction open on the pump's thread has committed, the call
+2. **Call** — once the transaction holding the claim has committed, the call
    is handed to a small pool of threads (:data:`SENDERS`, so a slow target holds neither
    a transaction nor a pump thread).  There, with no transaction open, it re-arms the
    deadline (the call may have waited for a free thread), makes one HTTP or SMTP attempt
@@ -85,16 +85,19 @@ def senders() -> ThreadPoolExecutor:
         return _pool
 
 
-def after_transactions(fn: Callable[[], object]) -> None:
-    """Run ``fn`` once no transaction is open on this thread's connections: when the last
-    one commits (never, if one rolls back), at once if none is open.  The pump's receive
-    may run on a connection of its own (``receive_only``), so every connection counts,
-    not just the handler's."""
-    for connection in connections.all(initialized_only=True):
-        if connection.in_atomic_block:
-            transaction.on_commit(lambda: after_transactions(fn), using=connection.alias, robust=True)
-            return
-    fn()
+def after_claim_commits(fn: Callable[[], object], using: str) -> None:
+    """Run ``fn`` once the claim made on ``using`` has committed: when the transaction
+    open there commits (never, if it rolls back: the claim went with it), at once if none
+    is open.  Only the claim's connection counts.  In ``receive_only`` the claim commits
+    in a transaction of its own while the receive stays open on another connection; a
+    call waiting for the receive too was never made when the receive rolled back (the
+    message, received again, is a copy of the claimed attempt), and the attempt counted
+    as lost at its check.  The call itself runs on a pool thread, whose connections hold
+    no transaction (:func:`no_transaction_open`), so an open receive cannot hold it up."""
+    if connections[using].in_atomic_block:
+        transaction.on_commit(fn, using=using, robust=True)
+    else:
+        fn()
 
 
 def no_transaction_open() -> None:
@@ -121,7 +124,7 @@ def deliver(message: Message, context: HandlerContext) -> None:
         if not claimed:
             return  # finished, deleted, or a copy of an attempt claimed already
         send_check(context, pk, n, window)
-    after_transactions(lambda: senders().submit(call, pk, n))
+    after_claim_commits(lambda: senders().submit(call, pk, n), context.using)
 
 
 def send_check(sender: Sender, pk: int, n: int, delay: float) -> None:

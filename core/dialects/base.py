@@ -161,6 +161,13 @@ class Dialect(abc.ABC):
     def error_codes(self, exc: BaseException) -> set[str]:
         """The driver's codes for one exception (SQLSTATE, vendor error number)."""
 
+    def transaction_aborted(self, raw_connection: Any) -> bool:
+        """Whether a statement error left the open transaction refusing every statement
+        until a rollback (PostgreSQL's "current transaction is aborted"), read from the
+        driver connection Django holds without a round-trip.  False where a failed
+        statement leaves the transaction usable (SQLite; SQL Server unless XACT_ABORT)."""
+        return False
+
     def is_transient(self, exc: BaseException) -> bool:
         """True when ``exc`` (or the driver error Django wrapped in it) is one of
         :attr:`transient_errors`."""

@@ -111,10 +111,17 @@ class OutboxSQL(abc.ABC):
         return where
 
     def _held_by(self) -> str:
-        """The lease condition of every phase-2 state change: still undispatched, and
-        still leased by the claim whose token is %s (a dispatcher whose lease ran out
-        and was taken over changes nothing)."""
-        return f"{self._is('Dispatched', False)} AND {self._col('DispatchToken')} = %s"
+        """The lease condition of every phase-2 state change: still leased by the claim
+        whose token is %s (a dispatcher whose lease ran out and was taken over changes
+        nothing: it neither marks, nor records its error, nor ends its successor's lease).
+
+        The token alone decides; no ``Dispatched = false`` beside it.  A record holding a
+        token is undispatched: only a claim sets one, and it claims undispatched records
+        only (:meth:`_claim_where`); the mark that dispatches a record ends its lease in
+        the same statement; a record stored dispatched (phase 1) never had one.  A
+        seeded mutation dropping that condition changed nothing any test or the model
+        could see, because nothing could."""
+        return f"{self._col('DispatchToken')} = %s"
 
     def _lease_ended(self) -> str:
         c = self._col

@@ -66,6 +66,12 @@ class PostgreSQLDialect(PostgreSQLTaskSQL, DelayedSQL, OutboxSQL, DashboardSQL, 
             raw_connection.prepare_threshold = PREPARE_NOTHING_AUTOMATICALLY
         return psycopg.Cursor(raw_connection)
 
+    def transaction_aborted(self, raw_connection: Any) -> bool:
+        from psycopg.pq import TransactionStatus
+
+        # libpq's own record of the last result: no statement is sent.
+        return raw_connection is not None and raw_connection.info.transaction_status == TransactionStatus.INERROR
+
     def error_codes(self, exc: BaseException) -> set[str]:
         code = getattr(exc, "sqlstate", None)  # psycopg errors
         return {code} if code else set()

@@ -28,6 +28,7 @@ import math
 from typing import Any
 
 from core.errors import InvalidMessage, SluiceError
+from core.messages import escape_surrogates
 from core.transport import OutgoingMessage
 
 FORMAT_VERSION = 1
@@ -61,13 +62,18 @@ def is_delayed(op: dict[str, Any]) -> bool:
 
 
 def serialize_operation(op: dict[str, Any]) -> str:
-    """The JSON of one operation; InvalidMessage (at send time) when it has none."""
+    """The JSON of one operation; InvalidMessage (at send time) when it has none.
+
+    Lone surrogates are escaped as the queue's header text escapes them: a handler's send
+    may carry on a value read from another system's row (its ConversationId), and the
+    driver would refuse the record's whole insert, failing a handler that succeeded."""
     try:
-        return json.dumps(op, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        text = json.dumps(op, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidMessage(
             f"outbox operation for {op.get('kind')!r} cannot be serialized to JSON: {exc}"
         ) from None
+    return text if text.isascii() else escape_surrogates(text)
 
 
 def encode_operations(serialized: list[str]) -> str:

@@ -12,6 +12,7 @@ from django.db import DatabaseError, IntegrityError, connections, transaction
 from core.conf import get_settings
 from core.dialects import Dialect, OutboxRow, dialect_for
 from core.errors import ConfigurationError, SluiceError
+from core.messages import storable_text
 from core.outbox.operations import EMPTY_OPERATIONS
 
 log = logging.getLogger("sluice.outbox")
@@ -183,7 +184,7 @@ class OutboxStore:
         """Keep a record undispatched with its LastError (quarantined if asked) and end
         its lease; False when ``token`` no longer leases it (nothing was changed)."""
         with self._cursor() as cursor:
-            cursor.execute(self.dialect.outbox_fail(self.table, quarantine), [error[:4000], message_id, token])
+            cursor.execute(self.dialect.outbox_fail(self.table, quarantine), [storable_text(error[:4000]), message_id, token])
             return cursor.rowcount == 1
 
     def due(self, grace_seconds: float, limit: int, include_failed: bool = True) -> list[str]:

@@ -130,6 +130,7 @@ class ChunkedScope:
     def __init__(self, alias: str) -> None:
         self.alias = alias
         self.connection = connections[alias]
+        self.dialect = dialect(alias)
         self.sender = ChunkBufferedTransport(alias)
 
     def handle(self, message: Message, fn: Handler) -> MessageOutcome:
@@ -151,12 +152,19 @@ class ChunkedScope:
 
     def _check(self) -> None:
         """A handler that swallowed the failure of an ``atomic(savepoint=False)`` block
-        left the chunk marked for rollback (Django's semantics): that is its failure, not
-        the next handler's, whose first query Django would refuse."""
+        left the chunk marked for rollback (Django's semantics); one that caught a database
+        error without an ``atomic()`` of its own left PostgreSQL's transaction aborted.
+        Either is its failure, not the next handler's, whose first query would be refused
+        — nor the batch's, whose records' insert would be, every time it ran again."""
         if self.connection.needs_rollback:
             raise TransactionManagementError(
                 "the handler returned with its transaction marked for rollback (an "
                 "atomic(savepoint=False) block inside it failed): its work cannot commit")
+        if self.dialect.transaction_aborted(self.connection.connection):
+            raise TransactionManagementError(
+                "the handler returned with its transaction aborted by a database error it "
+                "caught (wrap the statement that may fail in atomic() to go on after it): its "
+                "work cannot commit")
 
     def flush(self) -> None:
         """Before the chunk ends: its handlers' sends, in one go."""
