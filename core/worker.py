@@ -19,7 +19,7 @@ from core.runtime.loops import ThreadRunner
 from core.outbox import OutboxDispatcher, worker_loops
 from core.receive.pump import MessagePump
 from core.monitoring.queue_samples import QueueSampler
-from core import pauses
+from core.runtime import pauses
 from core.queues import registry
 from core.monitoring import gauges
 

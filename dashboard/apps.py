@@ -44,6 +44,6 @@ class DashboardConfig(AppConfig):
         from dashboard import checks  # noqa: F401
         # The command line's pauses and resumes are audited like the pages' (the engine
         # announces them with a signal: it does not import the dashboard).
-        from core.pauses import pause_changed
+        from core.runtime.pauses import pause_changed
         from dashboard.actions.queues import audit_cli_pause
         pause_changed.connect(audit_cli_pause, dispatch_uid="sluice-audit-cli-pause")

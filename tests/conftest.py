@@ -18,7 +18,7 @@ from urllib.parse import quote
 import pytest
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 
-from core import pauses
+from core.runtime import pauses
 from core.handlers import handlers
 from core.queues import create_queue, delete_queue, registry
 from core.transport import Transport

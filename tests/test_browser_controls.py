@@ -24,7 +24,7 @@ from tests.test_queue_pause import Producer
 
 from playwright.sync_api import expect  # noqa: E402
 
-from core import pauses  # noqa: E402
+from core.runtime import pauses  # noqa: E402
 from core.transport import Transport  # noqa: E402
 from core.worker import WorkerHost  # noqa: E402
 from dashboard.models import AuditEntry  # noqa: E402

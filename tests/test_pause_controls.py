@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from core import pauses
+from core.runtime import pauses
 from core.alerts.evaluator import evaluate
 from core.models.alerts import AlertState, RuleKind
 from core.transport import Transport

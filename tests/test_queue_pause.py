@@ -13,7 +13,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from core import pauses
+from core.runtime import pauses
 from core.delayed import delayed_store
 from core.errors import UnknownQueue
 from core.expiry import purge_expired_messages

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from django.utils import timezone
 
-from core import pauses
+from core.runtime import pauses
 from core.db import database_now_us
 from core.monitoring import measurements as m
 from core.models.alerts import AlertDelivery, AlertRule, DeliveryStatus, RuleKind, WorkerSighting

@@ -4,7 +4,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from core import pauses, queues
+from core import queues
+from core.runtime import pauses
 from core.cli.base import Group, cli_actor, command_group
 from core.setup import setup_infrastructure
 from core.transport import Transport

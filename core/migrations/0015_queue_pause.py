@@ -1,4 +1,4 @@
-"""Paused queues (core/pauses.py): one row per paused queue; and the `queue_paused` alert rule kind."""
+"""Paused queues (core/runtime/pauses.py): one row per paused queue; and the `queue_paused` alert rule kind."""
 
 from django.db import migrations, models
 

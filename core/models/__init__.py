@@ -41,7 +41,7 @@ class QueueRecord(models.Model):
 
 
 class QueuePause(models.Model):
-    """A paused queue: its pumps receive nothing until the row is gone (core/pauses.py).
+    """A paused queue: its pumps receive nothing until the row is gone (core/runtime/pauses.py).
     A table of its own, not a registry column: the registry is cached per process for
     seconds, while every pump must see a pause within one."""
 

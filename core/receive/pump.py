@@ -3,7 +3,7 @@
 A pump runs ``concurrency`` threads (its ``threads``; core.runtime.loops.ThreadRunner starts
 one per unit, each with its own wait).  One :meth:`MessagePump.step` on a thread:
 
-0. A paused queue (core.pauses: an in-memory set, no statement) is not received from:
+0. A paused queue (core.runtime.pauses: an in-memory set, no statement) is not received from:
    the thread waits for the resume's wake-up.
 1. *Peek* — only when the thread comes back from an idle wait that no wake-up cut
    short: estimate the queue length from max − min RowVersion (never a row count).
@@ -20,13 +20,7 @@ one per unit, each with its own wait).  One :meth:`MessagePump.step` on a thread
    wait); a short one → wait for a wake-up or the peek delay — unless a wake-up came
    in that found no idle thread: then this one steps again at once.
 
-No wake-up is lost, and one wake-up rouses one thread (not a herd of empty receives):
-a wake first raises the pump's ``pending`` flag, then looks for an idle thread; if it
-finds one it sets that thread's event (cleared by the runner only before a step) and
-lowers the flag.  A thread marks itself idle *before* it looks at the flag on its way
-to a wait.  So either the wake sees the thread idle and sets its event, or the thread
-sees the flag (left up because no thread was idle), lowers it and steps again at once.
-A step lowers the flag as it begins: it will see the rows of every wake-up so far.
+How the threads are woken, and why no wake-up is lost: core.receive.waking.
 
 Each received message comes to one :class:`~core.outcomes.MessageOutcome`, counted in
 one place (:meth:`MessagePump.receive_and_process`).  How a handler runs — in a chunk's
@@ -40,7 +34,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
 
 from django.db import DatabaseError, transaction
 
@@ -55,31 +49,21 @@ from core.handlers import HandlerRegistry, as_single, handlers as default_handle
 from core.runtime.loops import current_lane, discard_connection
 from core.messages import Message
 from core.outcomes import MessageOutcome, PumpStats
-from core.pauses import board
+from core.runtime.pauses import board
 from core.queues import dialect, missing_indexes
 from core.receive.recoverability import FailureOutcome, Recoverability
 from core.tracing.consuming import BatchTrace, batch_trace
 from core.receive.transaction_modes import BatchScope, OutboxMode, mode_for
 from core.records.writer import NoRecords, RecordBatch, now_us, start_batch
 from core.transport import Transport
-from core.runtime.wakeups import PostgresListener, acquire_listener, queue_key, release_listener, wake_hub
+from core.receive.waking import PumpWaking
 
 log = logging.getLogger("sluice.pump")
 
 PEEK_DELAY_WARNING = 10.0
 
 
-class _Lane:
-    """One receive thread's state (see the module doc)."""
-
-    __slots__ = ("peek", "idle")
-
-    def __init__(self) -> None:
-        self.peek = True    # look before receiving (after an idle wait no wake-up cut short)
-        self.idle = False   # between a short step and the next one
-
-
-class MessagePump:
+class MessagePump(PumpWaking):
     """Receives and processes the messages of one queue.  A loop (see core.runtime.loops) run
     by ``threads`` threads at once."""
 
@@ -137,47 +121,11 @@ class MessagePump:
         self._stats_lock = threading.Lock()
         self._stopping = threading.Event()
         self._closed = False
-        self._lanes = [_Lane() for _ in range(self.threads)]
-        self._pending = False  # a wake-up no idle thread was roused for (module doc)
         self.chunk_size = ChunkSize(self.batch_size)
         missing_indexes(queue, self.receive_alias)
-        self._wake: Callable[..., None] = lambda lane=None: None
-        self._hub_handle = wake_hub.register(queue_key(queue), self._on_wake)
-        receive_dialect = dialect(self.receive_alias)
-        self._poll_while_lost = receive_dialect.wake_poll_interval
-        self._listener: PostgresListener | None = \
-            acquire_listener(self.receive_alias) if receive_dialect.supports_notify else None
-        #: Paused queues as this process knows them (core/pauses.py): no statement per step.
+        self._start_waking(queue, self.receive_alias, self.threads)
+        #: Paused queues as this process knows them (core/runtime/pauses.py): no statement per step.
         self._pauses = board(self.receive_alias)
-
-    # -- waking ---------------------------------------------------------------------
-    def bind_wake(self, wake: Callable[..., None]) -> None:
-        """The runner's way to cut a thread's wait short: ``wake(lane)``."""
-        self._wake = wake
-
-    def _on_wake(self, _due_epoch: float = 0.0) -> None:
-        """Rows were committed to the queue: raise the flag, then rouse an idle thread
-        (order matters: module doc)."""
-        self._pending = True
-        if self._rouse():
-            self._pending = False
-
-    def _rouse(self) -> bool:
-        """Set the event of one idle thread; False when none is idle."""
-        for index, lane in enumerate(self._lanes):
-            if lane.idle:
-                lane.idle = False
-                lane.peek = False  # there is something to take: no peek first
-                self._wake(index)
-                return True
-        return False
-
-    def _idle_wait(self) -> float:
-        """How long an empty queue waits: the peek delay, but no longer than the dialect's
-        poll while the LISTEN connection is lost (a NOTIFY sent then is never heard)."""
-        if self._listener is not None and self._listener.lost.is_set():
-            return min(self.peek_delay, self._poll_while_lost)
-        return self.peek_delay
 
     # -- the loop -------------------------------------------------------------
     def step(self) -> float:
@@ -226,23 +174,6 @@ class MessagePump:
             return 0.0
         return self._short(lane)
 
-    def _short(self, lane: _Lane) -> float:
-        """The queue looked empty: wait — unless a wake-up found no idle thread."""
-        lane.idle = True  # before looking at the flag (module doc)
-        if self._pending:
-            self._pending = False
-            lane.idle = False
-            lane.peek = False
-            return 0.0
-        lane.peek = True
-        return self._idle_wait()
-
-    def _paused(self, lane: _Lane) -> float:
-        """Paused: wait as on an empty queue (the resume's wake-up ends it: the same flag
-        protocol), but where no notification can come, no longer than the board's poll."""
-        wait = self._short(lane)
-        return wait if self._listener is not None else min(wait, self._poll_while_lost)
-
     def stop(self) -> None:
         """Finish the current batches, take no new ones."""
         self._stopping.set()
@@ -253,10 +184,7 @@ class MessagePump:
             return  # (a runner closes its loops; their owner may too)
         self._closed = True
         self._stopping.set()
-        wake_hub.unregister(self._hub_handle)
-        if self._listener is not None:
-            release_listener(self.receive_alias, self._listener)
-            self._listener = None
+        self._stop_waking()
 
     # -- receiving --------------------------------------------------------------
     def receive_and_process(self, limit: int = 1) -> int:

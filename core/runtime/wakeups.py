@@ -9,7 +9,7 @@ One mechanism for the whole process, shared by the delayed mover and the pumps:
   alias (:func:`acquire_listener`), on three channels: :data:`DELAYED_CHANNEL` (payload
   ``<table>|<due epoch>``, sent by the delayed store inside its transaction),
   :data:`QUEUE_CHANNEL` (payload: a queue name) and :data:`PAUSE_CHANNEL` (a queue paused or
-  resumed: core/pauses.py).  Every notification goes into the hub.
+  resumed: core/runtime/pauses.py).  Every notification goes into the hub.
 - Queue notifications are sent *after* commit by one :class:`Notifier` thread per
   process and alias, on a connection of its own, coalescing: names requested while a
   NOTIFY is in flight go out together, each queue once.  A send transaction therefore
@@ -44,9 +44,9 @@ log = logging.getLogger("sluice.wakeups")
 
 DELAYED_CHANNEL = "sluice_delayed"
 QUEUE_CHANNEL = "sluice_queue"
-#: A queue was paused or resumed (payload: its name; core/pauses.py).
+#: A queue was paused or resumed (payload: its name; core/runtime/pauses.py).
 PAUSE_CHANNEL = "sluice_pause"
-#: The hub key of the process's paused-queue boards (core/pauses.py).
+#: The hub key of the process's paused-queue boards (core/runtime/pauses.py).
 PAUSES_KEY = "sluice:pauses"
 #: The delayed channel's "look now, whatever the table" payload.
 LOOK_NOW = "*|0"

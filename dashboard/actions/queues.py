@@ -5,7 +5,8 @@ from typing import Any, Sequence
 
 from django.db import transaction
 
-from core import failures, pauses
+from core import failures
+from core.runtime import pauses
 from core.conf import get_settings
 from core.errors import PoisonMessage
 from core.messages import Message, decode_headers
@@ -94,7 +95,7 @@ def move_message(user: Any, queue: str, message_id: str, to_queue: str, *, via: 
 
 
 def pause_queue(user: Any, queue: str, *, via: str = "") -> ActionResult:
-    """Stop every worker receiving from ``queue`` (core.pauses; sends still land).  Pausing a
+    """Stop every worker receiving from ``queue`` (core.runtime.pauses; sends still land).  Pausing a
     paused queue changes nothing and says so.  ActionError 404 for an unknown queue."""
     with acting(user, "pause_queue", via, target=f"queue {queue}") as audit:
         info = validate.queue(queue)
@@ -116,7 +117,7 @@ def resume_queue(user: Any, queue: str, *, via: str = "") -> ActionResult:
 
 
 def audit_cli_pause(sender: Any, *, queue: str, paused: bool, by: str, via: str, **_: Any) -> None:
-    """core.pauses.pause_changed: the command line's pauses and resumes go into the audit log
+    """core.runtime.pauses.pause_changed: the command line's pauses and resumes go into the audit log
     (the dashboard's own actions write theirs in :func:`acting`)."""
     if via == "cli":
         Audit(user=None, action="pause_queue" if paused else "resume_queue", via="cli",

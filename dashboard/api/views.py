@@ -11,7 +11,7 @@ from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from core import pauses
+from core.runtime import pauses
 from core.conf import get_settings
 from core.delayed import delayed_store
 from core.messages import Message

@@ -13,7 +13,7 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
-from core import pauses
+from core.runtime import pauses
 from dashboard.counting import stats
 from dashboard.security.permissions import viewer_required
 from dashboard.templatetags.sluice_ui import age

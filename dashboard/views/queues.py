@@ -13,7 +13,7 @@ from django.utils import timezone
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
-from core import pauses
+from core.runtime import pauses
 from core.errors import SluiceError, UnknownQueue
 from core.messages import Headers, Message, parse_wire_time
 from core.queues import list_queues, registry
