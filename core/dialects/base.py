@@ -17,6 +17,9 @@ from typing import Any, Sequence
 
 from core.dialects.rows import COLUMNS, MESSAGE_COLUMNS, Row, row_id
 
+#: Where the microseconds of an ``instant`` column count from (:meth:`Dialect.to_datetime`).
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+
 #: SQL fragments every dialect defines (a class attribute each, "" where it needs none):
 #: - ``limit``: ends an ordered SELECT, taking the row limit as its last parameter
 #:   (`` LIMIT %s``; SQL Server `` OFFSET 0 ROWS FETCH NEXT %s ROWS ONLY``);
@@ -132,6 +135,8 @@ class Dialect(abc.ABC):
         """A UTC-aware datetime from what the driver returned for a timestamp column."""
         if value is None:
             return None
+        if isinstance(value, int):  # microseconds since the epoch (an ``instant`` column)
+            return EPOCH + dt.timedelta(microseconds=value)
         if isinstance(value, str):
             value = dt.datetime.fromisoformat(value)
         if value.tzinfo is dt.timezone.utc:

@@ -14,6 +14,7 @@ workflow.  docs/tasks.md is the guide.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import uuid
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ from core.tasks.names import TASK_MESSAGE_TYPE, TASK_PATH_HEADER  # (core.tasks.
 from core.tasks.results import enqueued_at, ready_result, ready_row, task_at, to_task_result
 from core.transport import Transport
 
+#: Tasks whose checks a backend keeps (SluiceTaskBackend._checked); past it, it starts again.
+CHECKED_TASKS = 1024
 #: OPTIONS the backend reads.
 KNOWN_OPTIONS = {"DATABASE", "QUEUE_PREFIX"}
 #: The headers that carry a task's own retry counts (SluiceTask) to the worker's recoverability.
@@ -95,6 +98,23 @@ class TaskArgumentsNotJSON(InvalidTaskError, TypeError):
     TypeError ("Unsupported type: ...") its other backends raise for them."""
 
 
+def task_arguments(args: Any, kwargs: Any) -> tuple[str, dict[str, Any]]:
+    """A task's arguments as the JSON text its result row keeps and as the database's JSON
+    will give them back, normalised as the framework's TaskResult does (tuples to lists,
+    UTF-8 bytes to text); TaskArgumentsNotJSON when they are not JSON."""
+    try:
+        # Plain JSON values (the rule) need no normalising: json writes a tuple as a list
+        # and refuses whatever normalize_json would change or refuse (bytes, other
+        # sequences and mappings), which then takes the long way.
+        text = json.dumps({"args": list(args), "kwargs": dict(kwargs)})
+    except (TypeError, ValueError):
+        try:
+            text = json.dumps({"args": normalize_json(list(args)), "kwargs": normalize_json(dict(kwargs))})
+        except (TypeError, ValueError) as exc:
+            raise TaskArgumentsNotJSON(f"task arguments must be JSON: {exc}") from None
+    return text, json.loads(text)
+
+
 class SluiceTaskBackend(BaseTaskBackend):
     task_class = SluiceTask
     supports_defer = True
@@ -109,6 +129,7 @@ class SluiceTaskBackend(BaseTaskBackend):
     def __init__(self, alias: str, params: dict) -> None:
         super().__init__(alias, params)
         self.queue_prefix = str(self.options.get("QUEUE_PREFIX", ""))
+        self._checked_tasks: dict[Task, tuple[str, float | None, dict[str, str]]] = {}
 
     @property
     def using(self) -> str:
@@ -134,33 +155,52 @@ class SluiceTaskBackend(BaseTaskBackend):
             raise InvalidTaskError(f"queue {task.queue_name!r}: {exc}") from None
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        queue, ttl, headers = self._checked(task)
+        args_kwargs_json, args_kwargs = task_arguments(args, kwargs)
+        result_id = str(uuid.uuid4())  # the form a MessageId takes (Transport keeps it as is)
+        using = self.using
+        body = {"task": task.module_path, "backend": self.alias, "queue_name": task.queue_name, **args_kwargs}
+        along = ready_row(using, result_id, task, self.alias, args_kwargs_json)
+        send = functools.partial(Transport(using).send_along, queue, body, along, message_id=result_id,
+                                 message_type=TASK_MESSAGE_TYPE, headers=headers, ttl=ttl, deliver_at=task.run_after)
+        # Both rows or neither, in the caller's transaction when one is open (no savepoint
+        # of our own: a failed insert breaks the caller's block, which then rolls back).
+        # One round trip where the database can (Transport.send_along).
+        connection = connections[using]
+        if connection.in_atomic_block:
+            # What atomic(savepoint=False) would do inside the caller's block, without its
+            # bookkeeping (a tenth of an enqueue): an error marks the block for rollback.
+            try:
+                _, row = send()
+            except BaseException:
+                connection.needs_rollback = True
+                raise
+        else:
+            with transaction.atomic(using=using, savepoint=False):
+                _, row = send()
+        result = ready_result(task, result_id, self.alias, enqueued_at(using, row), args_kwargs)
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def _checked(self, task: Task) -> tuple[str, float | None, dict[str, str]]:
+        """The task validated (InvalidTaskError otherwise) and what its message needs: the
+        Sluice queue, the TTL and the headers.  Kept per task value, as a task is enqueued
+        many times and its checks (the function's signature, its import path) cannot change
+        in between; a task with ``run_after`` (a value per enqueue, as a rule) is not kept."""
+        found = self._checked_tasks.get(task)
+        if found is not None:
+            return found
         self.validate_task(task)
         if task_at(task.module_path).func is not task.func:
             # Workers import the task by this path: it must name this very task.
             raise InvalidTaskError(f"{task.module_path} does not name this task at module level")
-        try:
-            # Normalised as the framework's TaskResult does (tuples to lists, UTF-8 bytes to
-            # text), then as the database's JSON will give it back.
-            args_kwargs_json = json.dumps({"args": normalize_json(list(args)), "kwargs": normalize_json(dict(kwargs))})
-        except (TypeError, ValueError) as exc:
-            raise TaskArgumentsNotJSON(f"task arguments must be JSON: {exc}") from None
-        args_kwargs = json.loads(args_kwargs_json)
-        result_id = str(uuid.uuid4())  # the form a MessageId takes (Transport keeps it as is)
-        using = self.using
-        queue = self.sluice_queue(task.queue_name)
         ttl, headers = task.sluice_options() if isinstance(task, SluiceTask) else (None, {})
-        body = {"task": task.module_path, "backend": self.alias, "queue_name": task.queue_name, **args_kwargs}
-        # Both rows or neither, in the caller's transaction when one is open (no savepoint
-        # of our own: a failed insert breaks the caller's block, which then rolls back).
-        # One round trip where the database can (Transport.send_along).
-        with transaction.atomic(using=using, savepoint=False):
-            _, row = Transport(using).send_along(
-                queue, body, ready_row(using, result_id, task, self.alias, args_kwargs_json), message_id=result_id,
-                message_type=TASK_MESSAGE_TYPE, headers={TASK_PATH_HEADER: task.module_path, **headers}, ttl=ttl,
-                deliver_at=task.run_after)
-        result = ready_result(task, result_id, self.alias, enqueued_at(using, row), args_kwargs)
-        task_enqueued.send(type(self), task_result=result)
-        return result
+        found = (self.sluice_queue(task.queue_name), ttl, {TASK_PATH_HEADER: task.module_path, **headers})
+        if task.run_after is None:
+            if len(self._checked_tasks) >= CHECKED_TASKS:
+                self._checked_tasks.clear()
+            self._checked_tasks[task] = found
+        return found
 
     # -- results ---------------------------------------------------------------------
     def get_result(self, result_id: str) -> TaskResult:

@@ -93,6 +93,8 @@ def read_results(using: str, ids: list[str]) -> list[tuple[str, dt.datetime, dt.
 
 def _json(value: Any) -> Any:
     """A JSON column's value as the driver gave it: decoded already (jsonb), or text."""
+    if value == "[]":  # a new task's errors and worker ids: no parse
+        return []
     return json.loads(value) if isinstance(value, (str, bytes)) else value
 
 
