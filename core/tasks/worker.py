@@ -26,7 +26,6 @@ SUCCESSFUL or FAILED (not after an attempt that Sluice will retry), after its ro
 """
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import json
 import logging
@@ -43,7 +42,8 @@ from core.messages import Message
 from core.tasks.backend import TASK_MESSAGE_TYPE, SluiceTaskBackend, task_retry_limits
 from core.tasks.framework import (Task, TaskContext, TaskError, TaskResult, TaskResultStatus, normalize_json,
                                   task_backends, task_finished, task_started)
-from core.tasks.results import WORKER_ID, Attempt, json_value, read_results, task_at, to_task_result, write_successes
+from core.tasks.results import (RESULT_FIELD_NAMES, WORKER_ID, Attempt, json_result, json_value, read_results, task_at,
+                                to_task_result, write_successes)
 
 log = logging.getLogger("sluice.tasks")
 
@@ -88,7 +88,7 @@ def run_tasks(messages: list[Message], context: BatchContext) -> None:
             found = tasks[key] = (task, type(task.get_backend()))
         task, sender = found
         _, enqueued_at, started_at, errors, worker_ids, _ = row
-        result = TaskResult(
+        result = json_result(  # (the message's arguments, read from its JSON body)
             task=task, id=message.id, status=TaskResultStatus.RUNNING, enqueued_at=enqueued_at,
             started_at=started_at or now, finished_at=None, last_attempted_at=now,
             args=body.get("args", []), kwargs=body.get("kwargs", {}), backend=body.get("backend", "default"),
@@ -117,22 +117,12 @@ def run_tasks(messages: list[Message], context: BatchContext) -> None:
         task_finished.send(sender=sender, task_result=succeeded(result, finished, value))
 
 
-#: The framework's TaskResult fields, its ``_return_value`` included (:func:`succeeded`).
-_RESULT_FIELDS = tuple(f.name for f in dataclasses.fields(TaskResult))
-
-
 def succeeded(result: TaskResult, finished: dt.datetime, value: Any) -> TaskResult:
     """``result`` (RUNNING) as SUCCESSFUL at ``finished`` with its return value: a copy, as
-    ``dataclasses.replace`` makes, without the constructor normalising the arguments a
-    second time (they were when ``result`` was made; that second pass was a fifth of a
-    task's time in the worker)."""
-    done = object.__new__(TaskResult)
-    for name in _RESULT_FIELDS:
-        object.__setattr__(done, name, getattr(result, name))
-    object.__setattr__(done, "status", TaskResultStatus.SUCCESSFUL)
-    object.__setattr__(done, "finished_at", finished)
-    object.__setattr__(done, "_return_value", value)
-    return done
+    ``dataclasses.replace`` makes, without normalising its arguments a second time."""
+    fields = {name: getattr(result, name) for name in RESULT_FIELD_NAMES}
+    return json_result(**{**fields, "status": TaskResultStatus.SUCCESSFUL, "finished_at": finished,
+                          "_return_value": value})
 
 
 def run_task(message: Message, context: Any) -> None:
