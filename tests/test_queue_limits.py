@@ -206,3 +206,21 @@ def test_an_operators_limits_are_checked_and_name_a_known_queue(queue):
             limits.set_limits(queue, concurrency=bad, rate=None)  # type: ignore[arg-type]
     assert limits.limits_of(queue).limited is False
     assert not connections["default"].in_atomic_block
+
+
+def test_an_unlimited_queues_receive_runs_no_statement_about_limits(queue, temp_handlers):
+    from core.receive.pump import MessagePump
+
+    temp_handlers(queue, None, lambda message, context: None)
+    Transport().send_many(queue, [{"n": n} for n in range(5)])
+    pump = MessagePump(queue, concurrency=1)
+    try:
+        pump.step()  # the first step reads the boards
+        Transport().send_many(queue, [{"n": n} for n in range(5)])
+        with CaptureQueriesContext(connection) as queries:
+            pump.step()
+        assert pump.stats.received == 10
+        # (the board's poll where no notification comes, at most twice a second, is not the receive's)
+        assert not [q["sql"] for q in queries if "sluice_queue_slot" in q["sql"] or "sluice_queue_ticket" in q["sql"]]
+    finally:
+        pump.close()
