@@ -47,3 +47,6 @@ class DashboardConfig(AppConfig):
         from core.runtime.pauses import pause_changed
         from dashboard.actions.queues import audit_cli_pause
         pause_changed.connect(audit_cli_pause, dispatch_uid="sluice-audit-cli-pause")
+        from core.runtime.limits import limits_changed
+        from dashboard.actions.queues import audit_cli_limits
+        limits_changed.connect(audit_cli_limits, dispatch_uid="sluice-audit-cli-limits")

@@ -60,6 +60,7 @@ urlpatterns = [
     path("send/", sending.send, name="send"),
     path("queues/<sluice_queue:name>/pause/", queues.pause, name="queue-pause"),
     path("queues/<sluice_queue:name>/resume/", queues.resume, name="queue-resume"),
+    path("queues/<sluice_queue:name>/limit/", queues.limit, name="queue-limit"),
     path("delayed/", delayed.delayed, name="delayed"),
     # Message ids may hold "/" (order/42): <sluice_id:…> (IdConverter).
     path("delayed/<sluice_id:message_id>/deliver-now/", delayed.deliver_now, name="delayed-deliver-now"),

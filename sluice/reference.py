@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import inspect
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -32,7 +33,8 @@ def settings_entries() -> list[Entry]:
 
     help_by_field = _field_comments(inspect.getsource(conf.SluiceSettings))
     return [Entry(name=f"SLUICE_{name}", description=help_by_field.get(name, ""),
-                  details={"type": _type_name(f.type), "default": _default(f.default)})
+                  details={"type": _type_name(f.type), "default": _default(
+                      f.default_factory() if f.default is dataclasses.MISSING else f.default)})
             for name, f in conf.FIELDS.items()]
 
 
@@ -55,6 +57,8 @@ def _type_name(annotation: Any) -> str:
 
 
 def _default(value: Any) -> str:
+    if isinstance(value, (tuple, dict)) and not value:
+        return "(empty)"
     if isinstance(value, tuple):
         return ",".join(value) if value else "(empty)"
     if value in ("", None):

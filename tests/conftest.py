@@ -18,7 +18,7 @@ from urllib.parse import quote
 import pytest
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 
-from core.runtime import pauses
+from core.runtime import limits, pauses
 from core.handlers import handlers
 from core.queues import create_queue, delete_queue, registry
 from core.transport import Transport
@@ -220,9 +220,11 @@ def spark():
 def _fresh_registry_cache():
     registry.forget()
     pauses.forget()  # the database is flushed between tests without a word to the boards
+    limits.forget()
     yield
     registry.forget()
     pauses.forget()
+    limits.forget()
 
 
 @pytest.fixture

@@ -33,6 +33,7 @@ from core.conf import get_settings
 from core.scheduling import delayed_store
 from core.transport import Transport
 from tests.model_checks import final_violations, snapshot, violations
+from tests.model_limits import LimitedHandler, LimitedRules
 from tests.model_faults import FOREIGN_ROWS, REFUSED_RECORD_TYPE, insert_readable_foreign_row
 from tests.model_support import (BATCH_PLANS, EXCLUDED, LEDGER, POISON_HEADERS, TASK_PLANS, WORK_PLANS, Handlers, Model,
                                  Proc, Sent, clear_outbox, db_now, insert_foreign_row, kill_backend)
@@ -104,9 +105,11 @@ class World:
     can_kill: bool
     #: Django tasks are enqueued to ``queue`` too (TASKS names Sluice's backend with it).
     tasks: bool = False
+    #: A limited queue's handler (tests/model_limits.py), or None.
+    limited: LimitedHandler | None = None
 
 
-class SluiceMachine(RuleBasedStateMachine):
+class SluiceMachine(LimitedRules, RuleBasedStateMachine):
     world: ClassVar[World]
     #: Totals over every example (benchmarks/soak.py reports them).
     totals: ClassVar[Counter] = Counter()
@@ -130,8 +133,8 @@ class SluiceMachine(RuleBasedStateMachine):
         C, in outbox mode (its handlers' sends stored with the receive, dispatched after)."""
         self._clear()
         handlers = Handlers(self.world.queue, self.world.out, self.model, tasks=self.world.tasks)
-        self.world.procs["A"].start(self.world.queue, handlers, batch_a)
-        self.world.procs["B"].start(self.world.queue, handlers, batch_b)
+        self.world.procs["A"].start(self.world.queue, handlers, batch_a, limited=self.world.limited)
+        self.world.procs["B"].start(self.world.queue, handlers, batch_b, limited=self.world.limited)
         self.outbox = outbox
         if outbox:
             self.world.procs["C"].start(self.world.queue, handlers, batch_a, mode="outbox")
@@ -156,8 +159,10 @@ class SluiceMachine(RuleBasedStateMachine):
 
     def _clear(self) -> None:
         w = self.world
-        for name in (w.queue, w.out, get_settings().ERROR_QUEUE):
+        for name in (w.queue, w.out, get_settings().ERROR_QUEUE, *([w.limited.queue] if w.limited else [])):
             self.transport.purge(name)
+        if w.limited is not None:
+            w.limited.reset()
         store = delayed_store()
         for message in store.list(100_000)[0]:
             store.delete(message.id)
@@ -196,6 +201,7 @@ class SluiceMachine(RuleBasedStateMachine):
             last = state
             time.sleep(0.1)
         self._fail_on(final_violations(self.model, self._check()), "after the drain")
+        self._drain_limited()
 
     # -- producers ------------------------------------------------------------------------
     def _sent(self, plan: str, batch: bool, ttl: float | None) -> dict:

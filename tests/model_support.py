@@ -329,6 +329,7 @@ class Proc:
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"model-{name}")
         self.pump: MessagePump | None = None
         self.mover: DelayedMover | None = None
+        self.limited: MessagePump | None = None  # the limited queue's (tests/model_limits.py)
 
     def call(self, fn: Callable[[], Any], timeout: float = 120) -> Any:
         return self._pool.submit(fn).result(timeout)
@@ -336,12 +337,17 @@ class Proc:
     def submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
         return self._pool.submit(fn)
 
-    def start(self, queue: str, handlers: Handlers, batch_size: int, mode: str = "sends_atomic_with_receive") -> None:
+    def start(self, queue: str, handlers: Handlers, batch_size: int, mode: str = "sends_atomic_with_receive",
+              limited: Any = None) -> None:
+        """``limited``: the limited queue's handler (tests/model_limits.py), pumped as loop "limited"."""
         def make() -> None:
             self.pump = MessagePump(queue, receive_batch_size=batch_size, concurrency=1, peek_delay=0.1,
                                     immediate_retries=IMMEDIATE_RETRIES, delayed_retries=DELAYED_RETRIES,
                                     handlers=handlers.registry, transaction_mode=mode)
             self.mover = DelayedMover(elect=False, max_sleep=1.0)
+            if limited is not None:
+                self.limited = MessagePump(limited.queue, receive_batch_size=batch_size, concurrency=1,
+                                           peek_delay=0.1, handlers=limited.registry)
         self.call(make)
 
     def step(self, loop_name: str, times: int = 1) -> concurrent.futures.Future:
@@ -349,7 +355,7 @@ class Proc:
         (an exception a step lets out is a finding: the runner would only log it); the
         last step's wait."""
         def run() -> float:
-            loop = self.pump if loop_name == "pump" else self.mover
+            loop = {"pump": self.pump, "mover": self.mover, "limited": self.limited}[loop_name]
             wait = 0.0
             for _ in range(times):
                 try:
@@ -368,10 +374,10 @@ class Proc:
 
     def stop_loops(self) -> None:
         def close() -> None:
-            for loop in (self.pump, self.mover):
+            for loop in (self.pump, self.mover, self.limited):
                 if loop is not None:
                     loop.close()
-            self.pump = self.mover = None
+            self.pump = self.mover = self.limited = None
             connections.close_all()
         self.call(close)
 

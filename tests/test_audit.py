@@ -46,6 +46,8 @@ def cases(w):
          lambda u: actions.pause_queue(u, "no_such_queue")),
         ("resume_queue", lambda u: actions.resume_queue(u, w["other"]),
          lambda u: actions.resume_queue(u, "no_such_queue")),
+        ("limit_queue", lambda u: actions.limit_queue(u, w["other"], 2, None),
+         lambda u: actions.limit_queue(u, w["other"], 0, None)),
         ("send_message", lambda u: actions.send_message(u, w["other"], body='{"n": 1}'),
          lambda u: actions.send_message(u, w["other"], body="not json")),
         ("purge_queue", lambda u: actions.purge_queue(u, w["q"], w["q"]),

@@ -1,10 +1,11 @@
 """Operator controls in Chromium, as the pages render them: the overview's Pause button stops
 a running worker within a second while a producer keeps sending, the badge shows, Resume on
 the queue page lets it drain within a second; the send form refuses bad JSON, then a good
-send opens the new message's page.  Setup: tests/browser_support.py.
+send opens the new message's page; limits set on the queue page hold for a running worker.
+Setup: tests/browser_support.py.
 
 The pages' screenshots for docs/operations/queue-controls.md (``queue-paused.png``,
-``send-form.png``) go to docs/screenshots/ with ``SLUICE_SCREENSHOTS=1``, else to a
+``send-form.png``) and docs/operations/queue-limits.md (``queue-limits.png``) go to docs/screenshots/ with ``SLUICE_SCREENSHOTS=1``, else to a
 temporary directory."""
 from __future__ import annotations
 
@@ -108,3 +109,36 @@ def test_the_send_form_shows_a_json_error_then_a_good_send_opens_the_message_pag
     assert page.url.endswith(f"/queues/{shop}/messages/{m.row_version}/")
     assert [e.outcome for e in AuditEntry.objects.filter(action="send_message").order_by("pk")] == ["rejected", "ok"]
     assert [f for f in network.failures if "/send/" not in f] == []  # the refused send is a 400 by design
+
+
+def test_limits_set_on_the_queue_page_hold_for_a_running_worker(live_server, page, shop, temp_handlers, settings,
+                                                                tmp_path):
+    """The page's Limits form: 5 a second set by an operator, a running worker under a
+    producer's load keeps to it from its next receive; Clear gives the queue back."""
+    settings.SLUICE_QUEUE_LIMITS = {shop: {"concurrency": 2}}
+    starts: list[float] = []
+    temp_handlers(shop, None, lambda message, context: starts.append(time.time()))
+    Transport().send_many(shop, [{"n": n} for n in range(40)])
+    network = NetworkLog(page)
+    operator = make_user("operator")
+    login(page, live_server.url, operator.username, f"/queues/{shop}/")
+    form = page.locator(f'[data-limits="{shop}"]')
+    expect(form.locator('[data-limit-source="settings"]')).to_be_visible()
+    expect(page.get_by_label("At once")).to_have_value("2")
+    page.get_by_label("At once").fill("1")
+    page.get_by_label("Per second").fill("5")
+    page.get_by_role("button", name="Set limits").click()
+    expect(page.locator("ul.messages").filter(has_text="at most 5 per second")).to_be_visible()
+    expect(form.locator('[data-limit-source="database"]')).to_be_visible()
+    screenshot(page, tmp_path, "queue-limits.png")
+    host = WorkerHost([shop], mover=False, alerts=False).start()
+    try:
+        time.sleep(2.5)
+    finally:
+        host.stop()
+    assert 5 <= len(starts) <= 15  # 5 a second, from the first receive
+    assert max(sum(1 for t in starts if s <= t < s + 0.999) for s in starts) <= 5
+    page.get_by_role("button", name="Clear").click()
+    expect(form.locator('[data-limit-source="settings"]')).to_be_visible()
+    assert [e.action for e in AuditEntry.objects.order_by("pk")] == ["limit_queue", "limit_queue"]
+    assert network.failures == []

@@ -1058,3 +1058,57 @@ def test_a_task_enqueue_is_one_batch_returning_the_result_rows_time():
     assert sql.startswith("SET NOCOUNT ON; ") and sql.index(insert_sql) < sql.index(along)
     assert placeholders(sql) == len(params) + 2
     assert "OUTPUT inserted.[enqueued_at]" in sql
+
+
+# -- per-queue limits (core/dialects/limits_sql.py, core/receive/permits.py) ---------------------
+
+#: Each limits statement with the params core.receive.permits passes.
+LIMITS_STATEMENTS = {
+    "take_slot": (lambda d: d.take_slot(), 3),             # [queue, concurrency, 1]
+    "take_tickets": (lambda d: d.take_tickets(), 3),       # [queue, rate, how many]
+    "use_tickets": (lambda d: d.use_tickets(3), 4),        # [queue, *3 ticket numbers]
+    "next_ticket": (lambda d: d.next_ticket(), 2),         # [queue, rate]
+}
+
+
+def test_every_limits_statement_is_checked():
+    from core.dialects.limits_sql import LimitsSQL
+
+    public = {n for n, v in vars(LimitsSQL).items() if callable(v) and not n.startswith("_")}
+    assert public == set(LIMITS_STATEMENTS)
+
+
+@pytest.mark.parametrize("what", sorted(LIMITS_STATEMENTS))
+def test_limits_statements_parse_as_tsql_with_their_params(what):
+    make, n_params = LIMITS_STATEMENTS[what]
+    for schema in (None, "sales"):  # Sluice's own tables: never in SLUICE_SCHEMA
+        sql = make(MSSQLDialect(schema))
+        assert "sales" not in sql
+        parse_one(bind(sql, n_params))
+
+
+@pytest.mark.parametrize("what, column", [("take_slot", "slot"), ("take_tickets", "ticket")])
+def test_a_receive_locks_free_limit_rows_skipping_those_others_hold(what, column):
+    sql = LIMITS_STATEMENTS[what][0](MSSQLDialect())
+    select = parse_one(bind(sql, 3))
+    table = select.args["from_"].this
+    assert table.name == f"sluice_queue_{column}" and table.this.quoted
+    assert hints(table) == ["UPDLOCK", "READPAST", "ROWLOCK"]  # row locks held to the commit, others passed over
+    (order,) = select.args["order"].expressions
+    assert_column(order.this, column)
+    assert param_name(select.args["limit"].args["count"]) == "P3"  # OFFSET 0 ROWS FETCH NEXT @P3 ROWS ONLY
+    where = select.args["where"].sql("tsql")
+    assert "[queue] = @P1" in where and f"[{column}] <= @P2" in where
+    if what == "take_tickets":
+        assert "[used_at] <= DATEADD(SECOND, -1, GETUTCDATE())" in where  # the database's clock
+
+
+def test_spent_tickets_take_the_database_clock_and_next_ticket_reads_it():
+    d = MSSQLDialect()
+    update = parse_one(bind(d.use_tickets(3), 4))
+    assert isinstance(update, exp.Update)
+    (assignment,) = update.expressions
+    assert_column(assignment.this, "used_at") and is_getutcdate(assignment.expression)
+    assert "[ticket] IN (@P2, @P3, @P4)" in update.args["where"].sql("tsql")
+    select = parse_one(bind(d.next_ticket(), 2))
+    assert isinstance(select.expressions[0], exp.Min) and is_getutcdate(select.expressions[1])

@@ -1,5 +1,5 @@
 """Model-based test: random sequences of sends, Django tasks (Sluice's backend), pump and mover steps on two
-"processes", and connection kills, checked after every step against a plain Python
+"processes", a queue limited across them (tests/model_limits.py), and connection kills, checked after every step against a plain Python
 model (tests/model_machine.py; the invariants in tests/model_checks.py).
 
 Runs the bounded Hypothesis profile (SLUICE_HYPOTHESIS_PROFILE, default
@@ -20,6 +20,7 @@ from core.outbox import create_outbox_table
 from core.scheduling import delayed_store
 from tests.conftest import database_vendor
 from tests.model_faults import install_refusals
+from tests.model_limits import set_up as limited_queue
 from tests.model_machine import SluiceMachine, World, limit_shrinking, profile
 from tests.model_support import DELAYED_RETRY_INCREASE, Proc, create_ledger, drop_ledger
 
@@ -33,7 +34,7 @@ def world(make_queue, error_queue):
     queue, out = make_queue("model"), make_queue("model_out")
     install_refusals(queue, out)
     SluiceMachine.world = World(queue, out, procs, can_kill=database_vendor() == "postgresql",
-                                tasks=True)
+                                tasks=True, limited=limited_queue(make_queue("model_limited")))
     # Django tasks on the same queue (core.tasks): "default" too, the queue tests/task_funcs.py declares.
     tasks = {"default": {"BACKEND": "core.tasks.backend.SluiceTaskBackend", "QUEUES": ["default", queue]}}
     try:

@@ -1,12 +1,13 @@
-"""`sluice setup` and `sluice queue create|list|delete|purge|pause|resume`."""
+"""`sluice setup` and `sluice queue create|list|delete|purge|pause|resume|limit`."""
 from __future__ import annotations
 
+import argparse
 import json
 from typing import Any
 
 from core import queues
-from core.runtime import pauses
-from core.cli.base import Group, cli_actor, command_group
+from core.runtime import limits, pauses
+from core.cli.base import CommandError, Group, cli_actor, command_group
 from core.setup import setup_infrastructure
 from core.transport import Transport
 
@@ -17,7 +18,7 @@ class QueueCommands(Group):
         self.handles(sub.add_parser(
             "setup", help="migrate and create the error queue and every handled queue (idempotent)"), self.setup)
 
-        queue = sub.add_parser("queue", help="create, list, delete, purge, pause or resume queues")
+        queue = sub.add_parser("queue", help="create, list, delete, purge, pause, resume or limit queues")
         qsub = queue.add_subparsers(dest="queue_action", required=True, metavar="ACTION")
         create = self.handles(qsub.add_parser(
             "create", help="create a queue (idempotent; given settings are applied)"), self.create)
@@ -45,6 +46,17 @@ class QueueCommands(Group):
                               self.resume)
         resume.add_argument("name")
         resume.add_argument("--json", action="store_true")
+        limit = self.handles(qsub.add_parser(
+            "limit", help="show or set a queue's limits across every worker: at most N messages at once, R per "
+                          "second (kept in the database, audited; they win over SLUICE_QUEUE_LIMITS)"), self.limit)
+        limit.add_argument("name")
+        limit.add_argument("--concurrency", metavar="N", type=_limit_arg,
+                           help="messages handled at once across every worker (none: no limit)")
+        limit.add_argument("--rate", metavar="R", type=_limit_arg,
+                           help="messages taken per second across every worker (none: no limit)")
+        limit.add_argument("--clear", action="store_true",
+                           help="drop the limits set here: SLUICE_QUEUE_LIMITS applies again")
+        limit.add_argument("--json", action="store_true")
 
     def setup(self, options: dict[str, Any]) -> None:
         for name, created in setup_infrastructure():
@@ -60,6 +72,7 @@ class QueueCommands(Group):
     def list(self, options: dict[str, Any]) -> None:
         transport = Transport()
         paused = pauses.paused_queues()
+        limited = limits.limits_in_force()
         rows = []
         for record in queues.list_queues():
             counts = transport.counts(record.name)
@@ -70,6 +83,8 @@ class QueueCommands(Group):
                 "dead_letter_on_expiry": record.dead_letter_on_expiry,
                 "auto_delete_on_idle_seconds": record.auto_delete_on_idle_seconds,
                 "paused": record.name in paused,
+                "concurrency_limit": limited[record.name].concurrency if record.name in limited else None,
+                "rate_limit": limited[record.name].rate if record.name in limited else None,
             })
         if options["json"]:
             self.stdout.write(json.dumps(rows))
@@ -105,3 +120,39 @@ class QueueCommands(Group):
             self.stdout.write(json.dumps({"queue": name, "paused": False, "changed": changed}))
         else:
             self.stdout.write(f"resumed queue {name}" if changed else f"queue {name} was not paused")
+
+    def limit(self, options: dict[str, Any]) -> None:
+        name = options["name"]
+        given = {kind: options[kind] for kind in ("concurrency", "rate") if options[kind] is not None}
+        if options["clear"] and given:
+            raise CommandError("--clear drops the queue's limits: give it without --concurrency and --rate")
+        changed = False
+        if options["clear"]:
+            changed = limits.clear_limits(name, by=cli_actor(), via="cli")
+        elif given:
+            now = limits.limits_of(queues.registry.get(name).name)
+            wanted = {"concurrency": now.concurrency, "rate": now.rate}  # an option not given keeps its limit
+            wanted.update({kind: None if value == "none" else value for kind, value in given.items()})
+            try:
+                _, changed = limits.set_limits(name, **wanted, by=cli_actor(), via="cli")
+            except ValueError as exc:
+                raise CommandError(str(exc)) from None
+        found = limits.limits_of(queues.registry.get(name).name)
+        if options["json"]:
+            self.stdout.write(json.dumps({**found.as_json(), "changed": changed}))
+            return
+        described = ", ".join(part for part in (
+            f"at most {found.concurrency} at once" if found.concurrency else "",
+            f"at most {found.rate} per second" if found.rate else "") if part) or "no limits"
+        source = {"database": f" (set by {found.set_by or '?'})", "settings": " (SLUICE_QUEUE_LIMITS)"}.get(found.source, "")
+        self.stdout.write(f"queue {found.queue}: {described}{source}")
+
+
+def _limit_arg(text: str) -> int | str:
+    """A limit on the command line: a whole number 1–10,000, or ``none``."""
+    if text.strip().lower() == "none":
+        return "none"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"wants a whole number or none, not {text!r}") from None

@@ -48,6 +48,11 @@ def _renamed(has: Callable[[str], bool], get: Callable[[str], Any]) -> dict[str,
 def _parse(name: str, raw: str) -> Any:
     """Turn an environment string into the type of setting ``name``."""
     default = FIELDS[name].default
+    if FIELDS[name].default_factory is dict:  # a dict setting: JSON in the environment
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise ValueError(f"SLUICE_{name}={raw!r:.80} is not JSON") from None
     kind = type(default) if default is not None else str
     if isinstance(default, tuple):
         raw = raw.strip()
@@ -123,6 +128,10 @@ def _checked(name: str, value: Any) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         wanted = "a number"
+    elif kind.startswith("Mapping["):
+        if isinstance(value, dict):  # its items: SluiceSettings' own check, which names the bad one
+            return value
+        wanted = "a dict"
     elif isinstance(value, str) or (value is None and kind == "str | None"):
         return value
     else:

@@ -38,6 +38,10 @@ class SluiceSettings:
     QUEUES: tuple[str, ...] = ()
     #: Messages processed at once per queue by one worker process.
     CONCURRENCY: int = 4
+    #: Limits per queue across every worker (core/runtime/limits.py): ``{"queue": {"concurrency": N,
+    #: "rate": R}}``, either key optional; R is messages per second.  An operator's limits set
+    #: in the database (dashboard, API, ``sluice queue limit``) win over these.
+    QUEUE_LIMITS: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     #: Seconds between peeks on an empty queue that nothing woke (refused below 0.01, warned above 10).
     PEEK_DELAY: float = 1.0
     #: Most messages one peek cycle will receive before peeking again.
@@ -321,6 +325,7 @@ class SluiceSettings:
         for name in ("RECORDS_PATH", "METRICS_PATH", "SPARK_MASTER"):
             if not str(getattr(self, name)).strip():
                 raise ValueError(f"SLUICE_{name} must not be empty")
+        queue_limits(self.QUEUE_LIMITS)
         try:
             spark_conf(self.SPARK_CONF)
         except ValueError as exc:
@@ -354,6 +359,39 @@ class SluiceSettings:
     @property
     def outbox_table(self) -> str:
         return self.OUTBOX_TABLE or f"sluice_outbox_{self.ENDPOINT}"
+
+
+#: The largest concurrency or rate limit: each is that many rows of the queue's in the database.
+MAX_QUEUE_LIMIT = 10_000
+QUEUE_LIMIT_KINDS = ("concurrency", "rate")
+
+
+def limit_value(kind: str, value: Any, where: str) -> int | None:
+    """One limit (``kind`` of QUEUE_LIMIT_KINDS) as a whole number 1–MAX_QUEUE_LIMIT, None
+    for none; a ValueError naming ``where`` otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_QUEUE_LIMIT:
+        unit = " (messages per second)" if kind == "rate" else " (messages at once)"
+        raise ValueError(f"{where}: {kind} must be a whole number 1–{MAX_QUEUE_LIMIT}{unit}, not {value!r:.40}")
+    return value
+
+
+def queue_limits(value: Any) -> dict[str, tuple[int | None, int | None]]:
+    """SLUICE_QUEUE_LIMITS as {queue: (concurrency, rate)}; a ValueError naming the bad item."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f'SLUICE_QUEUE_LIMITS must be a dict such as {{"emails": {{"concurrency": 2, "rate": 10}}}}, '
+                         f"not {type(value).__name__}")
+    found = {}
+    for queue, limits in value.items():
+        where = f"SLUICE_QUEUE_LIMITS[{queue!r}]"
+        if not isinstance(queue, str) or not queue:
+            raise ValueError(f"{where}: a queue name must be a non-empty string")
+        if not isinstance(limits, Mapping) or not limits or set(limits) - set(QUEUE_LIMIT_KINDS):
+            raise ValueError(f"{where} must be a dict with concurrency and/or rate, not {limits!r:.80}")
+        found[queue] = (limit_value("concurrency", limits.get("concurrency"), where),
+                        limit_value("rate", limits.get("rate"), where))
+    return found
 
 
 def spark_conf(text: str) -> dict[str, str]:

@@ -15,13 +15,15 @@ import re
 from typing import Any
 
 from core.dialects.base import Dialect
+from core.dialects.limits_sql import LimitsSQL
 from core.dialects.delayed_sql import DELAYED_COLUMNS, DelayedSQL
 from core.dialects.dashboard_sql import DashboardSQL
 from core.dialects.outbox_sql import OutboxSQL
 from core.dialects.tasks_sql import MSSQLTaskSQL
 
 
-class MSSQLDialect(MSSQLTaskSQL, DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
+class MSSQLDialect(MSSQLTaskSQL, DelayedSQL, OutboxSQL, DashboardSQL, LimitsSQL, Dialect):
+    one_second_ago = "DATEADD(second, -1, GETUTCDATE())"
     vendor = "microsoft"
     # OFFSET … FETCH rather than TOP (%s): the limit stays the last parameter, as LIMIT's.
     limit = " OFFSET 0 ROWS FETCH NEXT %s ROWS ONLY"

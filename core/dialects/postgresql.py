@@ -6,6 +6,7 @@ import json
 from typing import Any, Sequence
 
 from core.dialects.base import Dialect
+from core.dialects.limits_sql import LimitsSQL
 from core.dialects.delayed_sql import DelayedSQL
 from core.dialects.dashboard_sql import DashboardSQL
 from core.dialects.outbox_sql import OutboxSQL
@@ -32,7 +33,8 @@ TABLE_UPKEEP = (
 )
 
 
-class PostgreSQLDialect(PostgreSQLTaskSQL, DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
+class PostgreSQLDialect(PostgreSQLTaskSQL, DelayedSQL, OutboxSQL, DashboardSQL, LimitsSQL, Dialect):
+    one_second_ago = "statement_timestamp() - INTERVAL '1 second'"
     json_cast = "CAST({} AS jsonb)"  # a JSON text parameter into a jsonb column
     vendor = "postgresql"
     true_literal = "TRUE"

@@ -13,13 +13,15 @@ import time
 from typing import Any, Iterator
 
 from core.dialects.base import Dialect
+from core.dialects.limits_sql import LimitsSQL
 from core.dialects.delayed_sql import DelayedSQL
 from core.dialects.dashboard_sql import DashboardSQL
 from core.dialects.outbox_sql import OutboxSQL
 from core.dialects.tasks_sql import TaskSQL
 
 
-class SQLiteDialect(TaskSQL, DelayedSQL, OutboxSQL, DashboardSQL, Dialect):
+class SQLiteDialect(TaskSQL, DelayedSQL, OutboxSQL, DashboardSQL, LimitsSQL, Dialect):
+    one_second_ago = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', '-1 seconds')"
     vendor = "sqlite"
     supports_concurrent_writers = False
     supports_schemas = False

@@ -256,3 +256,5 @@ from core.models.alerts import (  # noqa: E402,F401
 
 # -- Django tasks' results (core/tasks/) -----------------------------------------------------
 from core.models.tasks import TaskResultRecord, TaskStatus  # noqa: E402,F401
+
+from core.models.limits import QueueLimit, QueueSlot, QueueTicket  # noqa: E402,F401

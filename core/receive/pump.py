@@ -4,7 +4,9 @@ A pump runs ``concurrency`` threads (its ``threads``; core.runtime.loops.ThreadR
 one per unit, each with its own wait).  One :meth:`MessagePump.step` on a thread:
 
 0. A paused queue (core.runtime.pauses: an in-memory set, no statement) is not received from:
-   the thread waits for the resume's wake-up.
+   the thread waits for the resume's wake-up.  A limited queue's receive (core.runtime.limits,
+   known the same way) first takes a slot and tickets in its transaction (core.receive.permits);
+   none free → it takes nothing and the thread waits as the permit says.
 1. *Peek* — only when the thread comes back from an idle wait that no wake-up cut
    short: estimate the queue length from max − min RowVersion (never a row count).
    Empty → wait ``peek_delay``.  A wake-up (core.runtime.wakeups: a commit in this process at
@@ -50,6 +52,8 @@ from core.runtime.loops import current_lane, discard_connection
 from core.messages import Message
 from core.outcomes import MessageOutcome, PumpStats
 from core.runtime.pauses import board
+from core.runtime import limits as queue_limits
+from core.receive.permits import Permit
 from core.queues import dialect, missing_indexes
 from core.receive.recoverability import FailureOutcome, Recoverability
 from core.tracing.consuming import BatchTrace, batch_trace
@@ -126,6 +130,8 @@ class MessagePump(PumpWaking):
         self._start_waking(queue, self.receive_alias, self.threads)
         #: Paused queues as this process knows them (core/runtime/pauses.py): no statement per step.
         self._pauses = board(self.receive_alias)
+        #: Limited queues, the same way (core/runtime/limits.py).
+        self._limits = queue_limits.board(self.receive_alias)
 
     # -- the loop -------------------------------------------------------------
     def step(self) -> float:
@@ -136,8 +142,10 @@ class MessagePump(PumpWaking):
         self._pending = False  # this step begins after any wake-up so far: it sees their rows
         if self._stopping.is_set():
             return self._idle_wait()
+        polling = self._listener is None or self._listener.lost.is_set()
         try:
-            paused = self._pauses.is_paused(self.queue, self._listener is None or self._listener.lost.is_set())
+            paused = self._pauses.is_paused(self.queue, polling)
+            limits = self._limits.limits(self.queue, polling)
         except DatabaseError as exc:
             discard_connection(self.receive_alias)
             return self.receive_breaker.failure(exc)
@@ -157,8 +165,9 @@ class MessagePump(PumpWaking):
                 self.processing_breaker.success()
                 return self._short(lane)
             want = min(want, estimate)
+        permit = None if limits is None else Permit(limits)
         try:
-            got = self.receive_and_process(want)
+            got = self.receive_and_process(want, permit)
         except DatabaseError as exc:  # the database, not a handler: handlers' errors are data
             discard_connection(self.receive_alias)
             lane.peek = True
@@ -168,6 +177,10 @@ class MessagePump(PumpWaking):
             lane.peek = True
             raise
         self.processing_breaker.success()
+        if permit is not None:
+            if permit.wait:
+                return self._held_back(lane, permit.wait)
+            want = permit.allowed  # fewer tickets than messages wanted: that many is a full batch
         if got >= want:
             lane.peek = False  # more may wait: straight to the next receive, with a helper
             self._rouse()
@@ -187,15 +200,20 @@ class MessagePump(PumpWaking):
         self._stop_waking()
 
     # -- receiving --------------------------------------------------------------
-    def receive_and_process(self, limit: int = 1) -> int:
+    def receive_and_process(self, limit: int = 1, permit: Permit | None = None) -> int:
         """Receive up to ``limit`` messages in one transaction and process each: chunk by
         chunk (one savepoint per chunk, core.receive.chunks) where the transaction mode allows
-        it, else one message at a time."""
+        it, else one message at a time.  A limited queue's ``permit`` is taken first and
+        spent last, in the same transaction (core.receive.permits)."""
         stats = PumpStats()
         records = start_batch()
         traced: BatchTrace | None = None
         try:
             with writer_turn(self.receive_alias), transaction.atomic(using=self.receive_alias):
+                if permit is not None:
+                    limit = permit.take(self.receive_alias, limit)
+                    if not limit:
+                        return 0  # nothing free: the pump waits (permit.wait)
                 messages = self.receiver.receive_batch(self.queue, limit)
                 batch = self.strategy.batch(messages)
                 traced = batch_trace(self.queue, self.mode, len(messages),
@@ -208,6 +226,8 @@ class MessagePump(PumpWaking):
                 for outcome in outcomes:
                     stats.count(outcome)  # the one place each message's outcome is counted
                 records.write(self.receive_alias)  # processing records: one INSERT per batch, this transaction
+                if permit is not None:
+                    permit.spend(self.receive_alias, len(messages))  # last: the tickets' time is the batch's end
         except BaseException:
             if traced is not None:
                 traced.abandon()  # the held spans' work rolled back with the transaction

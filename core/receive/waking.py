@@ -97,3 +97,9 @@ class PumpWaking:
         protocol), but where no notification can come, no longer than the board's poll."""
         wait = self._short(lane)
         return wait if self._listener is not None else min(wait, self._poll_while_lost)
+
+    def _held_back(self, lane: _Lane, wait: float) -> float:
+        """A limited queue with no slot or ticket free (core.receive.permits): wait as on an
+        empty queue (a wake-up that found no idle thread still steps at once), but no
+        longer than ``wait``."""
+        return min(self._short(lane), wait)

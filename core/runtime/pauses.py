@@ -84,7 +84,7 @@ def pause(queue: str, *, by: str = "", via: str = "", using: str | None = None) 
         row, created = QueuePause.objects.using(alias).get_or_create(
             queue=name, defaults={"paused_at": Now(), "paused_by": by[:150]})
         if created:
-            _announce(name, alias)
+            announce(name, alias)
     if created:
         row.refresh_from_db(using=alias, fields=["paused_at"])  # the time as the database wrote it
         pause_changed.send(sender=PauseInfo, queue=name, paused=True, by=by, via=via)
@@ -98,14 +98,15 @@ def resume(queue: str, *, by: str = "", via: str = "", using: str | None = None)
     with transaction.atomic(using=alias):
         deleted, _ = QueuePause.objects.using(alias).filter(queue=name).delete()
         if deleted:
-            _announce(name, alias)
+            announce(name, alias)
     if deleted:
         pause_changed.send(sender=PauseInfo, queue=name, paused=False, by=by, via=via)
     return bool(deleted)
 
 
-def _announce(name: str, alias: str) -> None:
-    """Tell every process once this transaction commits (module doc)."""
+def announce(name: str, alias: str) -> None:
+    """Tell every process once this transaction commits (module doc): a pause, a resume, or
+    a change of the queue's limits (core/runtime/limits.py), whose boards listen too."""
     d = dialect_for(connections[alias], get_settings().SCHEMA)
     notify_sql = d.notify() if d.supports_notify else None
     if notify_sql is not None:

@@ -44,9 +44,11 @@ log = logging.getLogger("sluice.wakeups")
 
 DELAYED_CHANNEL = "sluice_delayed"
 QUEUE_CHANNEL = "sluice_queue"
-#: A queue was paused or resumed (payload: its name; core/runtime/pauses.py).
+#: A queue was paused or resumed, or its limits changed (payload: its name;
+#: core/runtime/pauses.py, core/runtime/limits.py).
 PAUSE_CHANNEL = "sluice_pause"
-#: The hub key of the process's paused-queue boards (core/runtime/pauses.py).
+#: The hub key of the process's paused-queue and queue-limit boards (core/runtime/pauses.py,
+#: core/runtime/limits.py).
 PAUSES_KEY = "sluice:pauses"
 #: The delayed channel's "look now, whatever the table" payload.
 LOOK_NOW = "*|0"

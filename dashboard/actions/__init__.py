@@ -6,7 +6,8 @@ the user and an HTTP status), acts through ``core`` (or starts a ``BulkOperation
 Celery worker runs), writes one :class:`~dashboard.models.AuditEntry` with the outcome,
 and returns an :class:`ActionResult`.  ``via`` ("web", "api") is recorded too.
 
-Queues:   delete_messages, purge_queue, move_message, pause_queue, resume_queue
+Queues:   delete_messages, purge_queue, move_message, pause_queue, resume_queue, limit_queue,
+          clear_queue_limits
 Sending:  send_message (the dashboard's send form)
 Delayed:  deliver_delayed_now, delete_delayed
 Failed:   retry_failed, archive_failed, restore_failed, edit_and_retry, delete_failed
@@ -39,7 +40,8 @@ from dashboard.actions.failed import (
     retry_failed,
 )
 from dashboard.actions.pipeline import run_pipeline
-from dashboard.actions.queues import delete_messages, move_message, pause_queue, purge_queue, resume_queue
+from dashboard.actions.queues import (clear_queue_limits, delete_messages, limit_queue, move_message, pause_queue,
+                                      purge_queue, resume_queue)
 from dashboard.actions.result import ActionResult
 from dashboard.actions.sending import send_message
 
@@ -49,7 +51,7 @@ ACTIONS = (
     "retry_failed", "archive_failed", "restore_failed", "edit_and_retry", "delete_failed", "dispatch_outbox",
     "run_pipeline", "save_alert_rule", "delete_alert_rule", "save_alert_target", "delete_alert_target",
     "test_alert_target", "create_silence", "expire_silence", "import_alerts", "pause_queue", "resume_queue",
-    "send_message",
+    "send_message", "limit_queue",
 )
 #: Account changes (`sluice user`, via "cli"), audited beside the actions.
 ACCOUNT_ACTIONS = ("set_role", "issue_token", "revoke_token", "disable_user")
@@ -64,5 +66,5 @@ __all__ = [
     "edit_and_retry", "move_message", "parse_selection", "purge_queue", "restore_failed", "retry_failed",
     "run_pipeline", "save_alert_rule", "delete_alert_rule", "save_alert_target", "delete_alert_target",
     "test_alert_target", "create_silence", "expire_silence", "import_alerts", "pause_queue", "resume_queue",
-    "send_message",
+    "send_message", "limit_queue", "clear_queue_limits",
 ]

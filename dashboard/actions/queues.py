@@ -1,4 +1,4 @@
-"""Actions on queues: delete messages, purge a queue, move a message, pause and resume."""
+"""Actions on queues: delete messages, purge a queue, move a message, pause and resume, limit."""
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -6,7 +6,7 @@ from typing import Any, Sequence
 from django.db import transaction
 
 from core import failures
-from core.runtime import pauses
+from core.runtime import limits, pauses
 from core.conf import get_settings
 from core.errors import PoisonMessage
 from core.messages import Message, decode_headers
@@ -122,3 +122,59 @@ def audit_cli_pause(sender: Any, *, queue: str, paused: bool, by: str, via: str,
     if via == "cli":
         Audit(user=None, action="pause_queue" if paused else "resume_queue", via="cli",
               target=f"queue {queue}", actor=by).write(AuditOutcome.OK, "paused" if paused else "resumed")
+
+
+def _limit_input(value: Any, kind: str) -> int | None:
+    """A limit from a form or a request: a whole number, or empty / null for none."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ActionError(f"{kind} must be a whole number 1–10000, or empty for no limit, not {str(value)[:40]!r}")
+    return value
+
+
+def limit_queue(user: Any, queue: str, concurrency: Any, rate: Any, *, via: str = "") -> ActionResult:
+    """Set an operator's limits on ``queue`` (core.runtime.limits: at most ``concurrency`` messages
+    at once and ``rate`` per second across every worker; None for none).  They win over
+    SLUICE_QUEUE_LIMITS.  ActionError 404 for an unknown queue, 400 for a bad limit."""
+    with acting(user, "limit_queue", via, target=f"queue {queue}") as audit:
+        info = validate.queue(queue)
+        wanted = {"concurrency": _limit_input(concurrency, "concurrency"), "rate": _limit_input(rate, "rate")}
+        try:
+            found, changed = limits.set_limits(info.name, **wanted, by=getattr(user, "username", ""), via=via)
+        except ValueError as exc:
+            raise ActionError(str(exc)) from None
+        audit.detail = describe_limits(found) if changed else f"unchanged: {describe_limits(found)}"
+    text = f"queue {info.name}: {describe_limits(found)}" if changed else \
+        f"queue {info.name} already had these limits ({describe_limits(found)})"
+    return ActionResult("limit_queue", int(changed), text, audit_id=audit.entry_id)
+
+
+def clear_queue_limits(user: Any, queue: str, *, via: str = "") -> ActionResult:
+    """Drop the operator's limits on ``queue``: SLUICE_QUEUE_LIMITS applies again.
+    ActionError 404 for an unknown queue."""
+    with acting(user, "limit_queue", via, target=f"queue {queue}") as audit:
+        info = validate.queue(queue)
+        changed = limits.clear_limits(info.name, by=getattr(user, "username", ""), via=via)
+        found = limits.limits_of(info.name)
+        audit.detail = f"cleared: {describe_limits(found)}" if changed else "no limits of an operator to clear"
+    text = f"queue {info.name}: operator's limits cleared ({describe_limits(found)})" if changed else \
+        f"queue {info.name} had no limits set by an operator"
+    return ActionResult("limit_queue", int(changed), text, audit_id=audit.entry_id)
+
+
+def describe_limits(found: limits.Limits) -> str:
+    parts = [f"at most {found.concurrency} at once" if found.concurrency else "",
+             f"at most {found.rate} per second" if found.rate else ""]
+    text = ", ".join(p for p in parts if p) or "no limits"
+    return text + {"settings": " (SLUICE_QUEUE_LIMITS)", "database": " (set by an operator)"}.get(found.source, "")
+
+
+def audit_cli_limits(sender: Any, *, queue: str, concurrency: int | None, rate: int | None, cleared: bool,
+                     by: str, via: str, **_: Any) -> None:
+    """core.runtime.limits.limits_changed: the command line's limits go into the audit log."""
+    if via == "cli":
+        detail = "cleared" if cleared else describe_limits(limits.Limits(queue, concurrency, rate))
+        Audit(user=None, action="limit_queue", via="cli", target=f"queue {queue}", actor=by).write(AuditOutcome.OK, detail)

@@ -76,6 +76,10 @@ class Queue(f.Serializer):
     ttl_seconds = f.FloatField(allow_null=True)
     error = _opt_str()
     paused = f.BooleanField(help_text="No worker receives from the queue until it is resumed.")
+    concurrency_limit = f.IntegerField(allow_null=True, help_text="At most this many of its messages handled at once "
+                                       "across every worker (null: no limit).")
+    rate_limit = f.IntegerField(allow_null=True, help_text="At most this many of its messages taken per second "
+                                "across every worker (null: no limit).")
 
 
 class QueueList(f.Serializer):
@@ -296,6 +300,17 @@ class PauseState(f.Serializer):
     changed = f.BooleanField(help_text="False: the queue already was in that state.")
     paused_at = f.DateTimeField(allow_null=True)
     paused_by = _opt_str()
+
+
+class LimitsState(f.Serializer):
+    queue = f.CharField()
+    concurrency = f.IntegerField(allow_null=True, help_text="Messages handled at once across every worker; null: no limit.")
+    rate = f.IntegerField(allow_null=True, help_text="Messages taken per second across every worker; null: no limit.")
+    source = f.CharField(allow_blank=True, help_text='"database" (an operator\'s, which win), "settings" '
+                         '(SLUICE_QUEUE_LIMITS) or "" (no limits).')
+    set_at = f.DateTimeField(allow_null=True)
+    set_by = _opt_str()
+    changed = f.BooleanField(help_text="False: the limits already were these (always false for a GET).")
 
 
 class Started(f.Serializer):

@@ -103,6 +103,15 @@ class SendRequest(serializers.Serializer):
                                  "queue's TTL).")
 
 
+class LimitsRequest(serializers.Serializer):
+    concurrency = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=10_000,
+                                           help_text="Messages handled at once across every worker; null: no "
+                                                     "limit; left out: the limit in force is kept.")
+    rate = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=10_000,
+                                    help_text="Messages taken per second across every worker; null: no limit; "
+                                              "left out: the limit in force is kept.")
+
+
 class MoveRequest(serializers.Serializer):
     to = serializers.CharField(help_text="The queue to move the message to.")
 

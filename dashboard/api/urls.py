@@ -33,6 +33,7 @@ urlpatterns = [
     path("api/queues/<str:name>/purge/", v.QueuePurge.as_view(), name="api-queue-purge"),
     path("api/queues/<str:name>/pause/", v.QueuePause.as_view(), name="api-queue-pause"),
     path("api/queues/<str:name>/resume/", v.QueueResume.as_view(), name="api-queue-resume"),
+    path("api/queues/<str:name>/limits/", v.QueueLimits.as_view(), name="api-queue-limits"),
     path("api/delayed/", v.DelayedList.as_view(), name="api-delayed"),
     path("api/delayed/<path:message_id>/deliver-now/", v.DelayedDeliverNow.as_view(), name="api-delayed-deliver"),
     path("api/delayed/<path:message_id>/", v.DelayedItem.as_view(), name="api-delayed-item"),

@@ -11,7 +11,7 @@ from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from core.runtime import pauses
+from core.runtime import limits, pauses
 from core.conf import get_settings
 from core.delayed import delayed_store
 from core.messages import Message
@@ -41,9 +41,16 @@ class QueueList(SluiceAPIView):
     def get(self, request: Request) -> Response:
         snap = stats.snapshot()
         paused = pauses.paused_queues()  # not cached: a pause shows at once
-        return Response({"queues": [{**s.queue_json(q), "paused": q.name in paused} for q in snap.queues],
+        limited = limits.limits_in_force()  # nor a limit
+        return Response({"queues": [{**s.queue_json(q), "paused": q.name in paused, **_limit_columns(limited, q.name)}
+                                    for q in snap.queues],
                          "at": snap.at.isoformat(),
                          "problem": snap.problem or None})
+
+
+def _limit_columns(limited: dict[str, limits.Limits], name: str) -> dict[str, int | None]:
+    found = limited.get(name)
+    return {"concurrency_limit": found.concurrency if found else None, "rate_limit": found.rate if found else None}
 
 
 def _with_bodies(transport: Transport, queue: str, listed: list[tuple[Message, int]],
@@ -162,6 +169,43 @@ class QueueResume(SluiceAPIView):
     @doc(out.PauseState, errors=ERRORS_ACT, request=None, summary="Resume a paused queue")
     def post(self, request: Request, name: str) -> Response:
         return act(lambda: actions.resume_queue(request.user, name, via="api"), lambda r: _pause_state(name, r))
+
+
+def _limits_state(name: str, result: actions.ActionResult | None) -> dict:
+    return {**limits.limits_of(validate.queue(name).name).as_json(), "changed": bool(result and result.count)}
+
+
+class QueueLimits(SluiceAPIView):
+    audit_action = "limit_queue"
+
+    @doc(out.LimitsState, summary="A queue's limits in force across every worker: at most concurrency messages "
+                                  "at once and rate per second (an operator's win over SLUICE_QUEUE_LIMITS)")
+    def get(self, request: Request, name: str) -> Response:
+        return Response(_limits_state(name, None))
+
+    @doc(out.LimitsState, errors=ERRORS_ACT, request=s.LimitsRequest,
+         summary="Set an operator's limits on a queue (kept in the database, audited; they win over "
+                 "SLUICE_QUEUE_LIMITS); a limit left out keeps the one in force, null lifts it")
+    def post(self, request: Request, name: str) -> Response:
+        body = request_object(request)
+        unknown = sorted(set(body) - {"concurrency", "rate"})
+        if unknown:
+            raise ActionError(f"unknown field(s) {', '.join(map(str, unknown))[:200]}: the limits are concurrency "
+                              "and rate")
+        for kind, value in body.items():
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ActionError(f"{kind} must be a whole number 1–10000 or null, not {json.dumps(value)[:40]}")
+
+        def apply() -> actions.ActionResult:
+            now = limits.limits_of(validate.queue(name).name)
+            return actions.limit_queue(request.user, name, body.get("concurrency", now.concurrency),
+                                       body.get("rate", now.rate), via="api")
+        return act(apply, lambda r: _limits_state(name, r))
+
+    @doc(out.LimitsState, errors=ERRORS_ACT, request=None,
+         summary="Drop the operator's limits on a queue: SLUICE_QUEUE_LIMITS applies again")
+    def delete(self, request: Request, name: str) -> Response:
+        return act(lambda: actions.clear_queue_limits(request.user, name, via="api"), lambda r: _limits_state(name, r))
 
 
 # -- delayed ----------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from django.utils import timezone
 from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_POST
 
-from core.runtime import pauses
+from core.runtime import limits, pauses
 from core.errors import SluiceError, UnknownQueue
 from core.messages import Headers, Message, parse_wire_time
 from core.queues import list_queues, registry
@@ -152,7 +152,7 @@ def queue(request: HttpRequest, name: str) -> HttpResponse:
                               "the value is not looked at.")
     return page(request, "dashboard/queue.html", {
         "section": "queues", "name": name, "info": info, "rows": rows, "f": f, "problem": problem,
-        "paused": pauses.pause_of(name),
+        "paused": pauses.pause_of(name), "limits": limits.limits_of(name),
         "next_url": f"?{urlencode({**f.params(), 'after': cursor})}" if more else "",
         "first_url": f"?{urlencode(f.params())}" if after else "", "after": after,
         "this_url": request.get_full_path(), **recent_operations(),  # a purge's progress bar
@@ -240,3 +240,14 @@ def pause(request: HttpRequest, name: str) -> HttpResponse:
 def resume(request: HttpRequest, name: str) -> HttpResponse:
     return act(request, lambda: actions.resume_queue(request.user, name, via="web"),
                back_to(request, reverse("dashboard:queue", args=[name])))
+
+
+@operator_only("limit_queue")
+@require_POST
+def limit(request: HttpRequest, name: str) -> HttpResponse:
+    if request.POST.get("do") == "clear":
+        work = lambda: actions.clear_queue_limits(request.user, name, via="web")  # noqa: E731
+    else:
+        work = lambda: actions.limit_queue(request.user, name, request.POST.get("concurrency", "").strip(),  # noqa: E731
+                                           request.POST.get("rate", "").strip(), via="web")
+    return act(request, work, back_to(request, reverse("dashboard:queue", args=[name])))
