@@ -368,6 +368,11 @@ def test_one_or_two_characters_are_not_searched(operator_client, queue, error_qu
     status, data = api(operator_client, "get", "/api/failed/?q=ab")
     assert status == 400 and "at least 3 characters" in data["error"]
     assert operator_client.get("/failed/?q=abc").status_code == 200
+    # The spaces around a term do not count, and spaces alone are no search (as on the page).
+    status, data = api(operator_client, "get", "/api/failed/?q=%20ab%20")
+    assert status == 400 and "at least 3 characters" in data["error"]
+    status, data = api(operator_client, "get", "/api/failed/?q=%20%20")
+    assert status == 200 and data["count"] == 1
 
 
 def test_a_search_without_an_index_reads_the_newest_records_only(operator_client, queue, error_queue, monkeypatch):

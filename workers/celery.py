@@ -77,6 +77,11 @@ def beat_schedule() -> dict:
     return schedule
 
 
+# The result backend's module, imported before any thread starts: Celery imports it when first
+# used, and beat's shutdown once did so while its service thread was doing the same; one of
+# them met the module half made (AttributeError: no RedisBackend) and beat exited with 1.
+import celery.backends.redis  # noqa: E402,F401
+
 app = Celery("sluice")
 app.conf.update(
     broker_url=get_settings().REDIS_URL,

@@ -24,7 +24,8 @@ from dashboard.counting import searching
 
 class FailedList(SluiceAPIView):
     @doc(out.FailedPage, summary="Search failed messages, newest failure first", operation_id="failed_search",
-         parameters=[out.text(n) for n in ("q", "queue", "group", "exception", "message_id", "message_type")]
+         parameters=[out.search_text("q", searching.MIN_TEXT)]
+         + [out.text(n) for n in ("queue", "group", "exception", "message_id", "message_type")]
          + [out.choice("status", FailureStatus.values), out.when("since"), out.when("until"), out.CURSOR,
             out.limit(50, MAX_LIMIT)])
     def get(self, request: Request) -> Response:
@@ -33,16 +34,17 @@ class FailedList(SluiceAPIView):
         if status_ and status_ not in FailureStatus.values:
             raise ActionError(f"status must be one of {', '.join(FailureStatus.values)}")
         limit = int_param(request, "limit", 50)
+        text = (p.get("q") or "").strip()  # as the page does: spaces alone are no search
         try:
-            searching.check_text(p.get("q") or "")
+            searching.check_text(text)
         except searching.TextTooShort as exc:
             raise ActionError(str(exc)) from None
-        qs = failures.search(text=p.get("q") or None, exception=p.get("exception") or None,
+        qs = failures.search(text=text or None, exception=p.get("exception") or None,
                              message_id=p.get("message_id") or None, queue=p.get("queue") or None,
                              message_type=p.get("message_type") or None, status=status_,
                              group=p.get("group") or None, since=time_param(request, "since"),
                              until=time_param(request, "until"))
-        qs, limited = searching.bound(qs, p.get("q") or "")
+        qs, limited = searching.bound(qs, text)
         count = qs.order_by()[:COUNT_CAP + 1].count()
         rows, next_cursor = cursor.page(qs.defer("headers", "body", "stack_trace", "history"),
                                         p.get("cursor") or None, "time_of_failure", limit)

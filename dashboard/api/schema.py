@@ -354,4 +354,12 @@ def text(name: str) -> OpenApiParameter:
     return OpenApiParameter(name, str)
 
 
+def search_text(name: str, shortest: int) -> OpenApiParameter:
+    """Free text to search for, the spaces around it stripped: nothing left (no search), or
+    at least ``shortest`` characters (a shorter term would read every row: refused)."""
+    return OpenApiParameter(name, {"type": "string", "pattern": rf"^(\s*|\s*\S[\s\S]{{{shortest - 2},}}\S\s*)$"},
+                            description=f"spaces alone, or at least {shortest} characters besides the spaces "
+                                        "around them")
+
+
 CURSOR = OpenApiParameter("cursor", str, description="next_cursor of the previous page; absent for the first.")
