@@ -13,8 +13,8 @@ import warnings
 from typing import Any, Callable, Mapping
 
 from core.conf.options import (ENVIRONMENTS, LOG_FORMATS, MAX_CONVERSATION_PAGE, MAX_OUTBOX_CLEANUP_BATCH,  # noqa: F401
-                               MIN_PEEK_DELAY, OUTBOX_CONCURRENCY_CONTROLS, TRANSACTION_MODES, SluiceSettings,
-                               spark_conf)
+                               MIN_PEEK_DELAY, OUTBOX_CONCURRENCY_CONTROLS, TRANSACTION_MODES, SluiceSettings)
+from core.conf.values import spark_conf  # noqa: F401
 
 FIELDS = {f.name: f for f in dataclasses.fields(SluiceSettings) if f.name != "extra"}
 

@@ -24,23 +24,19 @@ no statement.  A change applies from each pump's next receive.
 from __future__ import annotations
 
 import datetime as dt
-import itertools
-import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, transaction
 from django.db.models.functions import Now
 from django.dispatch import Signal
 
 from core.conf import get_settings
-from core.conf.options import limit_value, queue_limits
-from core.dialects import dialect_for
+from core.conf.values import limit_value, queue_limits
 from core.models import QueueLimit, QueueSlot, QueueTicket
 from core.queues import registry
+from core.runtime.boards import Boards, TableBoard
 from core.runtime.pauses import announce
-from core.runtime.wakeups import PAUSES_KEY, wake_hub
 
 #: Sent after an operator's limits committed that changed something: ``queue``,
 #: ``concurrency`` and ``rate`` (None: none), ``cleared`` (the override was deleted),
@@ -161,74 +157,41 @@ def _ensure_rows(queue: str, concurrency: int | None, rate: int | None, alias: s
             pass  # another process made them meanwhile: they exist, which is all this wants
 
 
-class LimitBoard:
+class LimitBoard(TableBoard[dict[str, Limits]]):
     """This process's view of the limited queues of one database (module doc): read again
-    as core.runtime.pauses.PauseBoard is (the same versions, wake-up key and poll), and when
-    the settings object changes."""
+    as core.runtime.pauses.PauseBoard is (core.runtime.boards), and when the settings
+    object changes."""
 
     def __init__(self, using: str) -> None:
-        self.using = using
-        self._lock = threading.Lock()
-        self._limits: dict[str, Limits] = {}
-        self._versions = itertools.count(1)
-        self._version = next(self._versions)
-        self._loaded = 0
         self._settings: Any = None
-        self._read_at = -1e9
-        d = dialect_for(connections[using], get_settings().SCHEMA)
-        self._poll_interval = d.wake_poll_interval
-        self._handle = wake_hub.register(PAUSES_KEY, self._on_change)
+        super().__init__(using, {})
 
-    def mark_stale(self) -> None:
-        self._version = next(self._versions)
-
-    def _on_change(self, _due_epoch: float = 0.0) -> None:
-        self.mark_stale()
-
-    def _due(self, polling: bool) -> bool:
-        return self._loaded != self._version or self._settings is not get_settings() or (
-            polling and time.monotonic() - self._read_at >= self._poll_interval)
+    def _stale(self) -> bool:
+        return self._settings is not get_settings()
 
     def limits(self, queue: str, polling: bool) -> Limits | None:
         """``queue``'s limits, None when it has none; reads the tables only when told of a
         change, when the settings changed or, with ``polling``, past the poll interval."""
-        if self._due(polling):
-            self.refresh(polling)
-        return self._limits.get(queue)
+        return self.current(polling).get(queue)
 
-    def refresh(self, polling: bool = False) -> None:
-        with self._lock:
-            if not self._due(polling):
-                return
-            seen, settings = self._version, get_settings()
-            found = limits_in_force(self.using)
-            for limits in found.values():
-                _ensure_rows(limits.queue, limits.concurrency, limits.rate, self.using)
-            self._limits = found
-            self._settings = settings
-            self._read_at = time.monotonic()
-            self._loaded = seen
+    def _read(self) -> dict[str, Limits]:
+        settings = get_settings()
+        found = limits_in_force(self.using)
+        for limits in found.values():
+            _ensure_rows(limits.queue, limits.concurrency, limits.rate, self.using)
+        self._settings = settings
+        return found
 
 
-_boards: dict[str, LimitBoard] = {}
-_boards_lock = threading.Lock()
+_boards: Boards[LimitBoard] = Boards(LimitBoard)
 
 
 def board(using: str) -> LimitBoard:
     """The process's limit board for ``using`` (made on first use, kept for the process's life)."""
-    found = _boards.get(using)
-    if found is None:
-        with _boards_lock:
-            found = _boards.get(using)
-            if found is None:
-                found = _boards[using] = LimitBoard(using)
-    return found
+    return _boards.get(using)
 
 
 def forget() -> None:
     """Every board reads the tables again at its next look (a database changed behind
     Sluice's back: a restored backup, a test database flushed)."""
-    with _boards_lock:
-        boards = list(_boards.values())
-    for found in boards:
-        found.mark_stale()
+    _boards.forget()

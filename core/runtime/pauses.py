@@ -22,9 +22,6 @@ A pump in the middle of a batch finishes it; the next receive is the one that st
 from __future__ import annotations
 
 import datetime as dt
-import itertools
-import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +33,7 @@ from core.conf import get_settings
 from core.dialects import dialect_for
 from core.models import QueuePause
 from core.queues import registry
+from core.runtime.boards import Boards, TableBoard
 from core.runtime.wakeups import PAUSE_CHANNEL, PAUSES_KEY, on_commit_wake, queue_key, wake_hub
 
 #: Sent after a pause or resume committed that changed something: ``queue``, ``paused``
@@ -122,74 +120,31 @@ def announce(name: str, alias: str) -> None:
     on_commit_wake(wake, alias, f"pause of {name}")
 
 
-class PauseBoard:
-    """This process's view of the paused queues of one database (module doc).
-
-    A change bumps ``_version``; a read records the version it began after, and publishes
-    the names before that mark, so no thread ever takes an old set for a current one and a
-    change announced during a read is read again."""
+class PauseBoard(TableBoard[frozenset[str]]):
+    """This process's view of the paused queues of one database (core.runtime.boards)."""
 
     def __init__(self, using: str) -> None:
-        self.using = using
-        self._lock = threading.Lock()
-        self._names: frozenset[str] = frozenset()
-        self._versions = itertools.count(1)
-        self._version = next(self._versions)
-        self._loaded = 0
-        self._read_at = -1e9
-        d = dialect_for(connections[using], get_settings().SCHEMA)
-        self._poll_interval = d.wake_poll_interval
-        self._handle = wake_hub.register(PAUSES_KEY, self._on_change)
-
-    def mark_stale(self) -> None:
-        self._version = next(self._versions)  # itertools.count: one step at a time, whatever the threads
-
-    def _on_change(self, _due_epoch: float = 0.0) -> None:
-        # Also called by wake_all() when the LISTEN connection drops or comes back.
-        self.mark_stale()
-
-    def _due(self, polling: bool) -> bool:
-        return self._loaded != self._version or (
-            polling and time.monotonic() - self._read_at >= self._poll_interval)
+        super().__init__(using, frozenset())
 
     def is_paused(self, queue: str, polling: bool) -> bool:
         """Whether ``queue`` is paused; reads the table only when told of a change or, with
         ``polling`` (no notifications reach this process), when the last read is older
         than the dialect's poll interval."""
-        if self._due(polling):
-            self.refresh(polling)
-        return queue in self._names
+        return queue in self.current(polling)
 
-    def refresh(self, polling: bool = False) -> None:
-        with self._lock:
-            if not self._due(polling):
-                return  # another thread read it while this one waited for the lock
-            seen = self._version
-            names = frozenset(QueuePause.objects.using(self.using).values_list("queue", flat=True))
-            self._names = names
-            self._read_at = time.monotonic()
-            self._loaded = seen
+    def _read(self) -> frozenset[str]:
+        return frozenset(QueuePause.objects.using(self.using).values_list("queue", flat=True))
 
 
-_boards: dict[str, PauseBoard] = {}
-_boards_lock = threading.Lock()
+_boards: Boards[PauseBoard] = Boards(PauseBoard)
 
 
 def board(using: str) -> PauseBoard:
     """The process's board for ``using`` (made on first use, kept for the process's life)."""
-    found = _boards.get(using)
-    if found is None:
-        with _boards_lock:
-            found = _boards.get(using)
-            if found is None:
-                found = _boards[using] = PauseBoard(using)
-    return found
+    return _boards.get(using)
 
 
 def forget() -> None:
     """Every board of this process reads the table again at its next look: for a change
     made behind Sluice's back (a restored backup, a test database flushed)."""
-    with _boards_lock:
-        boards = list(_boards.values())
-    for found in boards:
-        found.mark_stale()
+    _boards.forget()
