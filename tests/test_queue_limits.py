@@ -119,9 +119,12 @@ def test_a_held_slot_comes_back_when_its_transaction_ends(queue, temp_handlers):
             cursor.execute(d.take_slot(), [queue, 1, 1])
             assert cursor.fetchone() == (1,)
 
-    host = WorkerHost([queue], mover=False, alerts=False).start()
+    host = WorkerHost([queue], mover=False, alerts=False)
     try:
+        # The slot is held before the worker starts: started first, the worker could take
+        # the slot (and the message) before the other transaction asks for it.
         with open_transaction(hold_the_slot):  # another worker's receive, as it were
+            host.start()
             time.sleep(0.6)
             assert handler.starts == []  # the only slot is held: nothing is handled
         wait_for(lambda: handler.starts, timeout=5, what="the slot freed by the rollback")
