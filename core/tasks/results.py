@@ -82,12 +82,21 @@ def enqueued_at(using: str, row: tuple[Any, ...]) -> dt.datetime:
     return dialect_for(connections[using]).to_datetime(row[0])
 
 
+# A chunk's read and update of result rows are planned at each run, never prepared: a
+# prepared statement's generic plan is made once (at its sixth run) for the table as it
+# was then: a worker started beside an empty result table kept a sequential scan of the
+# whole table for each chunk (24 ms per 100 tasks at 20,000 rows: the database's CPU per
+# task doubled) until an ANALYZE replanned it.  Planning anew costs microseconds a chunk.
+# tests/test_tasks_plans.py holds this.
+
+
 def read_results(using: str, ids: list[str]) -> list[tuple[str, dt.datetime, dt.datetime | None, list, list, dt.datetime]]:
     """A chunk's result rows: (id, enqueued_at, started_at, errors, worker_ids, the
-    database's now), in one statement (prepared where the database binds on the server)."""
+    database's now), in one statement.  Not prepared (see above)."""
     dialect = dialect_for(connections[using])
     with StatementCursor(using) as cursor:
-        raw = cursor.execute(*dialect.task_results_read(TaskResultRecord._meta.db_table, ids), prepare=True).fetchall()
+        raw = cursor.execute(*dialect.task_results_read(TaskResultRecord._meta.db_table, ids),
+                             prepare=False).fetchall()
     return [(rid, dialect.to_datetime(enqueued), dialect.to_datetime(started), _json(errors), _json(worker_ids),
              dialect.to_datetime(now)) for rid, enqueued, started, errors, worker_ids, now in raw]
 
@@ -112,7 +121,7 @@ def write_successes(using: str, started: dt.datetime, finished: dt.datetime,
     with StatementCursor(using) as cursor:
         for first in range(0, len(rows), TASK_ROWS_PER_UPDATE):
             cursor.execute(*dialect.task_results_update(table, times, rows[first:first + TASK_ROWS_PER_UPDATE]),
-                           prepare=True)
+                           prepare=False)
 
 
 #: The framework's TaskResult fields and their defaults (``_return_value``'s among them).
