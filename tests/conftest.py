@@ -68,12 +68,18 @@ def database_vendor(url: str | None = None) -> str:
 DATABASE_FIXTURES = {"db", "transactional_db", "live_server", "django_db_reset_sequences",
                      "django_db_serialized_rollback"}
 #: Markers of tests that run in one pass of `make test` only, the SQLite one: they never touch
-#: the test database, so a second pass would only double their minutes.  Each maps to the
+#: the test database (or, for the browser, test nothing a database changes), so a second pass
+#: would only double their minutes.  Each maps to the
 #: skip reason on the other databases.  ``SLUICE_TEST_ONE_PASS=always`` (or, for Spark,
 #: the older ``SLUICE_TEST_SPARK_ONLY=always``) runs them in every pass.
 ONE_PASS_MARKERS = {
     "spark_only": "Spark only, no database: runs in the SQLite pass of make test",
     "no_database": "uses no test database (a database of its own, or none): runs in the SQLite pass of make test",
+    # The browser tests check what a page does in Chromium (htmx swaps, forms, CSP, themes);
+    # what the pages read from each database is the Django test client's tests' part, in
+    # every pass.  Their pass is SQLite's, the embedded default, where a live server's
+    # requests meet the one-writer lock.
+    "browser": "a browser test: runs in the SQLite pass of make test (pages on each database: the test-client tests)",
 }
 
 
