@@ -12,6 +12,7 @@ from django.db import connection, transaction
 
 from core.delayed import DelayedMover
 from core.runtime.loops import ThreadRunner
+from core.runtime import wakeups
 from core.runtime.wakeups import acquire_listener, release_listener
 from tests.conftest import manage, wait_for
 from tests.test_delayed import store  # noqa: F401 — the fixture
@@ -125,8 +126,20 @@ def test_one_listener_per_process_and_a_dropped_one_polls(transactional_db, queu
     assert first.step() == IDLE
 
 
+@pytest.fixture
+def no_listener_in_use():
+    """This process's listener for "default" set aside while the test runs: one another
+    test's loop still holds would make the test's release not the last (so no stop)."""
+    with wakeups._listeners_lock:
+        held = wakeups._listeners.pop("default", None)
+    yield
+    if held is not None:
+        with wakeups._listeners_lock:
+            wakeups._listeners["default"] = held
+
+
 @pytest.mark.postgresql
-def test_a_released_listener_is_stopped_and_replaced_on_next_use(transactional_db):
+def test_a_released_listener_is_stopped_and_replaced_on_next_use(transactional_db, no_listener_in_use):
     listener = acquire_listener("default")
     release_listener("default", listener)
     # It may still be connecting (connect_timeout 5 s on a loaded machine) before it sees the stop.
