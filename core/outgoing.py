@@ -36,6 +36,22 @@ _CONTROL = re.compile(r"[\x00-\x1f]")
 _NOT_IN_COLUMN = re.compile("[\x00-\x1f\ud800-\udfff]")
 #: One encoder for every JSON body: json.dumps() with options builds a new one per call.
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+class ProducerHeaders(dict):
+    """Headers already checked as :meth:`MessageBuilder.build` checks a sender's headers
+    (a flat string → string map, no control headers): build takes them as they are.  For a
+    caller that sends the same headers many times (a task's), made once by
+    :func:`producer_headers_checked`; not to be changed afterwards."""
+
+
+def producer_headers_checked(headers: Mapping[str, str]) -> ProducerHeaders:
+    """``headers`` checked once for many sends (:class:`ProducerHeaders`); InvalidHeaders
+    when they are not a flat string → string map."""
+    encode_headers(headers)
+    return ProducerHeaders(producer_headers(headers))
+
+
 #: The variant nibble of an RFC 4122 UUID (10xx) for each random hex digit.
 _VARIANT = {h: "89ab"[int(h, 16) & 3] for h in "0123456789abcdef"}
 
@@ -234,8 +250,9 @@ class MessageBuilder:
             Headers.MESSAGE_INTENT: "Send",
         }
         if headers is not None:
-            encode_headers(headers)  # validates: flat string → string
-            all_headers.update(producer_headers(headers))
+            if type(headers) is not ProducerHeaders:
+                headers = producer_headers_checked(headers)  # validates: flat string → string
+            all_headers.update(headers)
         all_headers[Headers.MESSAGE_ID] = message_id
         if message_type is not None:
             all_headers[Headers.ENCLOSED_MESSAGE_TYPES] = message_type

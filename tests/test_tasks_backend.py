@@ -279,6 +279,37 @@ def test_the_backend_refuses_what_it_cannot_do(tasks_on_sluice):
     assert not TaskResultRecord.objects.exists()
 
 
+def test_arguments_no_database_takes_are_refused_at_enqueue(tasks_on_sluice):
+    """NaN, infinities and lone surrogates pass Python's json module but no database's JSON
+    or text: refused at enqueue with the framework's error, naming the arguments, and
+    nothing is written (not a database error that breaks the caller's transaction)."""
+    from tests.task_funcs import add
+
+    for bad in (float("nan"), float("inf"), "\ud800", {"name": "\udfff"}):
+        with transaction.atomic():
+            with pytest.raises(InvalidTaskError, match="task arguments must be JSON"):
+                add.enqueue(bad, 1)
+            add.enqueue(1, 1)  # the caller's transaction goes on
+    assert TaskResultRecord.objects.count() == 4
+    assert len(Transport().browse(tasks_on_sluice.queue)) == 4
+
+
+def test_a_tasks_message_body_is_the_json_send_would_write(tasks_on_sluice):
+    """The message body carries the task and its arguments as send() writes a JSON body
+    (compact, non-ASCII as is), whatever the arguments' types."""
+    import json
+
+    from tests.task_funcs import add
+
+    result = add.enqueue("café", ("x", b"y"))
+    [message] = Transport().browse(tasks_on_sluice.queue)
+    expected = {"task": "tests.task_funcs.add", "backend": "default", "queue_name": "default",
+                "args": ["café", ["x", "y"]], "kwargs": {}}
+    assert message.body == json.dumps(expected, ensure_ascii=False, separators=(",", ":")).encode()
+    assert message.headers["NServiceBus.ContentType"] == "application/json"
+    assert result.args == expected["args"] and add.get_result(result.id).args == expected["args"]
+
+
 def test_arguments_and_results_are_normalised_as_the_framework_does(tasks_on_sluice, pump_for):
     """Tuples become lists and UTF-8 bytes text, at enqueue and in the stored result, as the
     framework's TaskResult normalises them."""

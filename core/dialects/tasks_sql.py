@@ -4,7 +4,7 @@ more than the statements (the ORM's bulk_update builds a CASE per field per row)
 Mixed into every dialect; SQL Server's forms are :class:`MSSQLTaskSQL`'s."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 #: Rows per UPDATE: 3 parameters each, under SQL Server's 2,100 and SQLite's 32,766.
 TASK_ROWS_PER_UPDATE = 500
@@ -23,14 +23,20 @@ class TaskSQL:
         ``Dialect.to_datetime``: the expression itself here."""
         return expression
 
-    def insert_returning(self, table: str, columns: Sequence[str], returning: str) -> str:
+    def insert_returning(self, table: str, columns: Sequence[str], returning: str,
+                         literals: Mapping[str, str] | None = None) -> str:
         """INSERT one row into a table of Django's (not a queue: no schema of Sluice's), one
-        ``%s`` per column, returning the stored ``returning`` timestamp column (a database
-        default, as the database wrote it; read with ``to_datetime``)."""
-        names = ", ".join(self.quote(c) for c in columns)
-        marks = ", ".join(["%s"] * len(columns))
-        return (f"INSERT INTO {self.quote(table)} ({names}) VALUES ({marks}) "
+        ``%s`` per column, then each of ``literals`` (column → SQL text, the same in every
+        row: fewer parameters to send), returning the stored ``returning`` timestamp column
+        (a database default, as the database wrote it; read with ``to_datetime``)."""
+        names, values = self._insert_values(columns, literals)
+        return (f"INSERT INTO {self.quote(table)} ({names}) VALUES ({values}) "
                 f"RETURNING {self.instant(self.quote(returning))}")
+
+    def _insert_values(self, columns: Sequence[str], literals: Mapping[str, str] | None) -> tuple[str, str]:
+        literals = literals or {}
+        names = ", ".join(self.quote(c) for c in [*columns, *literals])
+        return names, ", ".join([*(["%s"] * len(columns)), *literals.values()])
 
     def _task_rows(self, rows: int) -> str:
         # A derived table every dialect reads the same way (SQLite has no VALUES column list).
@@ -88,21 +94,24 @@ class PostgreSQLTaskSQL(TaskSQL):
     def task_results_update(self, table: str, times: list[Any],
                             rows: list[tuple[str, str, str | None]]) -> tuple[str, list[Any]]:
         t = self.quote(table)
+        # The key's own "= ANY" beside the join: the planner then weighs a scan of the key
+        # for the chunk's rows (as for the chunk's read) where, for the join alone, it hashed
+        # a sequential scan of the whole table until the table was tens of thousands of rows.
         sql = (f"UPDATE {t} SET {self._task_sets('v')} "
                "FROM unnest(%s::text[], %s::text[], %s::text[]) AS v(rid, wids, value) "
-               f"WHERE {t}.{self.quote('id')} = v.rid")
+               f"WHERE {t}.{self.quote('id')} = v.rid AND {t}.{self.quote('id')} = ANY(%s::text[])")
         ids, wids, values = (list(column) for column in zip(*rows))
-        return sql, [*times, ids, wids, values]
+        return sql, [*times, ids, wids, values, ids]
 
 
 class MSSQLTaskSQL(TaskSQL):
     """SQL Server: OUTPUT for RETURNING, UPDATE … FROM with a join."""
 
-    def insert_returning(self, table: str, columns: Sequence[str], returning: str) -> str:
-        names = ", ".join(self.quote(c) for c in columns)
-        marks = ", ".join(["%s"] * len(columns))
+    def insert_returning(self, table: str, columns: Sequence[str], returning: str,
+                         literals: Mapping[str, str] | None = None) -> str:
+        names, values = self._insert_values(columns, literals)
         return (f"SET NOCOUNT ON; INSERT INTO {self.quote(table)} ({names}) "
-                f"OUTPUT {self.instant('inserted.' + self.quote(returning))} VALUES ({marks})")
+                f"OUTPUT {self.instant('inserted.' + self.quote(returning))} VALUES ({values})")
 
     def update_task_results(self, table: str, rows: int) -> str:
         t = self.quote(table)

@@ -28,6 +28,7 @@ from core.conf import get_settings
 from core.errors import InvalidQueueName, InvalidTTL
 from core.messages import Message
 from core.models import TaskResultRecord
+from core.outgoing import ProducerHeaders, producer_headers_checked
 from core.queues import validate_name, validate_ttl
 from core.tasks.framework import (BaseTaskBackend, InvalidTaskError, Task, TaskResult, TaskResultDoesNotExist,
                                   normalize_json, task_enqueued)
@@ -93,25 +94,54 @@ def task_retry_limits(message: Message) -> tuple[int | None, int | None]:
     return count(IMMEDIATE_RETRIES_HEADER), count(DELAYED_RETRIES_HEADER)
 
 
+@dataclass(frozen=True, slots=True)
+class CheckedTask:
+    """What a validated task's messages need (SluiceTaskBackend._checked)."""
+
+    task: Task
+    queue: str
+    ttl: float | None
+    headers: ProducerHeaders
+    #: The message body's JSON up to its arguments: ``{"task":…,"backend":…,"queue_name":…,``.
+    body_start: str
+
+
 class TaskArgumentsNotJSON(InvalidTaskError, TypeError):
     """A task's arguments that are not JSON: the framework's InvalidTask(Error), and the
     TypeError ("Unsupported type: ...") its other backends raise for them."""
 
 
+#: Argument types that JSON gives back as they were: a call whose arguments are all of
+#: them needs no normalising and no parse of its JSON (the common case).
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+#: The body encoder of core.outgoing (compact, non-ASCII kept), so a task's message body is
+#: the bytes ``send()`` would write for it; refusing NaN and infinities.
+_ARGS_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
 def task_arguments(args: Any, kwargs: Any) -> tuple[str, dict[str, Any]]:
-    """A task's arguments as the JSON text its result row keeps and as the database's JSON
-    will give them back, normalised as the framework's TaskResult does (tuples to lists,
-    UTF-8 bytes to text); TaskArgumentsNotJSON when they are not JSON."""
+    """A task's arguments as the JSON text its result row and its message keep, and as the
+    database's JSON will give them back, normalised as the framework's TaskResult does
+    (tuples to lists, UTF-8 bytes to text); TaskArgumentsNotJSON when they are not JSON
+    (NaN and infinities included: no database's JSON takes them)."""
+    args, kwargs = list(args), dict(kwargs)
     try:
         # Plain JSON values (the rule) need no normalising: json writes a tuple as a list
         # and refuses whatever normalize_json would change or refuse (bytes, other
         # sequences and mappings), which then takes the long way.
-        text = json.dumps({"args": list(args), "kwargs": dict(kwargs)})
+        text = _ARGS_JSON.encode({"args": args, "kwargs": kwargs})
     except (TypeError, ValueError):
         try:
-            text = json.dumps({"args": normalize_json(list(args)), "kwargs": normalize_json(dict(kwargs))})
+            text = _ARGS_JSON.encode({"args": normalize_json(args), "kwargs": normalize_json(kwargs)})
         except (TypeError, ValueError) as exc:
             raise TaskArgumentsNotJSON(f"task arguments must be JSON: {exc}") from None
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate: no database's text takes it
+            raise TaskArgumentsNotJSON(f"task arguments must be JSON text: {exc}") from None
+    if all(type(a) in _PLAIN for a in args) and all(type(v) in _PLAIN for v in kwargs.values()):
+        return text, {"args": args, "kwargs": kwargs}
     return text, json.loads(text)
 
 
@@ -129,7 +159,8 @@ class SluiceTaskBackend(BaseTaskBackend):
     def __init__(self, alias: str, params: dict) -> None:
         super().__init__(alias, params)
         self.queue_prefix = str(self.options.get("QUEUE_PREFIX", ""))
-        self._checked_tasks: dict[Task, tuple[str, float | None, dict[str, str]]] = {}
+        self._checked_tasks: dict[Task, CheckedTask] = {}
+        self._last_checked: CheckedTask | None = None
 
     @property
     def using(self) -> str:
@@ -155,14 +186,17 @@ class SluiceTaskBackend(BaseTaskBackend):
             raise InvalidTaskError(f"queue {task.queue_name!r}: {exc}") from None
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
-        queue, ttl, headers = self._checked(task)
+        checked = self._checked(task)
         args_kwargs_json, args_kwargs = task_arguments(args, kwargs)
         result_id = str(uuid.uuid4())  # the form a MessageId takes (Transport keeps it as is)
         using = self.using
-        body = {"task": task.module_path, "backend": self.alias, "queue_name": task.queue_name, **args_kwargs}
+        # The body send() would write for {"task": …, "backend": …, "queue_name": …, "args":
+        # …, "kwargs": …}, from the arguments' JSON made once for it and the result row.
+        body = (checked.body_start + args_kwargs_json[1:]).encode("utf-8")
         along = ready_row(using, result_id, task, self.alias, args_kwargs_json)
-        send = functools.partial(Transport(using).send_along, queue, body, along, message_id=result_id,
-                                 message_type=TASK_MESSAGE_TYPE, headers=headers, ttl=ttl, deliver_at=task.run_after)
+        send = functools.partial(Transport(using).send_along, checked.queue, body, along, message_id=result_id,
+                                 message_type=TASK_MESSAGE_TYPE, headers=checked.headers, ttl=checked.ttl,
+                                 deliver_at=task.run_after, content_type="application/json")
         # Both rows or neither, in the caller's transaction when one is open (no savepoint
         # of our own: a failed insert breaks the caller's block, which then rolls back).
         # One round trip where the database can (Transport.send_along).
@@ -182,24 +216,34 @@ class SluiceTaskBackend(BaseTaskBackend):
         task_enqueued.send(type(self), task_result=result)
         return result
 
-    def _checked(self, task: Task) -> tuple[str, float | None, dict[str, str]]:
-        """The task validated (InvalidTaskError otherwise) and what its message needs: the
-        Sluice queue, the TTL and the headers.  Kept per task value, as a task is enqueued
-        many times and its checks (the function's signature, its import path) cannot change
-        in between; a task with ``run_after`` (a value per enqueue, as a rule) is not kept."""
+    def _checked(self, task: Task) -> CheckedTask:
+        """The task validated (InvalidTaskError otherwise) and what its message needs.  Kept
+        per task value, as a task is enqueued many times and its checks (the function's
+        signature, its import path) cannot change in between; a task with ``run_after`` (a
+        value per enqueue, as a rule) is not kept.  The last one is also kept by identity:
+        a loop enqueues one task object, and hashing the frozen dataclass costs more than
+        the rest of this lookup."""
+        last = self._last_checked
+        if last is not None and last.task is task:
+            return last
         found = self._checked_tasks.get(task)
         if found is not None:
+            self._last_checked = found
             return found
         self.validate_task(task)
         if task_at(task.module_path).func is not task.func:
             # Workers import the task by this path: it must name this very task.
             raise InvalidTaskError(f"{task.module_path} does not name this task at module level")
         ttl, headers = task.sluice_options() if isinstance(task, SluiceTask) else (None, {})
-        found = (self.sluice_queue(task.queue_name), ttl, {TASK_PATH_HEADER: task.module_path, **headers})
+        start = _ARGS_JSON.encode({"task": task.module_path, "backend": self.alias, "queue_name": task.queue_name})
+        found = CheckedTask(task=task, queue=self.sluice_queue(task.queue_name), ttl=ttl,
+                            headers=producer_headers_checked({TASK_PATH_HEADER: task.module_path, **headers}),
+                            body_start=start[:-1] + ",")
         if task.run_after is None:
             if len(self._checked_tasks) >= CHECKED_TASKS:
                 self._checked_tasks.clear()
             self._checked_tasks[task] = found
+            self._last_checked = found
         return found
 
     # -- results ---------------------------------------------------------------------

@@ -54,13 +54,14 @@ def task_at(path: str) -> Task:
 
 #: What enqueue writes in a READY row; the rest are the columns' defaults (NULL times, and
 #: ``enqueued_at``, the database's clock, returned by the INSERT).
-READY_COLUMNS = ("id", "task_path", "backend", "queue_name", "priority", "args_kwargs", "status", "run_after",
-                 "errors", "worker_ids")
+READY_COLUMNS = ("id", "task_path", "backend", "queue_name", "priority", "args_kwargs", "run_after")
+#: ... and what every READY row has, written into the statement (three parameters fewer).
+READY_LITERALS = {"status": f"'{TaskStatus.READY.value}'", "errors": "'[]'", "worker_ids": "'[]'"}
 
 
 @functools.lru_cache(maxsize=None)
 def _insert_ready_sql(dialect: Dialect) -> str:
-    return dialect.insert_returning(TaskResultRecord._meta.db_table, READY_COLUMNS, "enqueued_at")
+    return dialect.insert_returning(TaskResultRecord._meta.db_table, READY_COLUMNS, "enqueued_at", READY_LITERALS)
 
 
 def ready_row(using: str, result_id: str, task: Task, backend: str, args_kwargs_json: str) -> tuple[str, list[Any]]:
@@ -73,8 +74,7 @@ def ready_row(using: str, result_id: str, task: Task, backend: str, args_kwargs_
     if run_after is not None:  # as the ORM stores a DateTimeField on this database
         run_after = connection.ops.adapt_datetimefield_value(run_after)
     return _insert_ready_sql(dialect_for(connection)), [
-        result_id, task.module_path, backend, task.queue_name, task.priority, args_kwargs_json,
-        TaskStatus.READY.value, run_after, "[]", "[]"]
+        result_id, task.module_path, backend, task.queue_name, task.priority, args_kwargs_json, run_after]
 
 
 def enqueued_at(using: str, row: tuple[Any, ...]) -> dt.datetime:
