@@ -264,3 +264,22 @@ def test_a_failed_attempts_processing_record_times_its_handler(transport, queue,
     [record] = ProcessingRecord.objects.filter(queue=queue)
     assert record.outcome == "retried"
     assert record.ended_us - record.started_us >= 100_000
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_chunks_transport_holds_sends_until_the_flush_but_not_one_whose_caller_needs_a_row_now(queue):
+    """Inside a chunk a handler's sends are held for one insert at the flush; a send with a
+    statement ``along`` (a task's result row, say) is written at once, as its caller needs
+    that statement's row now, still inside the chunk's transaction."""
+    from django.db import transaction
+
+    from core.receive.transaction_modes import ChunkBufferedTransport
+
+    chunk = ChunkBufferedTransport("default")
+    with transaction.atomic():
+        chunk.send(queue, {"n": 1}, message_type="Held")
+        _, row = chunk.send_along(queue, {"n": 2}, ("SELECT 42", []), message_type="Along")
+        assert tuple(row) == (42,)
+        assert [m.json()["n"] for m in Transport().browse(queue)] == [2]
+        chunk.flush()
+        assert sorted(m.json()["n"] for m in Transport().browse(queue)) == [1, 2]

@@ -10,6 +10,7 @@ failed-message ingestion — must take it, and a message behind it must be handl
 from __future__ import annotations
 
 import json
+import re
 import uuid
 
 import pytest
@@ -17,17 +18,22 @@ from django.db import connection
 
 from core.failures import ingest_errors
 from core.messages import Headers
-from core.models import FailedMessage
+from core.models import FailedMessage, QueueKind
 from core.models.records import ProcessingRecord
+from core.queues import registry
 from core.transport import Transport
 
 #: What the issue found: valid JSON text whose value is a lone surrogate.
 LONE = "\ud800"
 #: The header a message set aside carries (a literal: the wire name is the promise).
 POISON_REASON = "Sluice.PoisonReason"
+#: The refusal of refuse_inserts' trigger as the reason and the log give it: the error's
+#: class and text (PostgreSQL adds where in the trigger).
+WHY = r"\w+Error: refused by a trigger(?:\nCONTEXT: [^\n]*)?\s*"
 
 
-def put_foreign_row(queue: str, headers: dict[str, str], body: bytes, *, correlation_id: str | None = None) -> str:
+def put_foreign_row(queue: str, headers: dict[str, str], body: bytes, *, correlation_id: str | None = None,
+                    reply_to: str | None = None) -> str:
     """Insert a row the way another system writing into the table does: raw SQL, its own
     header text (JSON with ``\\u`` escapes: how a lone surrogate travels as valid text).
     Returns the row's id."""
@@ -37,7 +43,7 @@ def put_foreign_row(queue: str, headers: dict[str, str], body: bytes, *, correla
     table = Transport().dialect.table(queue)
     with connection.cursor() as cursor:
         cursor.execute(f'INSERT INTO {table} ("Id", "CorrelationId", "ReplyToAddress", "Headers", "Body") '
-                       "VALUES (%s, %s, NULL, %s, %s)", [row_id, correlation_id, text, body])
+                       "VALUES (%s, %s, %s, %s, %s)", [row_id, correlation_id, reply_to, text, body])
     return row_id
 
 
@@ -213,7 +219,8 @@ def test_a_refused_retry_sets_the_message_aside_as_received_and_the_batch_commit
                                                                                 refuse_inserts, caplog):
     queue, handled, pump = endpoint
     refuse_inserts(queue, "%Sluice.FailedAttempts%")  # the retry's re-insert, never a first send
-    bad = put_foreign_row(queue, {**foreign_headers("Fail"), "Foreign.Order": "1"}, b'{"n": 0}')
+    bad = put_foreign_row(queue, {**foreign_headers("Fail"), "Foreign.Order": "1"}, b'{"n": 0}',
+                          correlation_id="corr-7", reply_to="their-replies")
     raw = queue_text(queue, bad)
     transport.send(queue, {"n": 1}, message_type="Ping")
 
@@ -224,12 +231,16 @@ def test_a_refused_retry_sets_the_message_aside_as_received_and_the_batch_commit
     assert transport.counts(queue).total == 0
     [aside] = transport.browse(error_queue, limit=10)
     assert aside.id == bad and aside.body == b'{"n": 0}'
+    assert (aside.correlation_id, aside.reply_to) == ("corr-7", "their-replies")  # its columns too
     reason = aside.headers.pop(POISON_REASON)
-    assert "immediate retry" in reason and "refused by a trigger" in reason
+    assert re.fullmatch(rf"the database refused the immediate retry's re-insert: {WHY}", reason), reason
     assert aside.headers == json.loads(raw)  # as it was received: no failure headers, no counts
     assert aside.raw_headers.startswith(raw[:-1])  # its text kept, the reason added at the end
-    errors = [r for r in caplog.records if r.levelname == "ERROR"]
-    assert len(errors) == 1 and bad in errors[0].getMessage() and "immediate retry" in errors[0].getMessage()
+    # One ERROR an operator can act on: the message, its queue, the refused write and why,
+    # and where the message went.
+    [error] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert re.fullmatch(rf"message {bad} on {queue}: the database refused the immediate retry's re-insert "
+                        rf"\({WHY}\); moved as received to {error_queue} with {POISON_REASON}", error), error
     assert not [r for r in caplog.records if r.levelname == "WARNING" and r.name == "sluice.pump"]
 
 
@@ -253,9 +264,62 @@ def test_a_message_whose_raw_move_is_refused_too_is_parked_and_logged_once(endpo
         [aside] = transport.browse(parked, limit=10)
         assert aside.id == bad and aside.body == b'{"n": 0}'
         reason = aside.headers[POISON_REASON]
-        assert "immediate retry" in reason and f"raw move to {error_queue}" in reason
-        errors = [r for r in caplog.records if r.levelname == "ERROR"]
-        assert len(errors) == 1 and bad in errors[0].getMessage() and parked in errors[0].getMessage()
+        assert re.fullmatch(rf"the database refused the immediate retry's re-insert: {WHY}; "
+                            rf"then the raw move to {error_queue}: {WHY}", reason), reason
+        assert registry.get(parked).kind == QueueKind.ERROR  # never received from, shown as an error queue
+        [error] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert re.fullmatch(rf"message {bad} on {queue}: the database refused the immediate retry's re-insert "
+                            rf"\({WHY}\) and the raw move to {error_queue}: {WHY}; parked in {parked}", error), error
+    finally:
+        delete_queue(parked)
+
+
+def put_raw_row(queue: str, header_text: str, body: bytes) -> str:
+    """A row whose Headers column holds ``header_text`` exactly, as another system wrote it."""
+    row_id = str(uuid.uuid4())
+    with connection.cursor() as cursor:
+        cursor.execute(f'INSERT INTO {Transport().dialect.table(queue)} ("Id", "Headers", "Body") VALUES (%s, %s, %s)',
+                       [row_id, header_text, body])
+    return row_id
+
+
+def test_a_message_set_aside_with_an_empty_header_object_keeps_readable_headers(endpoint, transport, error_queue,
+                                                                                refuse_inserts):
+    """``{}`` as the header text (no type: it goes to the error queue), its move refused: the
+    row set aside carries the reason alone, as a readable header object."""
+    queue, handled, pump = endpoint
+    refuse_inserts(error_queue, "%ExceptionInfo%")  # the move with its failure headers, not the raw one
+    bad = put_raw_row(queue, "{}", b"{}")
+    transport.send(queue, {"n": 1}, message_type="Ping")
+
+    run(pump)
+
+    assert handled == [1] and transport.counts(queue).total == 0
+    [aside] = transport.browse(error_queue, limit=10)
+    assert aside.id == bad and not aside.poison
+    assert list(aside.headers) == [POISON_REASON] and "refused by a trigger" in aside.headers[POISON_REASON]
+
+
+def test_a_poison_row_with_braces_is_parked_with_its_text_kept_whole(endpoint, transport, error_queue,
+                                                                      refuse_inserts):
+    """Header text that looks like an object but is no JSON (``{oops}``): a poison row.  Its
+    move to the error queue and its raw move refused, it is parked with the text whole in
+    ``Sluice.RawHeaders`` (not spliced into, which would make the parked row unreadable)."""
+    from core.queues import delete_queue
+
+    queue, handled, pump = endpoint
+    refuse_inserts(error_queue, "%")
+    bad = put_raw_row(queue, "{oops}", b"{}")
+    transport.send(queue, {"n": 1}, message_type="Ping")
+    parked = error_queue + ".parked"
+    try:
+        run(pump)
+
+        assert handled == [1] and transport.counts(queue).total == 0
+        [aside] = transport.browse(parked, limit=10)
+        assert aside.id == bad and not aside.poison
+        assert aside.headers["Sluice.RawHeaders"] == "{oops}"
+        assert "raw move to" in aside.headers[POISON_REASON]
     finally:
         delete_queue(parked)
 

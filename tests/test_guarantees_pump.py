@@ -85,6 +85,7 @@ def test_a_batch_handlers_sends_follow_its_savepoints(transport, make_queue, pum
     queue, out = make_queue(), make_queue()
 
     def handle(messages, context):
+        assert [m.id for m in context.messages] == [m.id for m in messages]  # the batch's, for the handler
         for message in messages:
             send_then_roll_back(context, out, message.json()["n"])
 
