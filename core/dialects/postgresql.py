@@ -36,6 +36,7 @@ TABLE_UPKEEP = (
 class PostgreSQLDialect(PostgreSQLTaskSQL, DelayedSQL, OutboxSQL, DashboardSQL, LimitsSQL, Dialect):
     one_second_ago = "statement_timestamp() - INTERVAL '1 second'"
     json_cast = "CAST({} AS jsonb)"  # a JSON text parameter into a jsonb column
+    json_text = "CAST({} AS text)"  # a jsonb column read as its text (the driver parses none)
     vendor = "postgresql"
     true_literal = "TRUE"
     false_literal = "FALSE"

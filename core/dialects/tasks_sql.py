@@ -17,6 +17,9 @@ class TaskSQL:
     now_sql: Any
     #: A JSON column's value from a text parameter (PostgreSQL: a cast to jsonb).
     json_cast = "{}"
+    #: A JSON column read as its text (PostgreSQL: a cast to text, so that the driver does
+    #: not parse it: a new task's "[]" needs no parse, core.tasks.results._json).
+    json_text = "{}"
 
     def instant(self, expression: str) -> str:
         """A timestamp expression in the form the driver reads fastest, for
@@ -67,8 +70,9 @@ class TaskSQL:
 
     def _task_results_select(self, table: str) -> str:
         q, instant = self.quote, self.instant
-        return (f"SELECT {q('id')}, {instant(q('enqueued_at'))}, {instant(q('started_at'))}, {q('errors')}, "
-                f"{q('worker_ids')}, {instant(self.now_sql())} FROM {q(table)} WHERE {q('id')}")
+        return (f"SELECT {q('id')}, {instant(q('enqueued_at'))}, {instant(q('started_at'))}, "
+                f"{self.json_text.format(q('errors'))}, {self.json_text.format(q('worker_ids'))}, "
+                f"{instant(self.now_sql())} FROM {q(table)} WHERE {q('id')}")
 
     def task_results_update(self, table: str, times: list[Any],
                             rows: list[tuple[str, str, str | None]]) -> tuple[str, list[Any]]:

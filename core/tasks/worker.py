@@ -47,6 +47,8 @@ from core.tasks.results import (RESULT_FIELD_NAMES, WORKER_ID, Attempt, json_res
 
 log = logging.getLogger("sluice.tasks")
 
+#: A first attempt's worker_ids, as JSON (the common case: no dump per task).
+ONE_WORKER_JSON = json.dumps([WORKER_ID])
 #: Per pump thread: the exception each task raised in the last call of several messages,
 #: by (id of the Message object, message id), for the pump's one-message re-call (module doc).
 _raised = threading.local()
@@ -107,7 +109,8 @@ def run_tasks(messages: list[Message], context: BatchContext) -> None:
             text = None if value is None else json.dumps(normalize_json(value))
         except (TypeError, ValueError) as exc:
             raise TypeError(f"task {task.module_path} returned a value that is not JSON: {exc}") from None
-        written.append((message.id, json.dumps(result.worker_ids), text))
+        wids = result.worker_ids
+        written.append((message.id, ONE_WORKER_JSON if wids == [WORKER_ID] else json.dumps(wids), text))
         done.append((result, None if text is None else json.loads(text), sender))
     if not done:
         return
