@@ -35,7 +35,8 @@ _CONTROL = re.compile(r"[\x00-\x1f]")
 #: characters (PostgreSQL takes no NUL) and surrogates (no driver can encode one).
 _NOT_IN_COLUMN = re.compile("[\x00-\x1f\ud800-\udfff]")
 #: One encoder for every JSON body: json.dumps() with options builds a new one per call.
-_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+#: NaN and infinities are refused: json writes them as bare words no other JSON reader takes.
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 class ProducerHeaders(dict):

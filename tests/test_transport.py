@@ -173,7 +173,8 @@ def test_body_over_the_maximum_is_refused(transport, queue, settings):
     assert transport.counts(queue).total == 1
 
 
-@pytest.mark.parametrize("body", [object(), {"when": dt.datetime(2026, 1, 1)}, {1, 2}])
+@pytest.mark.parametrize("body", [object(), {"when": dt.datetime(2026, 1, 1)}, {1, 2}, {"x": float("nan")},
+                                  [float("inf")]])
 def test_a_body_that_is_not_json_serialisable_is_refused(transport, queue, body):
     with pytest.raises(InvalidMessage):
         transport.send(queue, body)

@@ -114,8 +114,8 @@ class TaskArgumentsNotJSON(InvalidTaskError, TypeError):
 #: Argument types that JSON gives back as they were: a call whose arguments are all of
 #: them needs no normalising and no parse of its JSON (the common case).
 _PLAIN = frozenset({str, int, float, bool, type(None)})
-#: The body encoder of core.outgoing (compact, non-ASCII kept), so a task's message body is
-#: the bytes ``send()`` would write for it; refusing NaN and infinities.
+#: As core.outgoing encodes a JSON body (compact, non-ASCII kept, no NaN or infinities), so
+#: a task's message body is the bytes ``send()`` would write for it.
 _ARGS_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
