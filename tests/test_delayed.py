@@ -9,6 +9,7 @@ import time
 import pytest
 from django.db import transaction
 
+from core.conf import get_settings
 from core.delayed import DelayedMessage, DelayedMover, SqlDelayedStore, delayed_store
 from core.errors import InvalidMessage
 from core.runtime.loops import ThreadRunner
@@ -366,20 +367,40 @@ def test_failures_log_at_the_levels_nservicebus_uses(store, transport, queue, te
     # An immediate retry is routine (INFO: at a busy endpoint's rate WARNINGs bury what
     # matters), a delayed retry is worth a look (WARNING), the error queue needs someone (ERROR).
     temp_handlers(queue, None, lambda m, c: 1 / 0)
-    transport.send(queue, "x")
+    x = transport.send(queue, "x")
     retrying = MessagePump(queue, peek_delay=0.1, immediate_retries=1, delayed_retries=1)
     giving_up = MessagePump(queue, peek_delay=0.1, immediate_retries=0, delayed_retries=0)
     try:
         with caplog.at_level("DEBUG", logger="sluice.recoverability"):
             retrying.receive_and_process(1)
             retrying.receive_and_process(1)
-            transport.send(queue, "y")
+            y = transport.send(queue, "y")
             giving_up.receive_and_process(1)
     finally:
         retrying.close()
         giving_up.close()
     assert len(in_the_store(store)) == 1
     logged = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "sluice.recoverability"]
-    assert [level for level, _ in logged] == ["INFO", "WARNING", "ERROR"], logged
-    assert "attempt 1 of 2" in logged[0][1] and "delayed retry 1 of 1" in logged[1][1]
-    assert f"moved to {error_queue}" in logged[2][1]
+    # Each line names the message, its queue, how far it got and the exception (class and text).
+    why, wait = "ZeroDivisionError: division by zero", get_settings().DELAYED_RETRY_INCREASE
+    assert logged == [("INFO", f"message {x} on {queue} failed (attempt 1 of 2): {why}"),
+                      ("WARNING", f"message {x} on {queue} failed 2 time(s); delayed retry 1 of 1 in {wait:g} s: {why}"),
+                      ("ERROR", f"message {y} on {queue} moved to {error_queue} after 1 attempt(s): {why}")], logged
+
+
+def test_each_delayed_retry_waits_longer_by_the_increase(store, transport, queue, error_queue):
+    """Delayed retry n of a message is due n × the increase after its failure, by the
+    database's clock."""
+    from core.db import database_now_us
+    from core.receive.recoverability import Recoverability
+
+    transport.send(queue, "x")
+    [message] = transport.browse(queue)
+    recoverability = Recoverability(transport, delayed_retries=3, delayed_retry_increase=100)
+    before = database_now_us()
+    recoverability.schedule_delayed_retry(message, ValueError("nope"), 2, 5)
+    [stored] = in_the_store(store)
+    due_us = stored.due.timestamp() * 1e6
+    assert before + 200e6 - 5e6 <= due_us <= database_now_us() + 200e6, (before, due_us)
+    assert stored.headers[Headers.DELAYED_RETRIES] == "2" and stored.headers[Headers.TOTAL_FAILED_ATTEMPTS] == "5"
+    assert stored.headers[Headers.MESSAGE_ID] == message.id

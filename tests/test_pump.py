@@ -92,7 +92,7 @@ def test_a_message_without_a_handler_goes_to_the_error_queue(transport, queue, p
 
 
 def test_a_poison_row_goes_to_the_error_queue_raw_and_does_not_block(transport, queue, pump_for,
-                                                                    temp_handlers, error_queue):
+                                                                    temp_handlers, error_queue, caplog):
     handled = []
     temp_handlers(queue, None, lambda m, c: handled.append(m.body))
     d = dialect()
@@ -101,13 +101,18 @@ def test_a_poison_row_goes_to_the_error_queue_raw_and_does_not_block(transport, 
         cursor.execute(d.insert_with_expires(queue),
                        ["0b5e3c1e-0000-4000-8000-000000000001", None, None, None, "{not json", b"\x00raw"])
     transport.send(queue, "after")
-    drain(pump_for(queue))
+    with caplog.at_level("ERROR", logger="sluice.recoverability"):
+        drain(pump_for(queue))
     assert handled == [b"after"]
     poison = transport.browse(error_queue)[0]
     assert poison.body == b"\x00raw"
     assert poison.headers[Headers.RAW_HEADERS] == "{not json"
     assert poison.headers[Headers.EXCEPTION_TYPE] == "core.errors.PoisonMessage"
     assert poison.headers[Headers.FAILED_Q] == queue
+    why = poison.headers[Headers.EXCEPTION_MESSAGE]  # why its headers cannot be read
+    assert "JSON" in why or "json" in why, why
+    [logged] = [r.getMessage() for r in caplog.records if r.name == "sluice.recoverability"]
+    assert logged == f"poison message {poison.id} on {queue} moved to {error_queue}: {why}"
 
 
 def test_expired_messages_never_reach_a_handler(transport, queue, pump_for, temp_handlers):
@@ -271,3 +276,94 @@ def test_each_transaction_mode_is_its_own_strategy_and_an_unknown_one_is_refused
     with pytest.raises(ConfigurationError, match="unknown transaction mode 'bogus'"):
         MessagePump(queue, transaction_mode="bogus")
 
+
+
+# -- recoverability: failure hooks, a message type's own retry limits, error-queue headers ------
+
+def test_a_failure_hook_hears_each_failed_attempt_inside_the_receive(transport, queue, pump_for, temp_handlers,
+                                                                     error_queue):
+    """A message type's failure hook (the tasks' result rows use one) hears every failed
+    attempt with the message, the exception, where the message went and the receive's
+    alias; what it writes commits with the receive."""
+    from core.handlers import handlers
+
+    heard = []
+
+    def hook(message, exc, outcome, using):
+        heard.append((message.id, type(exc).__name__, str(exc), outcome, using))
+        PingRecord.objects.using(using).create(message_id=f"{message.id}-{len(heard)}")
+
+    temp_handlers(queue, "Hooked", lambda message, context: 1 / 0)
+    handlers.on_failure(queue, "Hooked", hook)
+    sent = transport.send(queue, "x", message_type="Hooked")
+    drain(pump_for(queue, immediate_retries=1))
+
+    why = "division by zero"
+    assert heard == [(sent, "ZeroDivisionError", why, "retry", "default"),
+                     (sent, "ZeroDivisionError", why, "error", "default")]
+    assert PingRecord.objects.filter(message_id__startswith=sent).count() == 2
+    assert transport.counts(error_queue).total == 1
+
+
+def test_a_failure_hook_that_raises_costs_only_its_own_record(transport, queue, pump_for, temp_handlers,
+                                                              error_queue, caplog):
+    from core.handlers import handlers
+
+    def hook(message, exc, outcome, using):
+        PingRecord.objects.using(using).create(message_id=f"hook-{message.id}")
+        raise RuntimeError("the hook is broken")
+
+    temp_handlers(queue, "Hooked", lambda message, context: 1 / 0)
+    handlers.on_failure(queue, "Hooked", hook)
+    sent = transport.send(queue, "x", message_type="Hooked")
+    with caplog.at_level("ERROR", logger="sluice.recoverability"):
+        drain(pump_for(queue, immediate_retries=0))
+
+    assert transport.counts(error_queue).total == 1  # the move stands
+    assert not PingRecord.objects.filter(message_id=f"hook-{sent}").exists()  # the hook's write rolled back
+    [logged] = [r for r in caplog.records if "failure hook" in r.getMessage()]
+    assert logged.getMessage() == f"the failure hook for message {sent} on {queue} failed"
+    assert logged.exc_info[0] is RuntimeError
+
+
+@pytest.mark.parametrize("limits, attempts", [((0, 0), 1), ((2, None), 3), ((None, None), 2)])
+def test_a_message_types_own_retry_limits_replace_the_pumps(transport, queue, pump_for, temp_handlers, error_queue,
+                                                           limits, attempts):
+    """Retry limits a message type gives its messages (a task's ``immediate_retries``) win
+    over the pump's; None keeps the pump's."""
+    from core.handlers import handlers
+
+    runs = []
+    temp_handlers(queue, "Counted", lambda message, context: runs.append(1) or 1 / 0)
+    seen = []
+    handlers.on_retry_limits(queue, "Counted", lambda message: seen.append(message.id) or limits)
+    sent = transport.send(queue, "x", message_type="Counted")
+    drain(pump_for(queue, immediate_retries=1))
+
+    assert len(runs) == attempts and set(seen) == {sent}
+    [failed] = transport.browse(error_queue)
+    assert failed.headers[Headers.FAILED_ATTEMPTS] == str(attempts)
+
+
+def test_a_message_with_no_handler_goes_to_a_missing_error_queue_with_its_count_and_without_its_ttl(
+        transport, queue, pump_for, error_queue):
+    """No handler for its type: to the error queue at once, counted as one failed attempt,
+    its TTL and any DelayedDestination another endpoint wrote dropped (an operator's retry
+    must not expire or go elsewhere); an error queue found missing is recreated as one."""
+    from core.models import QueueKind
+    from core.queues import delete_queue, registry
+
+    message = transport.outgoing(queue, "no-handler-1", {
+        Headers.MESSAGE_ID: "no-handler-1", Headers.ENCLOSED_MESSAGE_TYPES: "Nobody",
+        Headers.DELAYED_DESTINATION: "elsewhere"}, b"{}", ttl=3600)
+    transport.enqueue([message])
+    delete_queue(error_queue)  # dropped by hand
+    drain(pump_for(queue))
+
+    [failed] = transport.browse(error_queue)
+    assert failed.headers[Headers.MESSAGE_ID] == "no-handler-1"
+    assert failed.headers[Headers.FAILED_ATTEMPTS] == "1"
+    assert Headers.TIME_TO_BE_RECEIVED not in failed.headers and failed.expires is None
+    assert Headers.DELAYED_DESTINATION not in failed.headers
+    registry.forget(error_queue)
+    assert registry.get(error_queue).kind == QueueKind.ERROR
