@@ -39,6 +39,13 @@ _NOT_IN_COLUMN = re.compile("[\x00-\x1f\ud800-\udfff]")
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
+def json_text(value: Any) -> str:
+    """The JSON text ``send()`` writes for a body of JSON values (compact, non-ASCII kept);
+    ValueError / TypeError when ``value`` is not JSON (NaN and infinities included).  For
+    a caller that builds a body from parts it encoded (Sluice's task backend)."""
+    return _JSON.encode(value)
+
+
 class ProducerHeaders(dict):
     """Headers already checked as :meth:`MessageBuilder.build` checks a sender's headers
     (a flat string → string map, no control headers): build takes them as they are.  For a

@@ -28,7 +28,7 @@ from core.conf import get_settings
 from core.errors import InvalidQueueName, InvalidTTL
 from core.messages import Message
 from core.models import TaskResultRecord
-from core.outgoing import ProducerHeaders, producer_headers_checked
+from core.outgoing import ProducerHeaders, json_text, producer_headers_checked
 from core.queues import validate_name, validate_ttl
 from core.tasks.framework import (BaseTaskBackend, InvalidTaskError, Task, TaskResult, TaskResultDoesNotExist,
                                   normalize_json, task_enqueued)
@@ -114,25 +114,23 @@ class TaskArgumentsNotJSON(InvalidTaskError, TypeError):
 #: Argument types that JSON gives back as they were: a call whose arguments are all of
 #: them needs no normalising and no parse of its JSON (the common case).
 _PLAIN = frozenset({str, int, float, bool, type(None)})
-#: As core.outgoing encodes a JSON body (compact, non-ASCII kept, no NaN or infinities), so
-#: a task's message body is the bytes ``send()`` would write for it.
-_ARGS_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 def task_arguments(args: Any, kwargs: Any) -> tuple[str, dict[str, Any]]:
     """A task's arguments as the JSON text its result row and its message keep, and as the
     database's JSON will give them back, normalised as the framework's TaskResult does
-    (tuples to lists, UTF-8 bytes to text); TaskArgumentsNotJSON when they are not JSON
-    (NaN and infinities included: no database's JSON takes them)."""
+    (tuples to lists, UTF-8 bytes to text), encoded as ``send()`` encodes a body (so the
+    message body is the bytes send() would write); TaskArgumentsNotJSON when they are not
+    JSON (NaN and infinities included: no database's JSON takes them)."""
     args, kwargs = list(args), dict(kwargs)
     try:
         # Plain JSON values (the rule) need no normalising: json writes a tuple as a list
         # and refuses whatever normalize_json would change or refuse (bytes, other
         # sequences and mappings), which then takes the long way.
-        text = _ARGS_JSON.encode({"args": args, "kwargs": kwargs})
+        text = json_text({"args": args, "kwargs": kwargs})
     except (TypeError, ValueError):
         try:
-            text = _ARGS_JSON.encode({"args": normalize_json(args), "kwargs": normalize_json(kwargs)})
+            text = json_text({"args": normalize_json(args), "kwargs": normalize_json(kwargs)})
         except (TypeError, ValueError) as exc:
             raise TaskArgumentsNotJSON(f"task arguments must be JSON: {exc}") from None
     if not text.isascii():
@@ -235,7 +233,7 @@ class SluiceTaskBackend(BaseTaskBackend):
             # Workers import the task by this path: it must name this very task.
             raise InvalidTaskError(f"{task.module_path} does not name this task at module level")
         ttl, headers = task.sluice_options() if isinstance(task, SluiceTask) else (None, {})
-        start = _ARGS_JSON.encode({"task": task.module_path, "backend": self.alias, "queue_name": task.queue_name})
+        start = json_text({"task": task.module_path, "backend": self.alias, "queue_name": task.queue_name})
         found = CheckedTask(task=task, queue=self.sluice_queue(task.queue_name), ttl=ttl,
                             headers=producer_headers_checked({TASK_PATH_HEADER: task.module_path, **headers}),
                             body_start=start[:-1] + ",")
