@@ -150,8 +150,14 @@ def test_a_pump_asks_the_database_nothing_about_pauses_while_none_changes(queue)
     assert len(queries) == 0
     pauses.pause(queue)  # this process is told at commit
     with CaptureQueriesContext(connection) as queries:
-        assert board.is_paused(queue, polling=False) and board.is_paused(queue, polling=False)
+        assert board.is_paused(queue, polling=False)
     assert len(queries) == 1
+    # On PostgreSQL a LISTEN connection left running in this process (another test's
+    # worker) may also hear the pause's NOTIFY, later: that costs one more read, no more.
+    with CaptureQueriesContext(connection) as queries:
+        for _ in range(1000):
+            assert board.is_paused(queue, polling=False)
+    assert len(queries) <= 1
 
 
 def test_pause_and_resume_are_idempotent_and_name_a_known_queue(queue):
