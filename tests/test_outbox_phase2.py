@@ -257,3 +257,116 @@ def test_two_dispatchers_at_once_under_a_slow_destination_do_every_local_operati
     dispatched = [mid for report in reports for mid in report.dispatched]
     assert sorted(dispatched) == sorted(refs), "each record marked by exactly one dispatcher"
     assert "would run out while publishing; stopped" in caplog.text
+
+
+# -- what a dispatcher reports and logs: failures, a lapsed lease, a chunk published whole --
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "sluice.outbox" and r.levelname == "WARNING"]
+
+
+def test_a_destination_that_fails_keeps_its_record_and_error_and_the_rest_of_the_chunk_goes_out(
+        outbox, queue, monkeypatch, caplog):
+    """One chunk: a record whose destination raises, one whose destination works, one with
+    only a local operation.  The failing record stays undispatched with its error, its
+    lease ended (the next dispatch takes it at once); the other two are dispatched."""
+    monkeypatch.setattr(type(outbox), "after_commit", lambda self, ids: None)  # dispatch by hand
+    down = [True]
+
+    def flaky(op):
+        if down[0] and op["ref"] == "bad-1":
+            raise ConnectionError("broker down")
+
+    register_destination("test-flaky", flaky)
+    _record_with_a_local_and_an_external_operation(outbox, queue, "ok-1", "test-flaky")
+    _record_with_a_local_and_an_external_operation(outbox, queue, "bad-1", "test-flaky")
+    with OutboxSession(message_id="local-1") as session:
+        session.send(queue, "local-1")  # nothing to publish: marked with the others
+
+    report = outbox.dispatch(["ok-1", "bad-1", "local-1"])
+    assert sorted(report.dispatched) == ["local-1", "ok-1"]
+    assert report.failed == {"bad-1": "ConnectionError: broker down"} and report.lost == []
+    assert _warnings(caplog) == ["outbox record bad-1 not dispatched (will retry): ConnectionError: broker down"]
+    assert _count_by_body(queue) == {"ok-1": 1, "local-1": 1}
+    record = outbox.store.record("bad-1")
+    assert not record.dispatched and record.last_error == "ConnectionError: broker down"
+
+    down[0] = False  # the broker is back: its lease ended with the failure, so no wait
+    assert outbox.dispatch(["bad-1"]).dispatched == ["bad-1"]
+    assert _count_by_body(queue) == {"ok-1": 1, "local-1": 1, "bad-1": 1}
+
+
+def test_a_local_operation_that_fails_at_the_mark_names_its_error(outbox, queue, make_queue, monkeypatch):
+    from core.queues import delete_queue
+
+    monkeypatch.setattr(type(outbox), "after_commit", lambda self, ids: None)
+    gone = make_queue()
+    with OutboxSession(message_id="to-gone") as session:
+        session.send(gone, "x")
+    delete_queue(gone)
+    report = outbox.dispatch(["to-gone"])
+    error = report.failed["to-gone"]
+    assert error.startswith("UnknownQueue: ") and gone in error
+    assert outbox.store.record("to-gone").last_error == error
+
+
+def test_a_fast_destination_is_published_whole_within_one_lease(outbox, queue, monkeypatch):
+    # A short lease (the publishing stops only when the slowest publish so far would not fit).
+    monkeypatch.setattr(type(outbox), "after_commit", lambda self, ids: None)
+    box = type(outbox)()
+    box.dispatch_lease = 1.0
+    register_destination("test-fast", lambda op: None)
+    refs = [f"fast-{i}" for i in range(5)]
+    for ref in refs:
+        _record_with_a_local_and_an_external_operation(box, queue, ref, "test-fast")
+    report = box.dispatch(refs)
+    assert sorted(report.dispatched) == refs and report.lost == [] and report.failed == {}
+
+
+def test_a_dispatcher_stops_publishing_when_the_next_record_would_outlast_its_lease(
+        outbox, queue, monkeypatch, caplog):
+    """Each publish takes 1.6 s of a 3 s lease: after the first, the second would end past
+    the lease (with the mark's margin), so the dispatcher marks the first and leaves the
+    rest, named in one WARNING, to the next dispatcher."""
+    monkeypatch.setattr(type(outbox), "after_commit", lambda self, ids: None)
+    box = type(outbox)()
+    box.dispatch_lease = 3.0
+    published: list[str] = []
+
+    def slow(op):
+        published.append(op["ref"])
+        time.sleep(1.6)
+
+    register_destination("test-slowish", slow)
+    refs = ["slowish-1", "slowish-2", "slowish-3"]
+    for ref in refs:
+        _record_with_a_local_and_an_external_operation(box, queue, ref, "test-slowish")
+    report = box.dispatch(refs)
+    assert report.dispatched == ["slowish-1"] and report.lost == ["slowish-2", "slowish-3"]
+    assert published == ["slowish-1"]
+    assert _warnings(caplog) == [
+        "outbox: the 3 s dispatch lease would run out while publishing; stopped, leaving 2 record(s) to the "
+        "next dispatcher: slowish-2, slowish-3"]
+
+
+def test_a_failure_after_the_lease_was_taken_over_is_left_to_the_new_holder(outbox, queue, monkeypatch, caplog):
+    """The destination fails only after the lease ran out and another dispatcher claimed
+    the record: the first records no error and does not end the other's lease."""
+    monkeypatch.setattr(type(outbox), "after_commit", lambda self, ids: None)
+    box = type(outbox)()
+    box.dispatch_lease = 0.3
+
+    def taken_then_failing(op):
+        time.sleep(0.5)  # the lease runs out; another dispatcher claims the record
+        assert [r.message_id for r in box.store.claim([op["ref"]], 30.0, "another")] == [op["ref"]]
+        raise RuntimeError("too late")
+
+    register_destination("test-late", taken_then_failing)
+    _record_with_a_local_and_an_external_operation(box, queue, "late-1", "test-late")
+    report = box.dispatch(["late-1"])
+    assert report.failed == {} and report.dispatched == [] and report.lost == ["late-1"]
+    assert _warnings(caplog)[0] == ("outbox record late-1 failed to dispatch (RuntimeError: too late) after "
+                                    "another dispatcher took over its lease; left to that dispatcher")
+    record = box.store.record("late-1")
+    assert not record.dispatched and record.last_error is None
+    assert box.store.claim(["late-1"], 30.0, "a third") == []  # still the other's

@@ -59,7 +59,8 @@ class DispatchReport:
     dispatched: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     quarantined: list[str] = field(default_factory=list)
-    #: Records left to another dispatcher: this one's lease ran out before it marked them.
+    #: Records left to another dispatcher: this one's lease ran out before it marked them
+    #: (or before it could record their failure).
     lost: list[str] = field(default_factory=list)
 
 
@@ -200,8 +201,8 @@ class Phase2:
             marked = self._mark_with_operations(records, lease, report)
         done = [record.message_id for record in records if record.message_id in marked]
         report.dispatched.extend(done)
-        lost = [record.message_id for record in records
-                if record.message_id not in marked and record.message_id not in report.failed]
+        settled = marked | set(report.failed) | set(report.lost)  # lost: a failure's, found by _fail
+        lost = [record.message_id for record in records if record.message_id not in settled]
         if lost:
             report.lost.extend(lost)
             log.warning("outbox: lost the lease of %d record(s) to another dispatcher (this one's ran out "
@@ -272,6 +273,7 @@ class Phase2:
         """Keep the record undispatched with its LastError, and end its lease — unless
         the lease is no longer ours: then the record is another dispatcher's to judge."""
         if not self.store.fail(message_id, error, lease.token, quarantine=quarantine):
+            report.lost.append(message_id)
             log.warning("outbox record %s failed to dispatch (%s) after another dispatcher took over "
                         "its lease; left to that dispatcher", message_id, error)
             return
