@@ -185,7 +185,9 @@ def test_a_dispatcher_whose_lease_ran_out_while_publishing_leaves_the_record_to_
     assert _count_by_body(queue) == {"slow-1": 1}, "the local operation happened exactly once"
     assert published == ["slow-1", "slow-1"]  # external: at least once (same ids both times)
     assert first.dispatched == [] and first.lost == ["slow-1"] and first.failed == {}
-    assert "lost the lease of 1 record(s) to another dispatcher" in caplog.text
+    assert ("outbox: lost the lease of 1 record(s) to another dispatcher (this one's ran out before it marked "
+            "them): slow-1; their local operations are left to it (operations already published elsewhere go "
+            "out again with the same ids)") in _warnings(caplog)
     record = box.store.record("slow-1")
     assert record.dispatched and record.last_error is None
 
@@ -370,3 +372,40 @@ def test_a_failure_after_the_lease_was_taken_over_is_left_to_the_new_holder(outb
     record = box.store.record("late-1")
     assert not record.dispatched and record.last_error is None
     assert box.store.claim(["late-1"], 30.0, "a third") == []  # still the other's
+
+
+def test_a_dispatch_of_more_than_a_chunk_dispatches_every_chunk(outbox, queue, monkeypatch):
+    from core.outbox.dispatch import DISPATCH_CHUNK
+
+    monkeypatch.setattr(type(outbox), "after_commit", lambda self, ids: None)
+    refs = [f"many-{i}" for i in range(DISPATCH_CHUNK + 20)]
+    for ref in refs:
+        with OutboxSession(message_id=ref) as session:
+            session.send(queue, ref)  # local only: each chunk claimed, inserted and marked at once
+    assert sorted(outbox.dispatch(refs).dispatched) == sorted(refs)
+    assert Transport().counts(queue).total == len(refs)
+
+
+def test_a_quarantined_record_is_dispatched_again_only_when_asked(outbox, queue, monkeypatch, caplog):
+    """A record whose operations cannot be read is quarantined with one ERROR, and the rest
+    of its chunk goes on.  `sluice outbox dispatch ID` asks (include_quarantined): an operator
+    who repaired the record sends it on; a scan never picks it up by itself."""
+    monkeypatch.setattr(type(outbox), "after_commit", lambda self, ids: None)
+    for ref in ("repaired", "alongside"):
+        with OutboxSession(message_id=ref) as session:
+            session.send(queue, ref)
+    d = outbox.store.dialect
+    table, column, key = d.table(outbox.store.table), d.quote("Operations"), d.quote("MessageId")
+    with connections["default"].cursor() as cursor:
+        cursor.execute(f"SELECT {column} FROM {table} WHERE {key} = %s", ["repaired"])
+        (good,) = cursor.fetchone()
+        cursor.execute(f"UPDATE {table} SET {column} = %s WHERE {key} = %s", ['{"v": 1, "ops": [{', "repaired"])
+    report = outbox.dispatch(["repaired", "alongside"])
+    assert report.quarantined == ["repaired"] and report.dispatched == ["alongside"]
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and errors[0].startswith("outbox record repaired quarantined: Operations is not valid JSON")
+    with connections["default"].cursor() as cursor:
+        cursor.execute(f"UPDATE {table} SET {column} = %s WHERE {key} = %s", [good, "repaired"])  # the repair
+    assert outbox.dispatch(["repaired"]).dispatched == []
+    assert outbox.dispatch(["repaired"], include_quarantined=True).dispatched == ["repaired"]
+    assert _count_by_body(queue) == {"repaired": 1, "alongside": 1}

@@ -295,6 +295,8 @@ def test_outbox_dispatch_links_to_the_context_captured_when_the_record_was_writt
     assert parent_id(captured) == process.context.span_id
     dispatch = traced.one("dispatch outbox")
     assert dispatch.parent is None and linked(dispatch) == {ids(captured)}
+    assert dispatch.attributes["sluice.outbox.table"] == outbox.store.table
+    assert dispatch.attributes["sluice.outbox.records"] == 1
     drain(pump_for(target))
     assert parent_id(traced.one(f"process {target}")) == captured.context.span_id
 
