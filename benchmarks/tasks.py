@@ -5,8 +5,9 @@ Sluice's own messages, in one run on one database.
 Each phase starts its worker, waits until a probe has run (a warm worker), then enqueues
 N no-op tasks one ``enqueue()`` each, ``--per-transaction`` to a transaction, and
 times first enqueue → the last one finished (the task queue empty, polled every 50 ms as
-the message phase polls its queue; then every result must be SUCCESSFUL).  The message phase sends N messages one ``Transport.send()`` each to a no-op
-handler and times first send → the queue empty.  One worker process each, with its
+the message phase polls its queue; then every result must be SUCCESSFUL).  The message
+phase sends N messages one ``Transport.send()`` each to a no-op handler and times first
+send → the queue empty.  One worker process each, with its
 defaults (Sluice: ``sluice worker``; django-tasks-db: ``db_worker``, one task at a time,
 polling every second).  django-tasks-db runs in a project of its own
 (benchmarks/tasks_peer_settings.py) in a subprocess (``--peer`` mode of this module).

@@ -201,7 +201,9 @@ class Phase2:
             marked = self._mark_with_operations(records, lease, report)
         done = [record.message_id for record in records if record.message_id in marked]
         report.dispatched.extend(done)
-        settled = marked | set(report.failed) | set(report.lost)  # lost: a failure's, found by _fail
+        # Settled already: marked, failed, or found lost by _fail (its lease ran out before
+        # its failure could be written): the rest lost their lease before the mark.
+        settled = marked | set(report.failed) | set(report.lost)
         lost = [record.message_id for record in records if record.message_id not in settled]
         if lost:
             report.lost.extend(lost)
