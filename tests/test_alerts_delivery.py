@@ -4,9 +4,11 @@ answers fails for good, shows as failed and raises the delivery_failed self-heal
 Secrets never reach the delivery rows or the logs."""
 from __future__ import annotations
 
+import json
 import logging
 import sqlite3
 import time
+from datetime import timedelta
 
 import pytest
 from django.db import DatabaseError, connection, transaction
@@ -14,9 +16,12 @@ from django.utils import timezone
 
 from core.monitoring.measurements import queue_levels
 
+from core.alerts.delivery import CHECK_TYPE
 from core.alerts.evaluator import evaluate
+from core.alerts.notify import MESSAGE_TYPE
 from core.models.alerts import AlertDelivery, AlertRule, AlertTarget, DeliveryStatus, RuleKind, TargetFormat
 from core.alerts.notify import test_notification as send_test_notification
+from core.scheduling import delayed_store
 from core.transport import Transport
 from tests.alerts_support import (  # noqa: F401 (a fixture)
     SmtpReceiver,
@@ -26,6 +31,7 @@ from tests.alerts_support import (  # noqa: F401 (a fixture)
     own_alerts_queue,
     wait_for,
 )
+from tests.conftest import drain
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("own_alerts_queue")]
 
@@ -256,3 +262,94 @@ def test_in_receive_only_mode_a_receive_rolled_back_after_the_claim_does_not_los
         delivery = wait_for(lambda: AlertDelivery.objects.filter(status=DeliveryStatus.SENT).first(), timeout=5)
     assert killed and len(hook.requests) == 1
     assert delivery.attempts == 1 and delivery.last_error == ""
+
+
+# -- an attempt's check: what happens when its deadline comes --------------------------------
+def _attempt_under_way(target: AlertTarget, n: int, deadline_in: float) -> AlertDelivery:
+    """Attempt ``n`` claimed (``sending``) with its deadline ``deadline_in`` seconds from now
+    (negative: passed) and no call that will settle it: its worker was killed after the claim."""
+    return AlertDelivery.objects.create(target=target, event="test", status=DeliveryStatus.SENDING, attempts=n,
+                                        sending_until=timezone.now() + timedelta(seconds=deadline_in))
+
+
+def _check_comes_due(queue: str, delivery: AlertDelivery, n: int, pump_for) -> None:
+    """Attempt ``n``'s check message, as the claim sent it, received by the alerts queue's pump."""
+    from core.alerts.delivery import register
+    from core.queues import create_queue
+
+    register()
+    create_queue(queue)
+    Transport().send(queue, {"delivery": delivery.pk, "attempt": n, "check": True}, message_type=CHECK_TYPE)
+    drain(pump_for(queue))
+
+
+def _delayed_for(queue: str) -> list[tuple[str | None, dict, float]]:
+    """What waits in the delayed store for ``queue``: (message type, body, seconds until due)."""
+    stored, now = delayed_store().list(1000)
+    return [(m.message_type, json.loads(m.body), (m.due - now).total_seconds()) for m in stored
+            if m.destination == queue]
+
+
+LOST = "attempt {n} had no result by its deadline: the worker making it stopped or lost the database"
+
+
+def test_an_attempt_with_no_result_by_its_deadline_counts_as_lost_and_the_next_goes_out(
+        own_alerts_queue, fast_retries, pump_for, caplog):
+    target = AlertTarget.objects.create(name="am", url="http://127.0.0.1:9/never-called")
+    delivery = _attempt_under_way(target, 1, deadline_in=-1)
+    with caplog.at_level(logging.INFO, logger="sluice.alerts"):
+        _check_comes_due(own_alerts_queue, delivery, 1, pump_for)
+    delivery.refresh_from_db()
+    assert (delivery.status, delivery.attempts, delivery.sending_until) == (DeliveryStatus.RETRYING, 1, None)
+    assert delivery.last_error == LOST.format(n=1)
+    [(kind, body, due_in)] = _delayed_for(own_alerts_queue)
+    assert (kind, body) == (MESSAGE_TYPE, {"delivery": delivery.pk, "attempt": 2})
+    assert 0 <= due_in <= 3.0  # fast_retries: the retry cap
+    [logged] = [r for r in caplog.records if r.name == "sluice.alerts"]
+    assert logged.levelname == "WARNING"
+    assert logged.getMessage().startswith(
+        f"test notification #{delivery.pk} to am: attempt 1 failed ({LOST.format(n=1)}); next in ")
+
+
+def test_a_lost_last_attempt_fails_for_good(own_alerts_queue, fast_retries, pump_for, caplog):
+    target = AlertTarget.objects.create(name="am", url="http://127.0.0.1:9/never-called")
+    delivery = _attempt_under_way(target, 4, deadline_in=-1)  # fast_retries: 4 attempts
+    with caplog.at_level(logging.INFO, logger="sluice.alerts"):
+        _check_comes_due(own_alerts_queue, delivery, 4, pump_for)
+    delivery.refresh_from_db()
+    assert (delivery.status, delivery.sending_until) == (DeliveryStatus.FAILED, None)
+    assert delivery.finished_at is not None and delivery.last_error == LOST.format(n=4)
+    assert _delayed_for(own_alerts_queue) == []
+    assert [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "sluice.alerts"] == [
+        ("ERROR", f"test notification #{delivery.pk} to am failed for good after 4 attempt(s): {LOST.format(n=4)}")]
+
+
+def test_a_check_before_a_rearmed_deadline_looks_again_then(own_alerts_queue, fast_retries, pump_for):
+    """The call re-armed the deadline (it waited for a free sending thread): the attempt is
+    still under way, so the check settles nothing and comes again half a second after the new
+    deadline.  Another notification's lapsed attempt 1 is not this check's to settle."""
+    target = AlertTarget.objects.create(name="am", url="http://127.0.0.1:9/never-called")
+    delivery = _attempt_under_way(target, 1, deadline_in=5)
+    bystander = _attempt_under_way(target, 1, deadline_in=-1)
+    _check_comes_due(own_alerts_queue, delivery, 1, pump_for)
+    delivery.refresh_from_db()
+    bystander.refresh_from_db()
+    assert (delivery.status, delivery.attempts, delivery.last_error) == (DeliveryStatus.SENDING, 1, "")
+    assert (bystander.status, bystander.last_error) == (DeliveryStatus.SENDING, "")
+    [(kind, body, due_in)] = _delayed_for(own_alerts_queue)
+    assert (kind, body) == (CHECK_TYPE, {"delivery": delivery.pk, "attempt": 1, "check": True})
+    assert 4.5 < due_in <= 5.5
+
+
+@pytest.mark.parametrize("status, attempts", [(DeliveryStatus.SENT, 1), (DeliveryStatus.SENDING, 2)],
+                         ids=["settled", "a-later-attempt-began"])
+def test_a_check_of_an_attempt_that_is_over_changes_nothing(status, attempts, own_alerts_queue, fast_retries,
+                                                            pump_for):
+    target = AlertTarget.objects.create(name="am", url="http://127.0.0.1:9/never-called")
+    delivery = _attempt_under_way(target, attempts, deadline_in=-1)
+    AlertDelivery.objects.filter(pk=delivery.pk).update(status=status)
+    _check_comes_due(own_alerts_queue, delivery, 1, pump_for)
+    delivery.refresh_from_db()
+    assert (delivery.status, delivery.attempts, delivery.last_error) == (status, attempts, "")
+    assert _delayed_for(own_alerts_queue) == []
+

@@ -22,6 +22,7 @@ from core.models import FailedMessage, QueueKind
 from core.models.records import ProcessingRecord
 from core.queues import registry
 from core.transport import Transport
+from tests.tracing_support import traced  # noqa: F401 — the fixture
 
 #: What the issue found: valid JSON text whose value is a lone surrogate.
 LONE = "\ud800"
@@ -272,6 +273,37 @@ def test_a_message_whose_raw_move_is_refused_too_is_parked_and_logged_once(endpo
                             rf"\({WHY}\) and the raw move to {error_queue}: {WHY}; parked in {parked}", error), error
     finally:
         delete_queue(parked)
+
+
+def test_a_refused_dead_letter_move_of_an_expired_message_sets_it_aside(make_queue, transport, temp_handlers,
+                                                                       pump_for, error_queue, refuse_inserts,
+                                                                       traced, caplog):
+    """An expired message whose queue dead-letters expired messages, and a dead-letter queue
+    that refuses it: the message is set aside like any other whose outcome cannot be
+    written, its record and span say "expired" and "set aside", and the message behind it
+    is handled."""
+    queue = make_queue(dead_letter_on_expiry=True)
+    handled: list[bytes] = []
+    temp_handlers(queue, None, lambda message, context: handled.append(message.body))
+    refuse_inserts(queue + ".deadletter", "%")
+    late = transport.send(queue, b"too late", ttl=0)
+    transport.send(queue, b"in time")
+    with caplog.at_level("INFO", logger="sluice"):
+        run(pump_for(queue, concurrency=1, receive_batch_size=10), 1)
+
+    assert handled == [b"in time"] and transport.counts(queue).total == 0
+    assert transport.counts(queue + ".deadletter").total == 0
+    [aside] = transport.browse(error_queue, limit=10)
+    assert aside.id == late and aside.body == b"too late"
+    reason = aside.headers[POISON_REASON]
+    assert re.fullmatch(rf"the database refused the expired message's dead-letter move: {WHY}", reason), reason
+    [error] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert re.fullmatch(rf"message {late} on {queue}: the database refused the expired message's dead-letter move "
+                        rf"\({WHY}\); moved as received to {error_queue} with {POISON_REASON}", error), error
+    assert ProcessingRecord.objects.get(message_id=late).outcome == "expired"
+    [span] = [s for s in traced.spans(f"process {queue}") if s.attributes["messaging.message.id"] == late]
+    assert [(e.name, dict(e.attributes)) for e in span.events] == [
+        ("sluice.expired", {"sluice.expiry.action": "set aside"})]
 
 
 def put_raw_row(queue: str, header_text: str, body: bytes) -> str:

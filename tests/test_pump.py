@@ -10,6 +10,7 @@ from core.conf import get_settings
 from core.demo.models import PingRecord
 from core.errors import ConfigurationError
 from core.messages import Headers
+from core.models.records import ProcessingRecord
 from core.receive.pump import MessagePump
 from core.queues import dialect
 from core.transport import Transport
@@ -124,6 +125,8 @@ def test_expired_messages_never_reach_a_handler(transport, queue, pump_for, temp
     drain(pump)
     assert handled == [b"live"]
     assert pump.stats.expired == 1
+    assert sorted(ProcessingRecord.objects.filter(queue=queue).values_list("outcome", flat=True)) == [
+        "expired", "processed"]
 
 
 def test_expired_messages_are_dead_lettered_when_the_queue_says_so(transport, make_queue, pump_for,
@@ -135,6 +138,8 @@ def test_expired_messages_are_dead_lettered_when_the_queue_says_so(transport, ma
     dead = transport.browse(name + ".deadletter")
     assert [m.body for m in dead] == [b"too late"]
     assert dead[0].headers[Headers.EXPIRED_REASON] == "TTLExpiredException"
+    # Its processing record says where it went (a dropped one says "expired").
+    assert list(ProcessingRecord.objects.filter(queue=name).values_list("outcome", flat=True)) == ["dead_lettered"]
 
 
 def test_max_records_to_peek_really_caps_one_receive(transport, queue, pump_for, temp_handlers):

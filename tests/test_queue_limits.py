@@ -227,3 +227,65 @@ def test_an_unlimited_queues_receive_runs_no_statement_about_limits(queue, temp_
         assert not [q["sql"] for q in queries if "sluice_queue_slot" in q["sql"] or "sluice_queue_ticket" in q["sql"]]
     finally:
         pump.close()
+
+
+def test_a_receive_with_every_ticket_used_waits_until_the_oldest_is_a_second_old(queue):
+    """The permit a limited receive asks for: as many messages as free tickets, then, with
+    all used within the last second, none, and the wait until the oldest use is a second
+    old by the database's clock."""
+    from core.receive.permits import Permit
+
+    alias = get_settings().DATABASE
+    limits.set_limits(queue, concurrency=None, rate=2)
+    limits.board(alias).refresh()  # the ticket rows exist
+    in_force = limits.limits_of(queue)
+    with transaction.atomic():
+        first = Permit(in_force)
+        assert first.take(alias, 5) == 2 and (first.allowed, first.wait) == (2, 0.0)
+        first.spend(alias, 2)
+    used = time.monotonic()
+    with transaction.atomic():
+        refused = Permit(in_force)
+        assert refused.take(alias, 5) == 0
+    assert 0.5 < refused.wait <= 1.0 - (time.monotonic() - used) + 0.05, refused.wait
+    time.sleep(refused.wait)
+    with transaction.atomic():
+        assert Permit(in_force).take(alias, 5) == 2  # a second after their use, both are free again
+
+
+def test_a_free_ticket_another_receive_holds_is_looked_at_again_soon(queue):
+    """A ticket free by its time but locked by another receive (which marks it at its
+    commit): no wait of up to a second, the short look-again wait."""
+    from core.receive.permits import SLOT_WAIT, Permit
+
+    if not dialect_for(connection).supports_concurrent_writers:
+        pytest.skip("one writer at a time: no other receive holds a ticket while this one asks")
+    alias = get_settings().DATABASE
+    limits.set_limits(queue, concurrency=None, rate=1)
+    limits.board(alias).refresh()
+    in_force = limits.limits_of(queue)
+
+    def hold_the_ticket():
+        assert Permit(in_force).take(alias, 1) == 1
+
+    with open_transaction(hold_the_ticket):
+        with transaction.atomic():
+            refused = Permit(in_force)
+            assert refused.take(alias, 1) == 0
+    assert refused.wait == SLOT_WAIT
+
+
+def test_a_pump_with_every_ticket_used_waits_as_its_permit_says(queue, temp_handlers, pump_for):
+    """A pump thread whose permit allowed nothing waits no longer than the permit says (not
+    its peek delay), then receives the next tickets' worth."""
+    handled: list[int] = []
+    temp_handlers(queue, None, lambda message, context: handled.append(message.json()["n"]))
+    limits.set_limits(queue, concurrency=None, rate=2)
+    limits.board(get_settings().DATABASE).refresh()
+    Transport().send_many(queue, [{"n": n} for n in range(5)])
+    pump = pump_for(queue, concurrency=1, peek_delay=5)
+    assert pump.step() == 0.0 and handled == [0, 1]  # a full permit's worth: step again at once
+    wait = pump.step()
+    assert handled == [0, 1] and 0.5 < wait <= 1.0, wait
+    time.sleep(wait)
+    assert pump.step() == 0.0 and handled == [0, 1, 2, 3]

@@ -194,3 +194,23 @@ def test_until_empty_ends_while_a_paused_queue_still_holds_messages(queue):
     finally:
         for pump in host.pumps:
             pump.close()
+
+
+def test_a_paused_pump_thread_waits_as_on_an_empty_queue_but_polls_where_no_notification_comes(
+        queue, temp_handlers, pump_for):
+    """One step of a pump on a paused queue: nothing received; the wait is the peek delay
+    where the resume's NOTIFY will cut it short (PostgreSQL), else no longer than the
+    dialect's poll; after the resume the next step receives."""
+    from core.dialects import dialect_for
+
+    handled: list[bytes] = []
+    temp_handlers(queue, None, lambda message, context: handled.append(message.body))
+    Transport().send(queue, b"held")
+    pump = pump_for(queue, concurrency=1, peek_delay=5)
+    pauses.pause(queue)
+    d = dialect_for(connection)
+    assert pump.step() == (5 if d.supports_notify else d.wake_poll_interval)
+    assert handled == [] and pending(queue) == 1
+    pauses.resume(queue)
+    pump.step()
+    assert handled == [b"held"]

@@ -326,10 +326,86 @@ def test_an_expired_message_and_a_message_nobody_handles_get_a_span_and_an_event
     time.sleep(0.05)
     drain(pump_for(expiring))
     drain(pump_for(unhandled))
-    assert [e.name for e in traced.one(f"process {expiring}").events] == ["sluice.expired"]
+    [expired] = traced.one(f"process {expiring}").events
+    assert (expired.name, dict(expired.attributes)) == ("sluice.expired", {"sluice.expiry.action": "dropped"})
     nobody = traced.one(f"process {unhandled}")
     assert [e.name for e in nobody.events] == ["sluice.moved_to_error_queue"]
     assert nobody.attributes["error.type"] == "core.errors.NoHandler"
+    assert nobody.status.description == f"no handler on {unhandled} for message type 'Nobody'"
+
+
+def test_each_message_no_handler_saw_or_that_failed_has_a_span_and_a_record_in_its_trace(
+        traced, transport, make_queue, pump_for, temp_handlers, error_queue):
+    """A poison row, an expired message, one nobody handles and one whose handler fails for
+    the last time: each gets a process span that says what became of it, and its processing
+    record names that span's trace (the conversation view leads from one to the other)."""
+    from django.db import connection
+
+    from core.models.records import ProcessingRecord
+    from core.queues import dialect
+
+    raised_at: list[int] = []
+
+    def fails(message, context):
+        raised_at.append(time.time_ns())
+        raise ValueError("no stock")
+
+    queue = make_queue()
+    temp_handlers(queue, "Fails", fails)
+    with connection.cursor() as cursor:  # another system's row with header text nobody can read
+        cursor.execute(dialect().insert_with_expires(queue),
+                       ["0b5e3c1e-0000-4000-8000-00000000aaaa", None, None, None, "{not json", b"raw"])
+    expired = transport.send(queue, "x", ttl=0.01, message_type="Fails")
+    nobody = transport.send(queue, "y", message_type="Nobody")
+    failing = transport.send(queue, "z", message_type="Fails")
+    time.sleep(0.05)
+    drain(pump_for(queue, concurrency=1, immediate_retries=0))
+
+    spans = {s.attributes["messaging.message.id"]: s for s in traced.spans(f"process {queue}")}
+    assert len(spans) == 4  # one each: a failure's decision is an event on its handler's span
+    records = {r.message_id: r for r in ProcessingRecord.objects.filter(queue=queue)}
+    poison = spans["0b5e3c1e-0000-4000-8000-00000000aaaa"]
+    assert [e.name for e in poison.events] == ["sluice.moved_to_error_queue"]
+    assert poison.attributes["error.type"] == "core.errors.PoisonMessage"
+    assert "JSON" in poison.status.description or "json" in poison.status.description
+    [failed] = spans[failing].events
+    assert spans[failing].start_time < raised_at[0]  # the handler's own span took the decision
+    assert (failed.name, dict(failed.attributes)) == (
+        "sluice.moved_to_error_queue", {"sluice.attempt": 1, "error.type": "ValueError"})
+    assert {mid: r.outcome for mid, r in records.items()} == {
+        poison.attributes["messaging.message.id"]: "error_queue", expired: "expired", nobody: "error_queue",
+        failing: "failed"}
+    for mid, record in records.items():
+        assert record.trace_id == f"{spans[mid].context.trace_id:032x}", mid
+
+
+def test_a_delayed_message_no_handler_saw_or_that_failed_is_recorded_in_its_own_trace(
+        traced, transport, make_queue, pump_for, temp_handlers, error_queue, store):
+    """A delayed delivery is processed in a trace of its own (linked to the sender's): an
+    expired one, one nobody handles and one whose handler fails each have a record naming
+    that trace, not the sender's."""
+    from core.models.records import ProcessingRecord
+
+    def fails(message, context):
+        raise ValueError("no stock")
+
+    queue = make_queue()
+    temp_handlers(queue, "Fails", fails)
+    sent = [transport.send(queue, "x", delay=0.05, ttl=0.01, message_type="Fails"),
+            transport.send(queue, "y", delay=0.05, message_type="Nobody"),
+            transport.send(queue, "z", delay=0.05, message_type="Fails")]
+    assert move_due(store) == 3
+    time.sleep(0.05)  # the first one's TTL, counted from when it was due, runs out
+    drain(pump_for(queue, concurrency=1, immediate_retries=0))
+
+    sender_trace = {s.attributes["messaging.message.id"]: f"{s.context.trace_id:032x}"
+                    for s in traced.spans(f"send {queue}")}
+    own_trace = {s.attributes["messaging.message.id"]: f"{s.context.trace_id:032x}"
+                 for s in traced.spans(f"process {queue}")}
+    records = {r.message_id: (r.outcome, r.trace_id) for r in ProcessingRecord.objects.filter(queue=queue)}
+    assert records == {sent[0]: ("expired", own_trace[sent[0]]), sent[1]: ("error_queue", own_trace[sent[1]]),
+                       sent[2]: ("failed", own_trace[sent[2]])}
+    assert all(own_trace[mid] != sender_trace[mid] for mid in sent)
 
 
 def test_queue_length_and_oldest_age_are_gauges(traced, transport, queue):
