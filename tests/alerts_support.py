@@ -114,6 +114,18 @@ def alerts_worker(**options: Any):
     return WorkerHost([get_settings().ALERTS_QUEUE], **options).start()
 
 
+def served_until(status: str, timeout: float = 30):
+    """Serve the alerts queue (:func:`alerts_worker`) until a delivery reaches ``status``;
+    returns that delivery."""
+    from core.models.alerts import AlertDelivery
+
+    host = alerts_worker()
+    try:
+        return wait_for(lambda: AlertDelivery.objects.filter(status=status).first(), timeout=timeout)
+    finally:
+        host.stop()
+
+
 @pytest.fixture
 def own_alerts_queue(settings, transactional_db):
     """An alerts queue of the test's own (queue tables outlive the test database's flush)."""

@@ -29,6 +29,7 @@ from tests.alerts_support import (  # noqa: F401 (a fixture)
     alerts_worker,
     free_port,
     own_alerts_queue,
+    served_until,
     wait_for,
 )
 from tests.conftest import drain
@@ -66,6 +67,9 @@ def test_webhook_retries_500_then_honours_retry_after_on_429_then_delivers(queue
         finally:
             host.stop()
     assert delivery.attempts == 3 and delivery.target == target
+    # A success clears the earlier attempts' error and ends the delivery.
+    assert delivery.last_error == "" and delivery.finished_at is not None and delivery.sending_until is None
+    assert f"firing notification #{delivery.pk} to am sent (attempt 3)" in caplog.text
     times = [r[0] for r in hook.requests]
     assert len(times) == 3
     assert times[2] - times[1] >= 0.95, "Retry-After: 1 was not honoured"
@@ -353,3 +357,121 @@ def test_a_check_of_an_attempt_that_is_over_changes_nothing(status, attempts, ow
     assert (delivery.status, delivery.attempts, delivery.last_error) == (status, attempts, "")
     assert _delayed_for(own_alerts_queue) == []
 
+
+
+def test_a_target_the_http_client_refuses_fails_for_good_at_once_with_its_error(own_alerts_queue, fast_retries):
+    """An address urllib will not even try (no scheme): that target's failure, for good,
+    after one attempt, with the error named; not retried, not a crash of the sender."""
+    target = AlertTarget.objects.create(name="typo", url="hooks.example.invalid/alert")
+    send_test_notification(target, timezone.now())
+    delivery = served_until(DeliveryStatus.FAILED)
+    assert delivery.attempts == 1 and delivery.sending_until is None
+    # (the address is redacted: a webhook URL may carry a token)
+    assert delivery.last_error == "ValueError: unknown url type: '[secret]'"
+
+
+def test_the_claim_alone_sets_the_attempts_deadline_and_its_check(own_alerts_queue, fast_retries, pump_for,
+                                                                  monkeypatch):
+    """A worker that dies after the claim committed, before its call: the claim's own
+    deadline (now + the send window) and the check message due then are what let the
+    attempt be counted as lost."""
+    from core.alerts import delivery as delivery_module
+    from core.alerts.delivery import register, send_window
+
+    monkeypatch.setattr(delivery_module, "call", lambda pk, n: None)  # the worker dies before calling
+    register()
+    target = AlertTarget.objects.create(name="am", url="http://127.0.0.1:9/never-called")
+    send_test_notification(target, timezone.now())
+    claimed_at = timezone.now()
+    drain(pump_for(own_alerts_queue))
+    delivery = AlertDelivery.objects.get()
+    assert (delivery.status, delivery.attempts) == (DeliveryStatus.SENDING, 1)
+    window = send_window()
+    assert window == 3 * 2.0 + 2.0  # fast_retries: a 2 s timeout per step of a call
+    assert abs((delivery.sending_until - claimed_at).total_seconds() - window) < 1.0
+    [(kind, body, due_in)] = _delayed_for(own_alerts_queue)
+    assert (kind, body) == (CHECK_TYPE, {"delivery": delivery.pk, "attempt": 1, "check": True})
+    assert window - 1.0 < due_in <= window
+
+
+def test_a_copy_of_an_attempt_already_claimed_is_not_claimed_again(own_alerts_queue, fast_retries, pump_for,
+                                                                   monkeypatch):
+    """The same attempt's message twice (a receive that rolled back after the claim
+    committed, in receive_only; or a producer's retry): one claim, one call."""
+    from core.alerts import delivery as delivery_module
+    from core.alerts.delivery import register
+
+    calls: list[tuple[int, int]] = []
+    monkeypatch.setattr(delivery_module, "call", lambda pk, n: calls.append((pk, n)))
+    register()
+    target = AlertTarget.objects.create(name="am", url="http://127.0.0.1:9/never-called")
+    delivery = send_test_notification(target, timezone.now())
+    Transport().send(own_alerts_queue, {"delivery": delivery.pk, "attempt": 1}, message_type=MESSAGE_TYPE)
+    drain(pump_for(own_alerts_queue))
+    wait_for(lambda: calls, timeout=5)
+    time.sleep(0.2)  # (a second call would be on its way by now)
+    assert calls == [(delivery.pk, 1)]
+    assert AlertDelivery.objects.get().attempts == 1
+
+
+def test_a_target_is_never_called_inside_a_transaction():
+    """The guard before every call: it names the alias whose transaction is open."""
+    from django.db.transaction import TransactionManagementError
+
+    from core.alerts.delivery import no_transaction_open
+
+    no_transaction_open()
+    with transaction.atomic(), pytest.raises(TransactionManagementError, match=r"open on \['default'\]"):
+        no_transaction_open()
+
+
+# -- late and lost results of a call ---------------------------------------------------------------
+def test_a_late_failure_of_an_earlier_attempt_does_not_settle_the_later_one_but_a_late_success_counts(
+        own_alerts_queue, fast_retries):
+    from core.alerts.delivery import settle
+    from core.alerts.sending import Attempt
+
+    target = AlertTarget.objects.create(name="am", url="http://127.0.0.1:9/never-called")
+    delivery = _attempt_under_way(target, 2, deadline_in=5)  # attempt 1 was counted as lost
+    settle(delivery, 1, Attempt(False, True, None, "HTTP 503: busy"), Transport())
+    delivery.refresh_from_db()
+    assert (delivery.status, delivery.attempts, delivery.last_error) == (DeliveryStatus.SENDING, 2, "")
+    assert _delayed_for(own_alerts_queue) == []
+    settle(delivery, 1, Attempt(True), Transport())  # the notification reached its target after all
+    delivery.refresh_from_db()
+    assert delivery.status == DeliveryStatus.SENT
+
+
+def test_a_call_for_an_attempt_no_longer_under_way_calls_nobody(own_alerts_queue, fast_retries):
+    """The call waited for a free sending thread past its deadline: its check counted it as
+    lost and the next attempt began, so this call makes no request."""
+    from core.alerts.delivery import call
+
+    with WebhookReceiver() as hook:
+        target = AlertTarget.objects.create(name="am", url=hook.url)
+        delivery = _attempt_under_way(target, 2, deadline_in=5)
+        call(delivery.pk, 1)
+    assert hook.requests == []
+    delivery.refresh_from_db()
+    assert (delivery.status, delivery.attempts) == (DeliveryStatus.SENDING, 2)
+
+
+def test_a_call_whose_result_cannot_be_stored_logs_it_and_leaves_the_attempt_to_its_check(
+        own_alerts_queue, fast_retries, monkeypatch, caplog):
+    from core.alerts import delivery as delivery_module
+
+    def database_gone(*args, **kwargs):
+        raise DatabaseError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(delivery_module, "settle", database_gone)
+    with WebhookReceiver() as hook:
+        target = AlertTarget.objects.create(name="am", url=hook.url)
+        delivery = _attempt_under_way(target, 1, deadline_in=5)
+        with caplog.at_level(logging.ERROR, logger="sluice.alerts"):
+            delivery_module.call(delivery.pk, 1)
+    assert len(hook.requests) == 1
+    [logged] = [r for r in caplog.records if r.name == "sluice.alerts"]
+    assert logged.getMessage() == f"alert delivery #{delivery.pk}, attempt 1: not settled; its check will"
+    assert logged.exc_info and "server closed the connection" in str(logged.exc_info[1])
+    delivery.refresh_from_db()
+    assert delivery.status == DeliveryStatus.SENDING  # its check message will settle it as lost

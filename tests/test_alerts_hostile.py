@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from core.alerts.notify import test_notification as send_test_notification
 from core.models.alerts import AlertDelivery, AlertRule, AlertTarget, DeliveryStatus, Silence, TargetFormat
-from tests.alerts_support import alerts_worker, own_alerts_queue, wait_for  # noqa: F401 (a fixture)
+from tests.alerts_support import own_alerts_queue, served_until  # noqa: F401 (a fixture)
 from tests.dashboard_api_support import api
 from tests.dashboard_pages_support import (  # noqa: F401
     _fresh_dashboard_cache, operator, operator_client, viewer, viewer_client,
@@ -113,11 +113,7 @@ def test_delivery_errors_never_show_the_target_urls_path_or_query(viewer_client,
     try:
         target = AlertTarget.objects.create(name="echo", format=TargetFormat.SLACK, url=echo.url)
         send_test_notification(target, timezone.now())
-        host = alerts_worker()
-        try:
-            delivery = wait_for(lambda: AlertDelivery.objects.filter(status=DeliveryStatus.FAILED).first())
-        finally:
-            host.stop()
+        delivery = served_until(DeliveryStatus.FAILED)
     finally:
         echo.close()
     assert delivery.last_error.startswith("HTTP 500") and len(delivery.last_error) <= 400

@@ -372,3 +372,58 @@ def test_a_message_with_no_handler_goes_to_a_missing_error_queue_with_its_count_
     assert Headers.DELAYED_DESTINATION not in failed.headers
     registry.forget(error_queue)
     assert registry.get(error_queue).kind == QueueKind.ERROR
+
+
+def test_a_wake_up_no_idle_thread_hears_makes_the_next_short_step_step_again_at_once(transport, queue, pump_for,
+                                                                                  temp_handlers):
+    """A wake-up that comes while the pump's only thread is busy (here: the commit of a
+    message its own handler sent) is not lost: that step, short as it is, asks to step
+    again at once instead of waiting its peek delay."""
+    handled: list[bytes] = []
+
+    def handler(message, context):
+        handled.append(message.body)
+        if message.body == b"first":
+            context.send(queue, "second")
+
+    temp_handlers(queue, None, handler)
+    pump = pump_for(queue, concurrency=1, peek_delay=5)
+    if pump._listener is not None:  # connecting wakes every loop once: not in the middle of this
+        assert pump._listener.connected.wait(10)
+    assert 5 in (pump.step(), pump.step())  # an empty queue: the thread waits
+    transport.send(queue, "first")  # its commit rouses the idle thread: no peek first
+    assert pump.step() == 0.0  # received 1 of 10, but "second" was committed meanwhile
+    assert handled == [b"first"]
+    pump.step()
+    assert handled == [b"first", b"second"]
+
+
+def test_in_outbox_mode_each_message_is_settled_or_handled_on_its_own(transport, queue, pump_for, temp_handlers,
+                                                                      error_queue, outbox):
+    """Outside chunks (outbox mode, receive_only) the pump takes each message on its own: a
+    poison row and an expired message never reach the handler every type has, and a batch
+    handler is called with one message at a time."""
+    from core.handlers import handlers
+
+    handled: list[bytes] = []
+    batches: list[list[bytes]] = []
+    temp_handlers(queue, None, lambda message, context: handled.append(message.body))
+    handlers.register(queue, "Batch", lambda messages, context: batches.append([m.body for m in messages]),
+                      batch=True)
+    try:
+        with connection.cursor() as cursor:  # another system's row with header text nobody can read
+            cursor.execute(dialect().insert_with_expires(queue),
+                           ["0b5e3c1e-0000-4000-8000-00000000bbbb", None, None, None, "{not json", b"raw"])
+        transport.send(queue, "too late", ttl=0)
+        transport.send(queue, "b1", message_type="Batch")
+        transport.send(queue, "b2", message_type="Batch")
+        transport.send(queue, "plain")
+        pump = pump_for(queue, transaction_mode="outbox", concurrency=1)
+        drain(pump)
+    finally:
+        handlers.unregister(queue, "Batch")
+    assert handled == [b"plain"]
+    assert batches == [[b"b1"], [b"b2"]]
+    assert pump.stats.expired == 1
+    [poison] = transport.browse(error_queue)
+    assert poison.headers[Headers.EXCEPTION_TYPE] == "core.errors.PoisonMessage"
