@@ -115,6 +115,28 @@ def test_receive_skips_expired_messages(transactional_db):
     ok("queue", "delete", "cli_exp")
 
 
+def test_receive_moves_a_poison_row_to_the_error_queue_and_returns_the_next_message(transactional_db):
+    import uuid
+
+    from django.db import connection
+
+    from core.conf import get_settings
+    from core.queues import dialect
+    from core.transport import Transport
+
+    ok("setup")
+    ok("queue", "create", "cli_poison")
+    poison_id = str(uuid.uuid4())
+    with connection.cursor() as cursor:  # another system's row with header text nobody can read
+        cursor.execute(dialect().insert_with_expires("cli_poison"), [poison_id, None, None, None, "{not json", b"raw"])
+    ok("send", "cli_poison", "--body", "after")
+    assert json.loads(ok("receive", "cli_poison", "--json"))["body"] == "after"
+    assert json.loads(ok("receive", "cli_poison", "--json")) is None
+    [poison] = [m for m in Transport().browse(get_settings().ERROR_QUEUE, limit=10_000) if m.id == poison_id]
+    assert poison.body == b"raw" and poison.headers[Headers.EXCEPTION_TYPE] == "core.errors.PoisonMessage"
+    ok("queue", "delete", "cli_poison")
+
+
 #: Cases that also run as a real child process (its exit code, stderr and stdout); every case
 #: runs in this process, through the same command and error handling, except the worker's: a
 #: worker runs in a process of its own.

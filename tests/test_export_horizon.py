@@ -58,3 +58,26 @@ def test_tokens_of_older_versions_are_still_read(transactional_db):
     # test shard's may be open when it is taken (one CI run). It settles once that one ends.
     wait_for(lambda: horizon.settled(horizon.Horizon(1, old_token, 0), "default", delay=600), timeout=60,
              interval=0.2, what=f"the old-format token {old_token} settled")
+
+
+def test_a_stored_horizon_reads_back_whole():
+    from core.models.records import ExportWatermark
+
+    row = ExportWatermark(horizon_id=7, horizon_token="100:105:", horizon_us=1_700_000_000_000_000)
+    assert horizon.Horizon.of(row) == horizon.Horizon(7, "100:105:", 1_700_000_000_000_000)
+
+
+@pytest.mark.django_db
+def test_without_a_commit_snapshot_a_horizon_settles_once_the_delay_has_passed():
+    """SQL Server's way (no snapshot token), on any database with concurrent writers: the
+    horizon settles SLUICE_RECORDS_EXPORT_DELAY seconds after it was taken, not before."""
+    from core.dialects import dialect_for
+    from core.records.writer import now_us
+
+    if not dialect_for(connection).supports_concurrent_writers:
+        pytest.skip("one writer at a time: a horizon settles at once")
+    taken = now_us()
+    assert not horizon.settled(horizon.Horizon(7, "", taken), "default", delay=60)
+    assert not horizon.settled(horizon.Horizon(7, "", taken - 59_000_000), "default", delay=60)
+    assert horizon.settled(horizon.Horizon(7, "", taken - 60_000_000), "default", delay=60)
+    assert horizon.settled(horizon.Horizon(None, "", taken), "default", delay=60)  # no horizon: nothing to wait for
