@@ -357,6 +357,37 @@ def test_a_poison_row_with_braces_is_parked_with_its_text_kept_whole(endpoint, t
         delete_queue(parked)
 
 
+
+@pytest.mark.postgresql
+def test_a_transient_error_at_a_recording_write_rolls_the_batch_back_and_sets_nothing_aside(endpoint, transport,
+                                                                                           error_queue):
+    """A deadlock reported at the retry's re-insert is the database's state, not the
+    message's: the batch rolls back to be received again (the breaker counts it), nothing is
+    set aside, and once the database takes writes again the failure is recorded as usual."""
+    from django.db import DatabaseError
+
+    queue, handled, pump = endpoint
+    table, name = transport.dialect.table(queue), f"deadlock_{uuid.uuid4().hex[:8]}"
+    with connection.cursor() as cursor:
+        cursor.execute(f"""CREATE FUNCTION {name}() RETURNS trigger AS $$
+            BEGIN IF NEW."Headers" LIKE '%Sluice.FailedAttempts%' THEN
+              RAISE EXCEPTION 'deadlock detected (a test)' USING ERRCODE = '40P01'; END IF;
+            RETURN NEW; END $$ LANGUAGE plpgsql""")
+        cursor.execute(f"CREATE TRIGGER {name} BEFORE INSERT ON {table} FOR EACH ROW EXECUTE FUNCTION {name}()")
+    try:
+        failing = transport.send(queue, {"n": 0}, message_type="Fail")
+        with pytest.raises(DatabaseError, match="deadlock detected"):
+            pump.receive_and_process(10)
+        assert transport.counts(queue).total == 1 and transport.counts(error_queue).total == 0
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TRIGGER IF EXISTS {name} ON {table}")
+            cursor.execute(f"DROP FUNCTION IF EXISTS {name}()")
+    pump.receive_and_process(10)  # the retry's re-insert goes through now
+    [again] = transport.browse(queue, limit=10)
+    assert again.id == failing and again.headers[Headers.FAILED_ATTEMPTS] == "1"
+    assert POISON_REASON not in again.headers
+
 def queue_text(queue: str, row_id: str) -> str:
     """The Headers column's text of a row, as the database holds it."""
     [message] = [m for m in Transport().browse(queue, limit=100) if m.id == row_id]
