@@ -365,6 +365,24 @@ def put_row(queue: str, body, *, headers: dict[str, str], message_id: str | None
     return built.message_id
 
 
+def put_raw_row(queue: str, header_text: str, body: bytes) -> str:
+    """A row whose Headers column holds ``header_text`` exactly, as another system wrote it
+    (header text nobody can read: a poison row).  Returns its id."""
+    from core.queues import dialect
+
+    row_id = str(uuid.uuid4())
+    with connection.cursor() as cursor:
+        cursor.execute(dialect().insert_with_expires(queue), [row_id, None, None, None, header_text, body])
+    return row_id
+
+
+def listening(pump) -> None:
+    """Wait until the pump's LISTEN connection is up, where it has one (PostgreSQL):
+    connecting wakes every loop once, which must not land in the middle of a test's steps."""
+    if pump._listener is not None:
+        assert pump._listener.connected.wait(10)
+
+
 def drain(pump, max_steps: int = 200) -> None:
     """Run pump steps until a peek finds the queue empty."""
     for _ in range(max_steps):

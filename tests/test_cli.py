@@ -15,7 +15,7 @@ import pytest
 from core.demo.models import PingRecord
 from core.messages import Headers
 from tests.cli_support import sluice_here
-from tests.conftest import manage, start_worker, wait_for
+from tests.conftest import manage, put_raw_row, start_worker, wait_for
 
 
 def sluice(*args: str, **kwargs):
@@ -116,19 +116,12 @@ def test_receive_skips_expired_messages(transactional_db):
 
 
 def test_receive_moves_a_poison_row_to_the_error_queue_and_returns_the_next_message(transactional_db):
-    import uuid
-
-    from django.db import connection
-
     from core.conf import get_settings
-    from core.queues import dialect
     from core.transport import Transport
 
     ok("setup")
     ok("queue", "create", "cli_poison")
-    poison_id = str(uuid.uuid4())
-    with connection.cursor() as cursor:  # another system's row with header text nobody can read
-        cursor.execute(dialect().insert_with_expires("cli_poison"), [poison_id, None, None, None, "{not json", b"raw"])
+    poison_id = put_raw_row("cli_poison", "{not json", b"raw")  # another system's row: header text nobody can read
     ok("send", "cli_poison", "--body", "after")
     assert json.loads(ok("receive", "cli_poison", "--json"))["body"] == "after"
     assert json.loads(ok("receive", "cli_poison", "--json")) is None

@@ -22,6 +22,7 @@ from core.models import FailedMessage, QueueKind
 from core.models.records import ProcessingRecord
 from core.queues import registry
 from core.transport import Transport
+from tests.conftest import put_raw_row
 from tests.tracing_support import traced  # noqa: F401 — the fixture
 
 #: What the issue found: valid JSON text whose value is a lone surrogate.
@@ -304,15 +305,6 @@ def test_a_refused_dead_letter_move_of_an_expired_message_sets_it_aside(make_que
     [span] = [s for s in traced.spans(f"process {queue}") if s.attributes["messaging.message.id"] == late]
     assert [(e.name, dict(e.attributes)) for e in span.events] == [
         ("sluice.expired", {"sluice.expiry.action": "set aside"})]
-
-
-def put_raw_row(queue: str, header_text: str, body: bytes) -> str:
-    """A row whose Headers column holds ``header_text`` exactly, as another system wrote it."""
-    row_id = str(uuid.uuid4())
-    with connection.cursor() as cursor:
-        cursor.execute(f'INSERT INTO {Transport().dialect.table(queue)} ("Id", "Headers", "Body") VALUES (%s, %s, %s)',
-                       [row_id, header_text, body])
-    return row_id
 
 
 def test_a_message_set_aside_with_an_empty_header_object_keeps_readable_headers(endpoint, transport, error_queue,

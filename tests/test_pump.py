@@ -14,7 +14,7 @@ from core.models.records import ProcessingRecord
 from core.receive.pump import MessagePump
 from core.queues import dialect
 from core.transport import Transport
-from tests.conftest import drain
+from tests.conftest import drain, listening, put_raw_row
 
 
 def test_handler_gets_each_message(transport, queue, pump_for, temp_handlers):
@@ -161,8 +161,7 @@ def test_a_thread_receives_full_batches_back_to_back_and_waits_after_a_short_one
     temp_handlers(queue, None, lambda m, c: None)
     transport.send_many(queue, [str(i) for i in range(25)])
     pump = pump_for(queue, receive_batch_size=10, peek_delay=7)
-    if pump._listener is not None:  # connecting wakes every loop once: not in the middle of this
-        assert pump._listener.connected.wait(10)
+    listening(pump)
     with CaptureQueriesContext(connection) as queries:
         assert [pump.step(), pump.step(), pump.step()] == [0, 0, 7]  # 10, 10, then 5: short, wait
     assert pump.stats.received == 25
@@ -179,10 +178,7 @@ def test_peek_delay_rules(transactional_db, queue, caplog):
     pump = MessagePump(queue, peek_delay=11, delayed_retries=0)
     try:
         assert "messages may back up" in caplog.text
-        if pump._listener is not None:
-            # Connecting wakes every loop once (a NOTIFY may have been missed): let that
-            # wake-up land before the step, or the step rightly goes round again at once.
-            assert pump._listener.connected.wait(10)
+        listening(pump)  # or its connect's wake-up makes the step rightly go round again at once
         assert pump.step() == 11  # empty queue: wait the peek delay
     finally:
         pump.close()
@@ -388,8 +384,7 @@ def test_a_wake_up_no_idle_thread_hears_makes_the_next_short_step_step_again_at_
 
     temp_handlers(queue, None, handler)
     pump = pump_for(queue, concurrency=1, peek_delay=5)
-    if pump._listener is not None:  # connecting wakes every loop once: not in the middle of this
-        assert pump._listener.connected.wait(10)
+    listening(pump)
     assert 5 in (pump.step(), pump.step())  # an empty queue: the thread waits
     transport.send(queue, "first")  # its commit rouses the idle thread: no peek first
     assert pump.step() == 0.0  # received 1 of 10, but "second" was committed meanwhile
@@ -411,9 +406,7 @@ def test_in_outbox_mode_each_message_is_settled_or_handled_on_its_own(transport,
     handlers.register(queue, "Batch", lambda messages, context: batches.append([m.body for m in messages]),
                       batch=True)
     try:
-        with connection.cursor() as cursor:  # another system's row with header text nobody can read
-            cursor.execute(dialect().insert_with_expires(queue),
-                           ["0b5e3c1e-0000-4000-8000-00000000bbbb", None, None, None, "{not json", b"raw"])
+        put_raw_row(queue, "{not json", b"raw")  # another system's row: header text nobody can read
         transport.send(queue, "too late", ttl=0)
         transport.send(queue, "b1", message_type="Batch")
         transport.send(queue, "b2", message_type="Batch")

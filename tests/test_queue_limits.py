@@ -19,7 +19,7 @@ from core.models import QueueSlot, QueueTicket
 from core.runtime import limits
 from core.transport import Transport
 from core.worker import WorkerHost
-from tests.conftest import open_transaction, wait_for
+from tests.conftest import listening, open_transaction, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -284,8 +284,7 @@ def test_a_pump_with_every_ticket_used_waits_as_its_permit_says(queue, temp_hand
     limits.board(get_settings().DATABASE).refresh()
     Transport().send_many(queue, [{"n": n} for n in range(5)])
     pump = pump_for(queue, concurrency=1, peek_delay=5)
-    if pump._listener is not None:  # connecting wakes every loop once: not in the middle of this
-        assert pump._listener.connected.wait(10)
+    listening(pump)
     assert pump.step() == 0.0 and handled == [0, 1]  # a full permit's worth: step again at once
     wait = pump.step()
     assert handled == [0, 1] and 0.5 < wait <= 1.0, wait
@@ -306,8 +305,7 @@ def test_a_pump_whose_slot_another_receive_holds_looks_again_soon(queue, temp_ha
     limits.board(get_settings().DATABASE).refresh()
     Transport().send(queue, {"n": 1})
     pump = pump_for(queue, concurrency=1, peek_delay=5)
-    if pump._listener is not None:  # connecting wakes every loop once: not in the middle of this
-        assert pump._listener.connected.wait(10)
+    listening(pump)
     d = dialect_for(connection)
 
     def hold_the_slot():
@@ -330,8 +328,7 @@ def test_a_limited_receive_that_finds_nothing_uses_no_ticket(queue, temp_handler
     limits.board(get_settings().DATABASE).refresh()
     Transport().send_many(queue, [{"n": n} for n in range(2)])
     pump = pump_for(queue, concurrency=1, peek_delay=5, receive_batch_size=10)
-    if pump._listener is not None:  # connecting wakes every loop once: not in the middle of this
-        assert pump._listener.connected.wait(10)
+    listening(pump)
     assert pump.step() == 0.0 and handled == [0, 1]  # all the peek saw: receive again at once
     assert pump.step() == 5  # three tickets taken, nothing found: the queue's empty wait
     Transport().send_many(queue, [{"n": n} for n in range(2, 5)])

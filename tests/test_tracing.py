@@ -15,7 +15,7 @@ from core.handlers import handlers
 from core.messages import Headers
 from core.monitoring import gauges
 from core.tracing.propagation import span_context
-from tests.conftest import drain
+from tests.conftest import drain, put_raw_row
 from tests.tracing_support import ids, linked, parent_id, traced  # noqa: F401 — the fixture
 
 pytestmark = pytest.mark.timeout(60)
@@ -339,10 +339,7 @@ def test_each_message_no_handler_saw_or_that_failed_has_a_span_and_a_record_in_i
     """A poison row, an expired message, one nobody handles and one whose handler fails for
     the last time: each gets a process span that says what became of it, and its processing
     record names that span's trace (the conversation view leads from one to the other)."""
-    from django.db import connection
-
     from core.models.records import ProcessingRecord
-    from core.queues import dialect
 
     raised_at: list[int] = []
 
@@ -352,9 +349,7 @@ def test_each_message_no_handler_saw_or_that_failed_has_a_span_and_a_record_in_i
 
     queue = make_queue()
     temp_handlers(queue, "Fails", fails)
-    with connection.cursor() as cursor:  # another system's row with header text nobody can read
-        cursor.execute(dialect().insert_with_expires(queue),
-                       ["0b5e3c1e-0000-4000-8000-00000000aaaa", None, None, None, "{not json", b"raw"])
+    poison_id = put_raw_row(queue, "{not json", b"raw")  # another system's row: header text nobody can read
     expired = transport.send(queue, "x", ttl=0.01, message_type="Fails")
     nobody = transport.send(queue, "y", message_type="Nobody")
     failing = transport.send(queue, "z", message_type="Fails")
@@ -364,7 +359,7 @@ def test_each_message_no_handler_saw_or_that_failed_has_a_span_and_a_record_in_i
     spans = {s.attributes["messaging.message.id"]: s for s in traced.spans(f"process {queue}")}
     assert len(spans) == 4  # one each: a failure's decision is an event on its handler's span
     records = {r.message_id: r for r in ProcessingRecord.objects.filter(queue=queue)}
-    poison = spans["0b5e3c1e-0000-4000-8000-00000000aaaa"]
+    poison = spans[poison_id]
     assert [e.name for e in poison.events] == ["sluice.moved_to_error_queue"]
     assert poison.attributes["error.type"] == "core.errors.PoisonMessage"
     assert "JSON" in poison.status.description or "json" in poison.status.description
@@ -373,7 +368,7 @@ def test_each_message_no_handler_saw_or_that_failed_has_a_span_and_a_record_in_i
     assert (failed.name, dict(failed.attributes)) == (
         "sluice.moved_to_error_queue", {"sluice.attempt": 1, "error.type": "ValueError"})
     assert {mid: r.outcome for mid, r in records.items()} == {
-        poison.attributes["messaging.message.id"]: "error_queue", expired: "expired", nobody: "error_queue",
+        poison_id: "error_queue", expired: "expired", nobody: "error_queue",
         failing: "failed"}
     for mid, record in records.items():
         assert record.trace_id == f"{spans[mid].context.trace_id:032x}", mid
