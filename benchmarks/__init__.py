@@ -26,4 +26,5 @@ BENCHMARKS: dict[str, str] = {
     "soak": "benchmarks.soak",
     "tasks": "benchmarks.tasks",
     "costs": "benchmarks.costs",
+    "horizon": "benchmarks.horizon",
 }

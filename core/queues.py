@@ -85,11 +85,14 @@ class QueueInfo:
     dead_letter_on_expiry: bool
     dead_letter_queue: str | None
     auto_delete_on_idle_seconds: int | None
+    #: The registry row's id: a queue deleted and made again is another table (its
+    #: RowVersions start again), and so another key of core.runtime.marks.
+    record_id: int | None = None
 
     @classmethod
     def of(cls, record: QueueRecord) -> "QueueInfo":
         return cls(record.name, record.kind, record.default_ttl_seconds, record.dead_letter_on_expiry,
-                   record.dead_letter_queue, record.auto_delete_on_idle_seconds)
+                   record.dead_letter_queue, record.auto_delete_on_idle_seconds, record.pk)
 
     def effective_ttl(self, ttl: float | None) -> float | None:
         """The queue's default TTL is also a ceiling for the message's own."""

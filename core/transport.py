@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from dataclasses import dataclass
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Sequence
@@ -24,9 +25,10 @@ from core.messages import Headers, Message, decode_headers, wire_time
 # The names of a new message's checks and rows, where callers have always imported them.
 from core.outgoing import (HOST, ID_NAMESPACE, MAX_MESSAGE_ID_LENGTH, MessageBuilder, OutgoingMessage,  # noqa: F401
                            column_value, encode_body, like_first, row_id_for, validate_columns, validate_message_id)
-from core.queues import create_queue, registry
+from core.queues import QueueInfo, create_queue, registry
 from core.tracing import producing as tracing
 from core.scheduling import DelayedMessage, DelayedMessageStore, delayed_store, resolve_due
+from core.runtime.marks import receive_marks
 from core.runtime.wakeups import notify_queue, on_commit_wake, queue_key, wake_hub
 
 log = logging.getLogger("sluice.transport")
@@ -271,9 +273,27 @@ class Transport(MessageBuilder):
         """
         info = self._queue(queue)
         d = self.dialect
+        if not d.supports_receive_mark:
+            with self._cursor() as cursor:
+                rows = cursor.execute(d.receive(queue), [limit], prepare=True).fetchall()
+            return self._received(info, queue, rows)
+        # From the queue's mark, past the rows earlier receives deleted (core.runtime.marks).
+        key = (self.using, queue, info.record_id)
+        start = receive_marks.start(key)
+        began = time.perf_counter()
         with self._cursor() as cursor:
-            cursor.execute(d.receive(queue), [limit], prepare=True)
-            rows = cursor.fetchall()
+            if start is None:
+                rows = cursor.execute(d.receive(queue), [limit], prepare=True).fetchall()
+            else:
+                rows = cursor.execute(d.receive_from(queue), d.receive_from_params(start, limit),
+                                      prepare=True).fetchall()
+        messages = self._received(info, queue, rows)
+        receive_marks.received(key, start, messages[0].row_version if messages else None,
+                               time.perf_counter() - began)
+        return messages
+
+    def _received(self, info: QueueInfo, queue: str, rows: list[tuple[Any, ...]]) -> list[Message]:
+        d = self.dialect
         messages = sorted((self.to_message(queue, d.to_row(raw)) for raw in rows), key=lambda m: m.row_version)
         if messages:
             registry.record_activity(info.name, self.using)

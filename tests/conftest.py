@@ -19,6 +19,7 @@ import pytest
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 
 from core.runtime import limits, pauses
+from core.runtime.marks import receive_marks
 from core.handlers import handlers
 from core.queues import create_queue, delete_queue, registry
 from core.transport import Transport
@@ -227,10 +228,12 @@ def _fresh_registry_cache():
     registry.forget()
     pauses.forget()  # the database is flushed between tests without a word to the boards
     limits.forget()
+    receive_marks.forget()
     yield
     registry.forget()
     pauses.forget()
     limits.forget()
+    receive_marks.forget()
 
 
 @pytest.fixture

@@ -165,6 +165,7 @@ def _statements(d: MSSQLDialect, name: str) -> list[Stmt]:
     out.append(Stmt("insert_along", d.insert_along(sql, d.insert_returning("sluice_task_result", ["id"], "enqueued_at")),
                     len(params) + 1, None))
     out.append(Stmt("receive", d.receive(name), 1, None))                     # [limit]
+    out.append(Stmt("receive_from", d.receive_from(name), len(d.receive_from_params(1, 8)), None))
     out.append(Stmt("peek_estimate", d.peek_estimate(name), 0, None))         # []
     out.append(Stmt("browse", d.browse(name), len(d.browse_params(0, 50)), None))
     out.append(Stmt("counts", d.counts(name), 0, None))                       # []
@@ -207,7 +208,7 @@ NAMED = ["create_queue_table", "ddl_lock", "drop_queue_table", "existing_indexes
          "delayed_remove", "delayed_increment_failure", "delayed_list", "delayed_deliver_now", "delayed_next",
          "delayed_has_destination", "receive_expired", "max_row_version", "lock_table", "delayed_remove_many",
          "rename_delayed_table", "insert_rows", "delayed_insert_many", "delayed_claim_due", "record_horizon",
-         "insert_along"]
+         "insert_along", "receive_from"]
 
 
 def not_parseable(stmt: Stmt) -> bool:
@@ -230,7 +231,7 @@ def test_every_named_statement_is_covered():
     from core.dialects.delayed_sql import DelayedSQL
 
     helpers = {"quote", "table", "index_names", "delayed_time_index", "create_schema", "to_row", "to_datetime", "datetime_param",
-               "ttl_params", "browse_params", "now_sql", "expires_after_ttl_sql", "expired_sql",
+               "ttl_params", "browse_params", "receive_from_params", "now_sql", "expires_after_ttl_sql", "expired_sql",
                "delayed_insert_params", "delayed_insert_many_params", "insert_rows_per_statement", "delayed_fetch_params", "delayed_claim_params", "notify", "error_codes", "is_transient", "is_missing_table",
                "transaction_aborted",  # reads the driver's state: no SQL
                    # PostgreSQL only (capability flags): no SQL Server statement to check.
@@ -495,6 +496,24 @@ def test_receive_deletes_top_n_in_rowversion_order_skipping_locked_rows():
     assert [c for c in MESSAGE_COLUMNS] == ["Id", "CorrelationId", "ReplyToAddress", "Expires", "Headers",
                                             "Body", "RowVersion"]
     assert_expired_flag(out[-1], "deleted")
+
+
+def test_receive_from_a_mark_is_the_receive_with_a_rowversion_floor():
+    """core.runtime.marks: the receive's TOP (n) CTE, from RowVersion @P2 on (TOP's
+    parameter comes first, so receive_from_params puts the limit first)."""
+    d = MSSQLDialect()
+    assert d.supports_receive_mark
+    sql = d.receive_from(NAME)
+    assert d.receive_from_params(1000, 8) == [8, 1000]
+    assert sql == d.receive(NAME).replace("ORDER BY", "WHERE [RowVersion] >= %s ORDER BY")
+    _, delete = parse(bind(sql, 2))
+    select = delete.args["with_"].expressions[0].this
+    assert param_name(select.args["limit"].expression) == "P1"          # TOP (@P1)
+    floor = select.args["where"].this
+    assert isinstance(floor, exp.GTE)
+    assert_column(floor.this, "RowVersion")
+    assert param_name(floor.expression) == "P2"
+    assert hints(select.args["from_"].this) == ["UPDLOCK", "READPAST", "ROWLOCK"]
 
 
 def test_receive_orm_hints_match_what_mssql_django_emits(mssql_connection):

@@ -64,6 +64,10 @@ class Dialect(abc.ABC):
     #: it, a horizon settles after SLUICE_RECORDS_EXPORT_DELAY (or at once with one
     #: writer at a time, see :attr:`supports_concurrent_writers`).
     supports_commit_snapshots: bool = False
+    #: A receive's scan pays for the rows earlier receives deleted until the database
+    #: drops them (MVCC, ghost records), which a held horizon puts off: receives start
+    #: at a mark kept in the process (:meth:`receive_from`, core.runtime.marks).
+    supports_receive_mark: bool = False
     # The fragments (see FRAGMENTS): None here, so a dialect that forgets one fails.
     limit: str | None = None
     readpast_hint: str | None = None
@@ -317,6 +321,14 @@ class Dialect(abc.ABC):
     @abc.abstractmethod
     def receive(self, name: str) -> str:
         """Delete and return up to %s oldest messages not locked by other receivers."""
+
+    def receive_from(self, name: str) -> str:
+        """:meth:`receive` of the rows from a RowVersion on (params:
+        :meth:`receive_from_params`).  Only where :attr:`supports_receive_mark`."""
+        raise NotImplementedError(f"{self.vendor} receives from the start (supports_receive_mark)")
+
+    def receive_from_params(self, mark: int, limit: int) -> list[Any]:
+        return [mark, limit]
 
     def peek_estimate(self, name: str) -> str:
         """An estimate of the queue length without counting rows (max − min RowVersion);

@@ -49,6 +49,9 @@ class MSSQLDialect(MSSQLTaskSQL, DelayedSQL, OutboxSQL, DashboardSQL, LimitsSQL,
     #: 1222: lock request time out; HYT00: the driver's query timeout.
     statement_timeout_errors = frozenset({"1222", "HYT00"})
     capped_count_limit_first = True
+    # A deleted row stays a ghost record until the ghost cleanup takes it, which waits for
+    # row versions a snapshot may still read (READ_COMMITTED_SNAPSHOT, a long transaction).
+    supports_receive_mark = True
 
     def statement_timeout(self, seconds: float) -> tuple[str, list[Any]]:
         # SQL Server has no server-side limit on a statement's run time (that is the driver's
@@ -171,11 +174,20 @@ class MSSQLDialect(MSSQLTaskSQL, DelayedSQL, OutboxSQL, DashboardSQL, LimitsSQL,
         return f"SET NOCOUNT ON; {insert_sql}; {along_sql}"
 
     def receive(self, name: str) -> str:
+        return self._receive(name, "")
+
+    def receive_from(self, name: str) -> str:
+        return self._receive(name, "WHERE [RowVersion] >= %s ")
+
+    def receive_from_params(self, mark: int, limit: int) -> list[Any]:
+        return [limit, mark]  # TOP comes before WHERE
+
+    def _receive(self, name: str, where: str) -> str:
         t = self.table(name)
         return (
             "SET NOCOUNT ON; "
             f"WITH message AS (SELECT TOP (%s) * FROM {t} WITH (UPDLOCK, READPAST, ROWLOCK) "
-            "ORDER BY [RowVersion]) "
+            f"{where}ORDER BY [RowVersion]) "
             f"DELETE FROM message OUTPUT {self._message_columns('deleted.')}, "
             f"{self.expired_sql('deleted.[Expires]')};"
         )

@@ -46,6 +46,7 @@ class PostgreSQLDialect(PostgreSQLTaskSQL, DelayedSQL, OutboxSQL, DashboardSQL, 
     supports_table_upkeep = True
     supports_array_insert = True
     supports_commit_snapshots = True
+    supports_receive_mark = True
     limit = " LIMIT %s"
     readpast_hint = nolock_hint = lock_skip_hint = ""  # MVCC: readers never wait for writers
     skip_locked_suffix = " FOR UPDATE SKIP LOCKED"
@@ -217,10 +218,16 @@ SELECT (SELECT MAX({self.quote('id')}) FROM {table}),
         return f"({column} IS NOT NULL AND {column} <= statement_timestamp())"
 
     def receive(self, name: str) -> str:
+        return self._receive(name, "")
+
+    def receive_from(self, name: str) -> str:
+        return self._receive(name, 'WHERE "RowVersion" >= %s ')
+
+    def _receive(self, name: str, where: str) -> str:
         t = self.table(name)
         return (
             f'DELETE FROM {t} WHERE "RowVersion" IN '
-            f'(SELECT "RowVersion" FROM {t} ORDER BY "RowVersion" LIMIT %s FOR UPDATE SKIP LOCKED) '
+            f'(SELECT "RowVersion" FROM {t} {where}ORDER BY "RowVersion" LIMIT %s FOR UPDATE SKIP LOCKED) '
             f"RETURNING {self._message_columns()}, {self.expired_sql()}"
         )
 

@@ -1,0 +1,201 @@
+"""A receive starts its scan at the queue's mark (core.runtime.marks): while a session holds
+the MVCC horizon it walks the last batches' dead index entries, not every row delivered
+since; rows that become visible below the mark are still received, FIFO where it was."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django.db import connection, connections, transaction
+
+from core.dialects import dialect_for
+from core.queues import create_queue, delete_queue, registry
+from core.runtime import marks
+from core.runtime.marks import FULL_SCAN_EVERY, FULL_SCAN_SHARE, TRAIL, ReceiveMarks, receive_marks
+from tests.conftest import open_transaction
+
+KEY = ("default", "q", 1)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# -- the marks themselves ------------------------------------------------------------------
+def test_without_a_full_scan_behind_it_a_receive_starts_from_the_start():
+    assert ReceiveMarks().start(KEY) is None
+
+
+def test_a_full_scan_sets_the_mark_a_trail_behind_its_first_row_and_bounded_receives_move_it_on():
+    clock = Clock()
+    kept = ReceiveMarks(clock)
+    kept.received(KEY, None, 5000, 0.001)
+    assert kept.start(KEY) == 5000 - TRAIL
+    kept.received(KEY, 5000 - TRAIL, 7000, 0.001)
+    assert kept.start(KEY) == 7000 - TRAIL
+    kept.received(KEY, 7000 - TRAIL, 6500, 0.001)  # another thread's older batch: never back
+    assert kept.start(KEY) == 7000 - TRAIL
+    kept.received(KEY, 7000 - TRAIL, None, 0.001)  # nothing above the mark: it stays
+    assert kept.start(KEY) == 7000 - TRAIL
+
+
+def test_a_full_scan_comes_again_after_a_second_or_twenty_times_its_own_time():
+    clock = Clock()
+    kept = ReceiveMarks(clock)
+    kept.received(KEY, None, 5000, 0.001)
+    clock.now += FULL_SCAN_EVERY - 0.01
+    assert kept.start(KEY) is not None
+    clock.now += 0.01
+    assert kept.start(KEY) is None
+    kept.received(KEY, None, 3000, 0.5)  # a slow full scan (a held horizon): rows came back below
+    assert kept.start(KEY) == 3000 - TRAIL
+    clock.now += FULL_SCAN_SHARE * 0.5 - 0.01
+    assert kept.start(KEY) == 3000 - TRAIL
+    clock.now += 0.01
+    assert kept.start(KEY) is None
+
+
+def test_an_empty_full_scan_keeps_the_mark_and_a_queue_never_seen_gets_none():
+    clock = Clock()
+    kept = ReceiveMarks(clock)
+    kept.received(KEY, None, None, 0.001)
+    assert kept.start(KEY) is None
+    kept.received(KEY, None, 5000, 0.001)
+    clock.now += FULL_SCAN_EVERY
+    kept.received(KEY, None, None, 0.001)
+    assert kept.start(KEY) == 5000 - TRAIL
+
+
+def test_marks_are_kept_per_queue_table_and_bounded_in_number(monkeypatch):
+    monkeypatch.setattr(marks, "MAX_MARKS", 3)
+    kept = ReceiveMarks(Clock())
+    for n in range(3):
+        kept.received(("default", "q", n), None, 5000 + n, 0.001)
+    assert kept.start(("default", "q", 0)) == 5000 - TRAIL
+    assert kept.start(("default", "q", 3)) is None  # the same name, made anew: its own key
+    kept.received(("default", "q", 3), None, 9000, 0.001)
+    assert kept.start(("default", "q", 3)) == 9000 - TRAIL
+    assert kept.start(("default", "q", 0)) is None  # all started again
+
+
+# -- receives on a queue table --------------------------------------------------------------
+def marked(transport, queue) -> bool:
+    return dialect_for(connections[transport.using]).supports_receive_mark
+
+
+def key_of(transport, queue):
+    return (transport.using, queue, registry.get(queue, transport.using).record_id)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    fake = Clock()
+    monkeypatch.setattr(receive_marks, "_clock", fake)
+    receive_marks.forget()
+    yield fake
+    receive_marks.forget()
+
+
+def test_receives_take_every_row_in_order_across_the_mark(transport, queue, clock):
+    ids = transport.send_many(queue, [{"i": i} for i in range(3 * TRAIL)])
+    got, firsts = [], []
+    while batch := transport.receive_batch(queue, 100):
+        got += [m.id for m in batch]
+        firsts.append(batch[0].row_version)
+    assert got == ids
+    if marked(transport, queue):
+        assert receive_marks.start(key_of(transport, queue)) == firsts[-1] - TRAIL
+
+
+def test_a_receive_that_rolled_back_gives_its_rows_to_the_next_one_first(transport, queue, clock):
+    ids = transport.send_many(queue, [{"i": i} for i in range(50)])
+    assert [m.id for m in transport.receive_batch(queue, 10)] == ids[:10]  # the full scan sets the mark
+    with pytest.raises(RuntimeError), transaction.atomic():
+        assert [m.id for m in transport.receive_batch(queue, 10)] == ids[10:20]
+        raise RuntimeError("the handler's transaction rolls back")
+    assert [m.id for m in transport.receive_batch(queue, 10)] == ids[10:20]
+
+
+def test_a_row_that_commits_below_the_mark_is_received_at_the_next_full_scan(transport, queue, clock):
+    if not marked(transport, queue):
+        pytest.skip("receives start at a mark where the dialect's scans pay for dead rows")
+    late: list[str] = []
+    # A send whose transaction stays open while 2·TRAIL later rows commit and are received.
+    with open_transaction(lambda: late.extend(transport.send_many(queue, [{"late": True}]))):
+        transport.send_many(queue, [{"i": i} for i in range(2 * TRAIL)])
+        while transport.receive_batch(queue, 100):
+            pass
+        assert receive_marks.start(key_of(transport, queue)) is not None
+    assert late
+    assert transport.receive_batch(queue, 10) == []  # below the mark: not seen yet
+    clock.now += FULL_SCAN_EVERY
+    assert [m.id for m in transport.receive_batch(queue, 10)] == late
+
+
+def test_a_queue_made_again_under_its_old_name_is_received_from_its_start(transport, make_queue, clock):
+    name = make_queue()
+    transport.send_many(name, [{"i": i} for i in range(TRAIL + 200)])
+    while transport.receive_batch(name, 100):
+        pass
+    delete_queue(name)
+    create_queue(name)  # its RowVersions start again
+    sent = transport.send_many(name, [{"again": True}])
+    assert [m.id for m in transport.receive_batch(name, 10)] == sent
+
+
+@pytest.mark.postgresql
+def test_under_a_held_horizon_a_receive_reads_a_few_pages_not_every_delivered_row(transport, queue, clock):
+    """The plan guard: with an xid held, 40,000 delivered rows stay in the RowVersion index;
+    a receive from the mark reads the last TRAIL rows' pages, one from the start all of
+    them."""
+    held = threading.Event()
+    release = threading.Event()
+
+    def hold() -> None:
+        import psycopg
+
+        from tests.conftest import database_url
+
+        with psycopg.connect(database_url()) as other:
+            other.execute("SELECT txid_current()")
+            held.set()
+            release.wait(60)
+            other.rollback()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(10)
+        for _ in range(40):
+            transport.send_many(queue, [{"i": i} for i in range(1000)])
+            while transport.receive_batch(queue, 100):
+                pass
+        ids = transport.send_many(queue, [{"live": i} for i in range(10)])
+        d = dialect_for(connection)
+        start = receive_marks.start(key_of(transport, queue))
+        assert start is not None
+        from_mark = buffers_read(d.receive_from(queue), d.receive_from_params(start, 5))
+        from_start = buffers_read(d.receive(queue), [5])
+        assert from_mark * 10 < from_start, (from_mark, from_start)
+        assert [m.id for m in transport.receive_batch(queue, 10)] == ids
+    finally:
+        release.set()
+        holder.join(10)
+
+
+def buffers_read(sql: str, params) -> int:
+    """Shared buffers the statement touched (EXPLAIN ANALYZE, BUFFERS), rolled back."""
+    import json
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params)
+        plan = cursor.fetchone()[0]
+        transaction.set_rollback(True)
+    plan = json.loads(plan) if isinstance(plan, str) else plan
+    top = plan[0]["Plan"]
+    return int(top.get("Shared Hit Blocks", 0)) + int(top.get("Shared Read Blocks", 0))
