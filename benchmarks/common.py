@@ -71,18 +71,21 @@ class Progress:
         log(f"{self.label}: finished in {elapsed:.2f} s{'; ' + note if note else ''}")
 
 
-def rounded(value: Any) -> Any:
+def rounded(value: Any, places: int = 1) -> Any:
+    """Floats to one decimal (``…_ratio`` keys: three, as a ratio's first decimal is most of
+    it); NaN and infinities to None."""
     if isinstance(value, float):
-        return round(value, 1) if value == value and abs(value) != float("inf") else None
+        return round(value, places) if value == value and abs(value) != float("inf") else None
     if isinstance(value, dict):
-        return {k: rounded(v) for k, v in value.items()}
+        return {k: rounded(v, 3 if k.endswith("_ratio") else 1) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [rounded(v) for v in value]
+        return [rounded(v, places) for v in value]
     return value
 
 
 def emit_result(result: dict[str, Any]) -> None:
-    """The one line on stdout: the result as JSON, floats rounded to one decimal."""
+    """The one line on stdout: the result as JSON, floats rounded to one decimal (``…_ratio``
+    keys to three)."""
     sys.stdout.write(json.dumps(rounded(result)) + "\n")
     sys.stdout.flush()
 

@@ -18,7 +18,7 @@ polls the database while the run is timed.  The JSON line:
 
 - ``worst_held_ratio``: of the 10-second windows that lie wholly inside the hold, the
   lowest of messages handled ÷ messages sent in the window (``worst_held_pct``: the same
-  in per cent, as the line's floats have one decimal);
+  in per cent);
 - ``max_backlog_s``: the largest backlog (sent and committed, not yet handled; sampled
   every 0.1 s) in seconds of traffic (at the rate the producer reached);
 - ``recovery_s``: seconds from the release until the backlog is back under
@@ -49,6 +49,8 @@ from benchmarks.records import NOOP, QUEUE, read_records
 HELP = "steady load through one worker while a session holds the MVCC horizon (PostgreSQL)"
 WINDOW_S = 10
 SAMPLE_S = 0.1
+#: A window counts as held when it lies inside the hold to within this many seconds.
+HOLD_SLACK_S = 0.25
 #: Seconds the worker gets after the load to handle the rest.
 CATCH_UP_S = 60
 
@@ -124,10 +126,12 @@ class Holder:
         self.connection = None
         self.held_ns = self.released_ns = 0
 
-    def hold(self) -> None:
+    def connect(self) -> None:
         import psycopg
 
         self.connection = psycopg.connect(self.url)  # not autocommit: the first statement opens a transaction
+
+    def hold(self) -> None:
         self.connection.execute("SELECT txid_current()")
         self.held_ns = time.time_ns()
         log("horizon held (one session idle in a transaction that has an xid)")
@@ -135,23 +139,29 @@ class Holder:
     def release(self) -> None:
         if self.connection is not None:
             self.connection.rollback()
+            self.released_ns = time.time_ns()
             self.connection.close()
             self.connection = None
-            self.released_ns = time.time_ns()
-            log("horizon released")
+            if self.held_ns:
+                log("horizon released")
 
 
-def set_autovacuum(url: str, value: str) -> str:
-    """Set the server's autovacuum (ALTER SYSTEM + reload); the value it had before."""
+def set_autovacuum(url: str, value: str | None) -> str | None:
+    """Set the server's autovacuum ("on" / "off", ALTER SYSTEM + reload; None: back to the
+    configuration file's).  Returns what ALTER SYSTEM had set before (None: nothing)."""
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
-        before = conn.execute("SHOW autovacuum").fetchone()[0]
+        setting, source = conn.execute(
+            "SELECT setting, COALESCE(sourcefile, '') FROM pg_settings WHERE name = 'autovacuum'").fetchone()
+        before = setting if source.endswith("postgresql.auto.conf") else None
         try:
-            conn.execute(f"ALTER SYSTEM SET autovacuum = {'on' if value == 'on' else 'off'}")
+            conn.execute("ALTER SYSTEM RESET autovacuum" if value is None else f"ALTER SYSTEM SET autovacuum = {value}")
         except psycopg.errors.InsufficientPrivilege as exc:
             raise BenchmarkError(f"--autovacuum {value} needs a superuser on the server: {exc}") from None
         conn.execute("SELECT pg_reload_conf()")
+    if value is None:
+        return before
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:  # the reload is asynchronous
         with psycopg.connect(url, autocommit=True) as conn:
@@ -159,6 +169,15 @@ def set_autovacuum(url: str, value: str) -> str:
                 return before
         time.sleep(0.1)
     raise BenchmarkError(f"the server did not take autovacuum = {value}")
+
+
+def handled_count(path: str) -> int:
+    """Lines in the record file, counted without parsing them (it is read while the load runs)."""
+    try:
+        with open(path, "rb") as f:
+            return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    except FileNotFoundError:
+        return 0
 
 
 def backlog_series(commits: list[tuple[int, int]], handled_ns: list[int], start_ns: int,
@@ -192,7 +211,9 @@ def summarise(commits: list[tuple[int, int]], handled_ns: list[int], start_ns: i
         # behind the rate it aims at; sent_per_s says by how much).
         sent = sum(n for t, n in commits if lo <= t < hi)
         windows.append({"from_s": w * WINDOW_S, "pct": 100 * handled / sent if sent else 0.0,
-                        "held": hold_from <= w * WINDOW_S and (w + 1) * WINDOW_S <= hold_to})
+                        # (The hold's own instants are taken a few milliseconds after its
+                        # scheduled seconds, and the load starts just after the schedule's clock.)
+                        "held": hold_from - HOLD_SLACK_S <= w * WINDOW_S and (w + 1) * WINDOW_S <= hold_to + HOLD_SLACK_S})
     offered = sum(n for _, n in commits) / seconds  # what the producer reached: the traffic
     series = backlog_series(commits, handled_ns, start_ns, max(commits[-1][0], max(handled_ns, default=0)))
     before = [b for s, b in series if s < hold_from]
@@ -211,11 +232,15 @@ def summarise(commits: list[tuple[int, int]], handled_ns: list[int], start_ns: i
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    if args.hold_from + args.hold_for > args.duration:
-        raise BenchmarkError("the hold must end within the load (--hold-from + --hold-for <= --duration)")
+    if args.hold_from + args.hold_for > args.duration or args.hold_from < 0:
+        raise BenchmarkError("the hold must lie within the load (0 <= --hold-from, --hold-from + --hold-for <= "
+                             "--duration)")
+    if args.duration < args.batch / args.rate:
+        raise BenchmarkError("--duration must be long enough for one batch (--batch / --rate seconds)")
     workdir = Path(tempfile.mkdtemp(prefix="sluice-bench-horizon-"))
     record_file = str(workdir / "handled")
-    autovacuum_before = set_autovacuum(server_url(), args.autovacuum) if args.autovacuum != "server" else None
+    changed = args.autovacuum != "server"
+    autovacuum_before = set_autovacuum(server_url(), args.autovacuum) if changed else None
     try:
         with bench_database("postgresql", name="sluice_bench_horizon") as url:
             os.environ["SLUICE_HANDLER_MODULES"] = "benchmarks.handlers"
@@ -232,7 +257,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 result = load(url, args, record_file, worker)
                 worker.terminate()
     finally:
-        if autovacuum_before is not None:
+        if changed:
             set_autovacuum(server_url(), autovacuum_before)
     return {"benchmark": "horizon", "db": "postgresql", "rate": args.rate, "batch": args.batch,
             "duration_s": args.duration, "hold_from_s": args.hold_from, "hold_for_s": args.hold_for,
@@ -244,12 +269,13 @@ def load(url: str, args: argparse.Namespace, record_file: str, worker: Worker) -
     up to CATCH_UP_S for the worker to finish the backlog."""
     producer = Producer(args.rate, args.batch, args.duration)
     holder = Holder(url)
+    holder.connect()  # beforehand: the xid is taken at its second, not a connection later
     producer.start()
     started = time.monotonic()
     try:
         time.sleep(args.hold_from)
         holder.hold()
-        time.sleep(args.hold_for)
+        time.sleep(max(0.0, started + args.hold_from + args.hold_for - time.monotonic()))
     finally:
         holder.release()
     last_report = 0.0
@@ -258,19 +284,19 @@ def load(url: str, args: argparse.Namespace, record_file: str, worker: Worker) -
         if time.monotonic() - last_report >= 10:
             last_report = time.monotonic()
             log(f"{time.monotonic() - started:.0f} s: {sum(n for _, n in producer.commits)} sent, "
-                f"{len(read_records(record_file))} handled")
+                f"{handled_count(record_file)} handled")
     if producer.error is not None:
         raise BenchmarkError(f"the producer failed: {producer.error!r}")
     sent = sum(n for _, n in producer.commits)
     deadline = time.monotonic() + CATCH_UP_S
-    while len(read_records(record_file)) < sent:
+    while handled_count(record_file) < sent:
         if not worker.alive():
             raise BenchmarkError(f"the worker exited:\n{worker.tail()}")
         if time.monotonic() > deadline:  # a result all the same: it did not recover (recovery_s null)
-            log(f"the worker handled {len(read_records(record_file))} of {sent} within {CATCH_UP_S} s "
+            log(f"the worker handled {handled_count(record_file)} of {sent} within {CATCH_UP_S} s "
                 "of the load's end")
             break
-        time.sleep(0.5)
+        time.sleep(1.0)
     end_ns = producer.commits[-1][0]
     start_ns = producer.started_ns
     handled_ns = [r[2] for r in read_records(record_file)]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import time
 from dataclasses import dataclass
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Sequence
@@ -20,6 +19,7 @@ from django.db import DatabaseError, connections, transaction
 from core.conf import get_settings
 from core.db import StatementCursor
 from core.dialects import Dialect, dialect_for
+from core.dialects.rows import MESSAGE_COLUMNS
 from core.errors import PoisonMessage, UnknownQueue
 from core.messages import Headers, Message, decode_headers, wire_time
 # The names of a new message's checks and rows, where callers have always imported them.
@@ -35,6 +35,9 @@ log = logging.getLogger("sluice.transport")
 
 #: A statement and its parameters (Transport.send_along's ``along``).
 Statement = tuple[str, Sequence[Any]]
+
+#: Where a received row's RowVersion is (the receive returns MESSAGE_COLUMNS, then the expired flag).
+ROW_VERSION = MESSAGE_COLUMNS.index("RowVersion")
 
 #: The most rows one purge statement deletes (SQL Server escalates past 5,000 row locks).
 MAX_PURGE_BATCH = 4000
@@ -264,7 +267,9 @@ class Transport(MessageBuilder):
 
     # -- receiving -------------------------------------------------------------
     def receive_batch(self, queue: str, limit: int) -> list[Message]:
-        """Delete and return up to ``limit`` oldest messages no other receiver holds.
+        """Delete and return up to ``limit`` oldest messages no other receiver holds (on a
+        dialect with ``supports_receive_mark``: the oldest from the queue's mark on, with a
+        scan from the start now and then, core.runtime.marks).
 
         Inside ``transaction.atomic()`` the delete stays uncommitted until the block ends:
         a rollback puts the messages back.  Expired messages come back with
@@ -279,18 +284,15 @@ class Transport(MessageBuilder):
             return self._received(info, queue, rows)
         # From the queue's mark, past the rows earlier receives deleted (core.runtime.marks).
         key = (self.using, queue, info.record_id)
-        start = receive_marks.start(key)
-        began = time.perf_counter()
         with self._cursor() as cursor:
-            if start is None:
+            look = receive_marks.look(key)
+            if look.start is None:
                 rows = cursor.execute(d.receive(queue), [limit], prepare=True).fetchall()
             else:
-                rows = cursor.execute(d.receive_from(queue), d.receive_from_params(start, limit),
+                rows = cursor.execute(d.receive_from(queue), d.receive_from_params(look.start, limit),
                                       prepare=True).fetchall()
-        messages = self._received(info, queue, rows)
-        receive_marks.received(key, start, messages[0].row_version if messages else None,
-                               time.perf_counter() - began)
-        return messages
+            receive_marks.received(key, look, min((int(raw[ROW_VERSION]) for raw in rows), default=None))
+        return self._received(info, queue, rows)
 
     def _received(self, info: QueueInfo, queue: str, rows: list[tuple[Any, ...]]) -> list[Message]:
         d = self.dialect

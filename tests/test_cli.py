@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 
 import pytest
 
@@ -182,7 +183,9 @@ def test_worker_processes_demo_traffic_and_stops_cleanly(demo):
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(30) == 0
     assert sorted(PingRecord.objects.values_list("message_id", flat=True)) == sorted(ids)
-    assert "demo: received 5" in "".join(worker.output)
+    # Its summary on the way out.  (On a busy machine a Ping may fail once on SQLite's
+    # write lock and be received again: handled is the count that must be 5.)
+    assert re.search(r"demo: received \d+, handled 5, ", "".join(worker.output))
 
 
 def test_worker_demo_traffic_flag_sends_to_the_demo_queue(demo):

@@ -12,7 +12,7 @@ from django.db import connection, connections, transaction
 from core.dialects import dialect_for
 from core.queues import create_queue, delete_queue, registry
 from core.runtime import marks
-from core.runtime.marks import FULL_SCAN_EVERY, FULL_SCAN_SHARE, TRAIL, ReceiveMarks, receive_marks
+from core.runtime.marks import FULL_SCAN_EVERY, FULL_SCAN_MAX, FULL_SCAN_SHARE, TRAIL, ReceiveMarks, receive_marks
 from tests.conftest import open_transaction
 
 KEY = ("default", "q", 1)
@@ -27,60 +27,97 @@ class Clock:
 
 
 # -- the marks themselves ------------------------------------------------------------------
+def receive(kept: ReceiveMarks, clock: Clock, first: int | None, seconds: float = 0.001, key=KEY):
+    """One receive: its look, ``seconds`` of statement, its report; the look it had."""
+    look = kept.look(key)
+    clock.now += seconds
+    kept.received(key, look, first)
+    return look
+
+
 def test_without_a_full_scan_behind_it_a_receive_starts_from_the_start():
-    assert ReceiveMarks().start(KEY) is None
+    assert ReceiveMarks().look(KEY).start is None
 
 
 def test_a_full_scan_sets_the_mark_a_trail_behind_its_first_row_and_bounded_receives_move_it_on():
     clock = Clock()
     kept = ReceiveMarks(clock)
-    kept.received(KEY, None, 5000, 0.001)
-    assert kept.start(KEY) == 5000 - TRAIL
-    kept.received(KEY, 5000 - TRAIL, 7000, 0.001)
-    assert kept.start(KEY) == 7000 - TRAIL
-    kept.received(KEY, 7000 - TRAIL, 6500, 0.001)  # another thread's older batch: never back
-    assert kept.start(KEY) == 7000 - TRAIL
-    kept.received(KEY, 7000 - TRAIL, None, 0.001)  # nothing above the mark: it stays
-    assert kept.start(KEY) == 7000 - TRAIL
+    assert receive(kept, clock, 5000).start is None
+    assert receive(kept, clock, 7000).start == 5000 - TRAIL
+    assert kept.look(KEY).start == 7000 - TRAIL
+    receive(kept, clock, 6500)  # another thread's older batch: never back
+    receive(kept, clock, None)  # nothing above the mark: it stays
+    assert kept.look(KEY).start == 7000 - TRAIL
 
 
-def test_a_full_scan_comes_again_after_a_second_or_twenty_times_its_own_time():
+def test_a_full_scan_comes_again_after_a_second_or_twenty_times_its_own_time_at_most_ten_seconds():
     clock = Clock()
     kept = ReceiveMarks(clock)
-    kept.received(KEY, None, 5000, 0.001)
-    clock.now += FULL_SCAN_EVERY - 0.01
-    assert kept.start(KEY) is not None
+    receive(kept, clock, 5000)
+    clock.now += FULL_SCAN_EVERY - 0.02
+    assert kept.look(KEY).start is not None
+    clock.now += 0.02
+    assert receive(kept, clock, 3000, seconds=0.25).start is None  # slow (a held horizon); rows came back below
+    assert kept.look(KEY).start == 3000 - TRAIL
+    clock.now += FULL_SCAN_SHARE * 0.25 - 0.26
+    assert kept.look(KEY).start == 3000 - TRAIL
     clock.now += 0.01
-    assert kept.start(KEY) is None
-    kept.received(KEY, None, 3000, 0.5)  # a slow full scan (a held horizon): rows came back below
-    assert kept.start(KEY) == 3000 - TRAIL
-    clock.now += FULL_SCAN_SHARE * 0.5 - 0.01
-    assert kept.start(KEY) == 3000 - TRAIL
-    clock.now += 0.01
-    assert kept.start(KEY) is None
+    assert receive(kept, clock, 3000, seconds=5.0).start is None  # very slow: the wait is capped
+    clock.now += FULL_SCAN_MAX - 5.0
+    assert kept.look(KEY).start is None
+
+
+def test_one_thread_takes_a_due_full_scan_and_the_others_go_on_from_the_mark():
+    clock = Clock()
+    kept = ReceiveMarks(clock)
+    receive(kept, clock, 5000)
+    clock.now += FULL_SCAN_EVERY
+    assert kept.look(KEY).start is None  # this thread's full scan ...
+    assert kept.look(KEY).start == 5000 - TRAIL  # ... and not the next thread's
+    clock.now += FULL_SCAN_EVERY  # the first never reported (its statement failed): another comes
+    assert kept.look(KEY).start is None
+
+
+def test_a_late_report_never_undoes_a_full_scan_that_lowered_the_mark():
+    clock = Clock()
+    kept = ReceiveMarks(clock)
+    receive(kept, clock, 5000)
+    bounded = kept.look(KEY)  # a receive from the mark, slow to report
+    clock.now += FULL_SCAN_EVERY
+    receive(kept, clock, 2000)  # a full scan finds rows that came back below the mark
+    kept.received(KEY, bounded, 9000)
+    assert kept.look(KEY).start == 2000 - TRAIL
+    clock.now += FULL_SCAN_EVERY
+    older = kept.look(KEY)  # a full scan, so slow that the next one is due before it reports ...
+    assert older.start is None
+    clock.now += FULL_SCAN_EVERY
+    assert receive(kept, clock, 1500).start is None
+    kept.received(KEY, older, 8000)  # ... and reports after it: left out
+    assert kept.look(KEY).start == 1500 - TRAIL
 
 
 def test_an_empty_full_scan_keeps_the_mark_and_a_queue_never_seen_gets_none():
     clock = Clock()
     kept = ReceiveMarks(clock)
-    kept.received(KEY, None, None, 0.001)
-    assert kept.start(KEY) is None
-    kept.received(KEY, None, 5000, 0.001)
+    receive(kept, clock, None)
+    assert kept.look(KEY).start is None
+    receive(kept, clock, 5000)
     clock.now += FULL_SCAN_EVERY
-    kept.received(KEY, None, None, 0.001)
-    assert kept.start(KEY) == 5000 - TRAIL
+    assert receive(kept, clock, None).start is None
+    assert kept.look(KEY).start == 5000 - TRAIL
 
 
 def test_marks_are_kept_per_queue_table_and_bounded_in_number(monkeypatch):
     monkeypatch.setattr(marks, "MAX_MARKS", 3)
-    kept = ReceiveMarks(Clock())
+    clock = Clock()
+    kept = ReceiveMarks(clock)
     for n in range(3):
-        kept.received(("default", "q", n), None, 5000 + n, 0.001)
-    assert kept.start(("default", "q", 0)) == 5000 - TRAIL
-    assert kept.start(("default", "q", 3)) is None  # the same name, made anew: its own key
-    kept.received(("default", "q", 3), None, 9000, 0.001)
-    assert kept.start(("default", "q", 3)) == 9000 - TRAIL
-    assert kept.start(("default", "q", 0)) is None  # all started again
+        receive(kept, clock, 5000 + n, key=("default", "q", n))
+    assert kept.look(("default", "q", 0)).start == 5000 - TRAIL
+    assert kept.look(("default", "q", 3)).start is None  # the same name, made anew: its own key
+    receive(kept, clock, 9000, key=("default", "q", 3))
+    assert kept.look(("default", "q", 3)).start == 9000 - TRAIL
+    assert kept.look(("default", "q", 0)).start is None  # all started again
 
 
 # -- receives on a queue table --------------------------------------------------------------
@@ -109,7 +146,7 @@ def test_receives_take_every_row_in_order_across_the_mark(transport, queue, cloc
         firsts.append(batch[0].row_version)
     assert got == ids
     if marked(transport, queue):
-        assert receive_marks.start(key_of(transport, queue)) == firsts[-1] - TRAIL
+        assert receive_marks.look(key_of(transport, queue)).start == firsts[-1] - TRAIL
 
 
 def test_a_receive_that_rolled_back_gives_its_rows_to_the_next_one_first(transport, queue, clock):
@@ -130,7 +167,7 @@ def test_a_row_that_commits_below_the_mark_is_received_at_the_next_full_scan(tra
         transport.send_many(queue, [{"i": i} for i in range(2 * TRAIL)])
         while transport.receive_batch(queue, 100):
             pass
-        assert receive_marks.start(key_of(transport, queue)) is not None
+        assert receive_marks.look(key_of(transport, queue)).start is not None
     assert late
     assert transport.receive_batch(queue, 10) == []  # below the mark: not seen yet
     clock.now += FULL_SCAN_EVERY
@@ -177,7 +214,7 @@ def test_under_a_held_horizon_a_receive_reads_a_few_pages_not_every_delivered_ro
                 pass
         ids = transport.send_many(queue, [{"live": i} for i in range(10)])
         d = dialect_for(connection)
-        start = receive_marks.start(key_of(transport, queue))
+        start = receive_marks.look(key_of(transport, queue)).start
         assert start is not None
         from_mark = buffers_read(d.receive_from(queue), d.receive_from_params(start, 5))
         from_start = buffers_read(d.receive(queue), [5])
