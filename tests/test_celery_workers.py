@@ -190,11 +190,13 @@ def test_sigterm_finishes_in_flight_messages_and_a_second_worker_drains_the_rest
 
 def test_sigkill_during_receive_batches_loses_and_duplicates_nothing(cluster):
     t = Transport()
-    # Pings with a short Slow in every batch: the pump's transactions are open most of the time.
+    # Pings with a short Slow in every few batches: the pump's transactions are open most of
+    # the time, and the stream lasts seconds, so the kill lands in it even when this process
+    # is slow to see the 200th Ping (a CI run with 20 ms Slows once finished before it).
     sent = []
-    for chunk in range(30):
-        t.send_many("demo", [{"seconds": 0.02}], message_type="Slow")
-        sent += send_pings(50)
+    for chunk in range(60):
+        t.send_many("demo", [{"seconds": 0.05}], message_type="Slow")
+        sent += send_pings(25)
     first = cluster.worker()
     wait_pings(200, 60, "the pump under way")
     first.kill()
