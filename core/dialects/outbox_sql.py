@@ -250,3 +250,96 @@ class OutboxSQL(abc.ABC):
     def _lease_free(self) -> str:
         c = self._col
         return f"({c('DispatchingUntil')} IS NULL OR {c('DispatchingUntil')} <= {self.now_sql()})"
+
+
+class MSSQLOutboxSQL(OutboxSQL):
+    """SQL Server's outbox statements (core.dialects.mssql mixes them in): a table with a
+    nonclustered key, ``DELETE TOP``, ``OUTPUT`` and READPAST where the others use LIMIT,
+    RETURNING and SKIP LOCKED."""
+
+    def outbox_index_names(self, name: str) -> dict[str, str]:
+        return {"dispatched_at": "Index_DispatchedAt", "undispatched": "Index_Undispatched"}
+
+    def create_outbox_table(self, name: str) -> list[tuple[str, list[Any]]]:
+        t = self.table(name)
+        idx = self.outbox_index_names(name)
+        return self.create_schema() + [
+            (
+                # NONCLUSTERED primary key: message ids are random, and a clustered index
+                # on them would split pages on every insert (the queue tables are heaps
+                # for the same kind of reason).  Constraint names are unique per schema.
+                "IF OBJECT_ID(%s, N'U') IS NULL "
+                f"CREATE TABLE {t} ("
+                "[MessageId] nvarchar(200) NOT NULL, "
+                "[Dispatched] bit NOT NULL DEFAULT 0, "
+                "[DispatchedAt] datetime2 NULL, "
+                "[PersistenceVersion] varchar(23) NOT NULL, "
+                "[Operations] nvarchar(max) NOT NULL, "
+                "[CreatedAt] datetime2 NOT NULL DEFAULT SYSUTCDATETIME(), "
+                "[Quarantined] bit NOT NULL DEFAULT 0, "
+                "[LastError] nvarchar(max) NULL, "
+                f"CONSTRAINT {self.quote('PK_' + name)} PRIMARY KEY NONCLUSTERED ([MessageId]))",
+                [t],
+            ),
+            (
+                "IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE name = %s AND object_id = OBJECT_ID(%s)) "
+                f"CREATE NONCLUSTERED INDEX {self.quote(idx['dispatched_at'])} ON {t} ([DispatchedAt] ASC) "
+                "WHERE [Dispatched] = 1",
+                [idx["dispatched_at"], t],
+            ),
+            (
+                "IF NOT EXISTS (SELECT 1 FROM sys.indexes WHERE name = %s AND object_id = OBJECT_ID(%s)) "
+                f"CREATE NONCLUSTERED INDEX {self.quote(idx['undispatched'])} ON {t} ([CreatedAt] ASC) "
+                "WHERE [Dispatched] = 0",
+                [idx["undispatched"], t],
+            ),
+        ]
+
+    def before_now_sql(self) -> str:
+        # Same split as ttl_params (milliseconds left over, whole minutes): no int overflow.
+        return "DATEADD(millisecond, -%s, DATEADD(minute, -%s, GETUTCDATE()))"
+
+    def before_now_params(self, seconds: float) -> list[Any]:
+        return self.ttl_params(seconds)
+
+    def outbox_cleanup(self, name: str) -> str:
+        return (
+            f"DELETE TOP (%s) FROM {self.table(name)} WITH (ROWLOCK, READPAST) "
+            f"WHERE [Dispatched] = 1 AND [DispatchedAt] <= {self.before_now_sql()}"
+        )
+
+    def outbox_cleanup_params(self, keep_seconds: float, batch_size: int) -> list[Any]:
+        return [batch_size, *self.before_now_params(keep_seconds)]
+
+    def outbox_size(self, name: str) -> tuple[str, list[Any]]:
+        return ("SELECT ISNULL(SUM(reserved_page_count), 0) * 8192 FROM sys.dm_db_partition_stats "
+                "WHERE object_id = OBJECT_ID(%s)", [self.table(name)])
+
+    def outbox_data_size(self, name: str) -> tuple[str, list[Any]]:
+        return (
+            "SELECT ISNULL(SUM(DATALENGTH([MessageId]) + DATALENGTH([Operations]) + "
+            "ISNULL(DATALENGTH([LastError]), 0) + DATALENGTH([PersistenceVersion]) + 24), 0) "
+            f"FROM {self.table(name)} WITH (NOLOCK)",
+            [],
+        )
+
+    # -- outbox phase-2 lease (core-b; see Dialect.outbox_claim_lease) -------------------
+    OUTBOX_LEASE_COLUMN_TYPES = {"DispatchingUntil": "datetime2", "DispatchToken": "varchar(36)"}
+
+    def outbox_column_exists(self, name: str, column: str) -> tuple[str, list[Any]]:
+        return ("SELECT 1 WHERE COL_LENGTH(%s, %s) IS NOT NULL", [self.table(name), column])
+
+    def outbox_add_column(self, name: str, column: str) -> str:
+        return f"ALTER TABLE {self.table(name)} ADD {self.quote(column)} {self.OUTBOX_LEASE_COLUMN_TYPES[column]} NULL"
+
+    def update_returning(self, name: str, assignments: str, where: str, columns: list[str]) -> str:
+        returned = ", ".join(f"inserted.{self._col(column)}" for column in columns)
+        return f"UPDATE {self.table(name)} SET {assignments} OUTPUT {returned} WHERE {where}"
+
+    def outbox_claim_lease(self, name: str, count: int, include_quarantined: bool = False) -> str:
+        # ROWLOCK + READPAST: take row locks only, pass over records another dispatcher is
+        # claiming (the SKIP LOCKED of SQL Server); OUTPUT returns what was leased.
+        return (f"UPDATE {self.table(name)} WITH (ROWLOCK, READPAST) "
+                f"SET [DispatchingUntil] = {self.expires_after_ttl_sql()}, [DispatchToken] = %s "
+                f"OUTPUT inserted.[MessageId], inserted.[Operations], inserted.[CreatedAt], {self.now_sql()} "
+                f"WHERE {self._claim_where(count, include_quarantined)} AND {self._lease_free()}")
