@@ -95,14 +95,22 @@ def rate(count: int, seconds: float) -> float | None:
 
 
 # -- arguments -------------------------------------------------------------------------
-def positive_int(text: str) -> int:
+def _whole_number(text: str, least: int, what: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be {what}, not {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _whole_number(text, 1, "at least 1")
+
+
+def non_negative_int(text: str) -> int:
+    return _whole_number(text, 0, "0 or more")
 
 
 def add_database_argument(parser: argparse.ArgumentParser) -> None:

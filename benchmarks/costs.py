@@ -1,6 +1,6 @@
 """``python -m benchmarks costs``: what one handled message costs, counted rather than timed.
 
-    python -m benchmarks costs [--messages N] [--batch-size B]
+    python -m benchmarks costs [--messages N] [--batch-size B] [--records R]
 
 PostgreSQL only.  A pump in this process drains N messages (pre-filled with
 ``send_many``) of one queue for each variant:
@@ -18,6 +18,13 @@ WAL position before and after), ``db_cpu_us`` (CPU time of the PostgreSQL backen
 the pump's connection, from /proc: this machine runs the server) and ``worker_cpu_us``
 (this process's CPU time).  Counts and CPU time, not wall time: other work on the machine
 hardly moves them, so two runs on a busy machine still compare.
+
+``--records R`` first fills the processing records' table with R records (ids made as
+``send`` makes them, ended over the last hour) and takes a checkpoint before each variant,
+as a worker meets a table holding the retention's records, some minutes after the last
+checkpoint: what a record costs depends on how its index keys fall among those already
+there.  The checkpoint needs the ``pg_checkpoint`` role (or a superuser); without it the
+run says so and goes on.
 """
 from __future__ import annotations
 
@@ -27,7 +34,8 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from benchmarks.common import BenchmarkError, bench_database, log, positive_int, setup_django, standard_main
+from benchmarks.common import (BenchmarkError, bench_database, log, non_negative_int, positive_int, setup_django,
+                               standard_main)
 
 HELP = "per-message cost of handling (statements, WAL bytes, database and worker CPU), by variant"
 QUEUE = "costs"
@@ -41,6 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="messages per variant (default 5000)")
     parser.add_argument("--batch-size", type=positive_int, default=None, metavar="B",
                         help="receive batch size (default: SLUICE_RECEIVE_BATCH_SIZE's)")
+    parser.add_argument("--records", type=non_negative_int, default=0, metavar="R",
+                        help="processing records in the table before the variants run (default 0)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,6 +116,38 @@ def registry() -> Any:
     return handlers
 
 
+def fill_records(count: int) -> None:
+    """``count`` processing records, in chunks of 10,000, with message and conversation ids
+    made the way send() makes them."""
+    from core.outgoing import new_ids
+    from core.records.writer import insert_rows, now_us
+
+    start = now_us() - 3600 * 1_000_000
+    step = max(1, 3600 * 1_000_000 // max(count, 1))
+    for first in range(0, count, 10_000):
+        size = min(10_000, count - first)
+        ids = new_ids(2 * size)
+        rows = []
+        for i in range(size):
+            ended = start + (first + i) * step
+            rows.append((ids[2 * i], "Noop", QUEUE, QUEUE, ended - 900, ended - 400, ended, "processed", 1, None,
+                         ids[2 * i + 1], None, ids[2 * i], "send", QUEUE, "bench-host", "bench-host:1", None))
+        insert_rows(rows, "default")
+        if first % 200_000 == 0:
+            log(f"records: {first + size:,} of {count:,}")
+
+
+def checkpoint() -> None:
+    """A checkpoint, so that every variant starts as a worker does after one (best effort)."""
+    from django.db import DatabaseError, connection
+
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("CHECKPOINT")
+    except DatabaseError as exc:
+        log(f"no checkpoint ({str(exc).strip()}): WAL figures depend on when the server took its last one")
+
+
 def drain(variant: str, n: int, batch_size: int | None, handlers: Any) -> dict[str, Any]:
     from django.test import override_settings
 
@@ -149,9 +191,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         create_queue(ONWARD)
         create_outbox_table()
         handlers = registry()
+        fill_records(args.records)
         drain("noop", min(args.messages, 500), args.batch_size, handlers)  # warm: caches, prepared statements
         result: dict[str, Any] = {"benchmark": "costs", "messages": args.messages, "db": "postgresql"}
+        if args.records:
+            result["records"] = args.records
         for variant in VARIANTS:
+            if args.records:
+                checkpoint()
             for key, value in drain(variant, args.messages, args.batch_size, handlers).items():
                 result[f"{variant}_{key}"] = value
     return result

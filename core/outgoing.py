@@ -14,6 +14,7 @@ import json
 import os
 import re
 import socket
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -153,12 +154,29 @@ def row_id_for(message_id: str) -> str:
 
 
 def new_ids(count: int) -> list[str]:
-    """``count`` random (version 4) UUIDs in their canonical text form, from one read of
-    the system's random source: the same values ``str(uuid.uuid4())`` gives, at a
-    fraction of the cost (no UUID object, no int round trip)."""
-    raw = os.urandom(16 * count).hex()
-    return [f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
-            for h in (raw[i:i + 32] for i in range(0, 32 * count, 32))]
+    """``count`` new time-ordered (version 7, RFC 9562) UUIDs in their canonical text form:
+    48 bits of Unix milliseconds, 12 of the fraction of the millisecond, then 62 random bits,
+    from one clock read and one read of the system's random source.
+
+    Why not random (version 4) ids: a processing record's message_id and conversation_id,
+    an outbox row's key and a task's result row are B-tree keys.  A random key lands on a
+    random leaf of a large index, and after each checkpoint the first change to a leaf
+    writes the whole 8 kB page to the WAL; ids that grow with time append at the right
+    edge.  With a million records in the table, records cost 5,749 WAL bytes and 33.5 µs
+    of database CPU per row with random ids, 730 and 20 µs with these
+    (docs/benchmarks.md).  Ids made later sort after ids made earlier, as text and as
+    uuids; the ids of one call share their time and differ in their random bits."""
+    now = time.time_ns()
+    ms, fraction = divmod(now, 1_000_000)
+    stamp = f"{ms & 0xFFFF_FFFF_FFFF:012x}"
+    head = f"{stamp[:8]}-{stamp[8:]}-7{fraction * 4096 // 1_000_000:03x}-"
+    raw = os.urandom(8 * count).hex()
+    return [f"{head}{_VARIANT[raw[i]]}{raw[i + 1:i + 4]}-{raw[i + 4:i + 16]}" for i in range(0, 16 * count, 16)]
+
+
+def new_id() -> str:
+    """One new message id (see :func:`new_ids`)."""
+    return new_ids(1)[0]
 
 
 def like_first(first: OutgoingMessage, bodies: Sequence[Any], *, content_type: str | None,
@@ -244,13 +262,14 @@ class MessageBuilder:
             raise BodyTooLarge(
                 f"body is {len(data)} bytes; SLUICE_MAX_BODY_BYTES allows {settings.MAX_BODY_BYTES}"
             )
-        message_id = validate_message_id(str(uuid.uuid4()) if message_id is None else message_id)
+        new_message_id, conversation_id = new_ids(2)
+        message_id = validate_message_id(new_message_id if message_id is None else message_id)
         if message_type is not None and (not isinstance(message_type, str) or not message_type.strip()):
             raise InvalidMessage(f"message type must be a non-empty string, not {message_type!r}")
         all_headers: dict[str, str] = {
             Headers.MESSAGE_ID: message_id,
             Headers.CORRELATION_ID: correlation_id or message_id,
-            Headers.CONVERSATION_ID: str(uuid.uuid4()),
+            Headers.CONVERSATION_ID: conversation_id,
             Headers.CONTENT_TYPE: ctype,
             Headers.TIME_SENT: wire_time(dt.datetime.now(dt.timezone.utc)),
             Headers.ORIGINATING_ENDPOINT: settings.ENDPOINT,

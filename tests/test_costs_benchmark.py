@@ -29,3 +29,17 @@ def test_the_costs_benchmark_counts_every_variant():
     assert data["noop_no_records_wal_bytes"] < data["noop_wal_bytes"]
     assert data["relay_statements_per_100"] > data["noop_statements_per_100"]
     assert data["relay_outbox_statements_per_100"] > data["relay_statements_per_100"]
+
+
+def test_the_costs_benchmark_runs_against_a_table_that_already_holds_records():
+    """``--records R`` fills the records' table first (ids made as send() makes them) and
+    says so in its line; a count below 0 is refused before anything runs."""
+    result = subprocess.run([sys.executable, "-m", "benchmarks", "costs", "--messages", "40", "--records", "25000"],
+                            cwd=ROOT, capture_output=True, timeout=300)
+    assert result.returncode == 0, result.stderr.decode()
+    data = json.loads(result.stdout.decode().splitlines()[-1])
+    assert data["records"] == 25000 and data["messages"] == 40
+    assert data["noop_wal_bytes"] > data["noop_no_records_wal_bytes"]
+    refused = subprocess.run([sys.executable, "-m", "benchmarks", "costs", "--records", "-5"],
+                             cwd=ROOT, capture_output=True, timeout=60)
+    assert refused.returncode == 2 and b"--records: must be 0 or more, not -5" in refused.stderr

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import uuid
 from typing import Any, Mapping, NamedTuple
 
 from django.db import transaction
@@ -20,6 +19,7 @@ from core.failures.records import (EDIT_OF, POISON_TYPE, RETRIED_AT, RETRY_OF, R
                                    in_queue, message_part, stored_headers)
 from core.messages import Headers, encode_headers, wire_time
 from core.models import FailedMessage, FailureStatus
+from core.outgoing import new_id
 from core.transport import Transport
 
 log = logging.getLogger("sluice.failures")
@@ -112,7 +112,7 @@ def edit_and_retry(message_id: str, new_body: bytes | str, new_headers: Mapping[
         if new_headers is None and Headers.RAW_HEADERS in stored and record.exception_type == POISON_TYPE:
             raise RetryRefused("poison message: its original headers could not be read; give corrected headers")
         now = timezone.now()
-        copy_id = str(uuid.uuid4())
+        copy_id = new_id()
         headers = retry_headers(dict(new_headers) if new_headers is not None else stored, record.message_id, now)
         headers.pop(Headers.RAW_HEADERS, None)
         headers.update({Headers.MESSAGE_ID: copy_id, Headers.CORRELATION_ID: record.message_id,

@@ -1,7 +1,6 @@
 """The transactional session: outbox messages from code outside a handler."""
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from django.db import transaction
@@ -11,6 +10,7 @@ from core.outbox.operations import EMPTY_OPERATIONS
 from core.outbox.phases import Outbox
 from core.outbox.sender import OutboxSender
 from core.outbox.store import OutboxConflict
+from core.outgoing import new_id
 from core.transport import validate_message_id
 
 
@@ -44,7 +44,7 @@ class OutboxSession:
         self.outbox = outbox or Outbox(using)
         self.using = self.outbox.using
         self.stable = message_id is not None
-        self.message_id = message_id or str(uuid.uuid4())
+        self.message_id = message_id or new_id()
         self.already_processed = False
         self.sender = OutboxSender(self.using)
         self._placeholder = False

@@ -16,7 +16,6 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
-import uuid
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -28,7 +27,7 @@ from core.conf import get_settings
 from core.errors import InvalidQueueName, InvalidTTL
 from core.messages import Message
 from core.models import TaskResultRecord
-from core.outgoing import ProducerHeaders, json_text, producer_headers_checked
+from core.outgoing import ProducerHeaders, json_text, new_id, producer_headers_checked
 from core.queues import validate_name, validate_ttl
 from core.tasks.framework import (BaseTaskBackend, InvalidTaskError, Task, TaskResult, TaskResultDoesNotExist,
                                   normalize_json, task_enqueued)
@@ -186,7 +185,7 @@ class SluiceTaskBackend(BaseTaskBackend):
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         checked = self._checked(task)
         args_kwargs_json, args_kwargs = task_arguments(args, kwargs)
-        result_id = str(uuid.uuid4())  # the form a MessageId takes (Transport keeps it as is)
+        result_id = new_id()  # a MessageId, time-ordered: the result table's key appends
         using = self.using
         # The body send() would write for {"task": …, "backend": …, "queue_name": …, "args":
         # …, "kwargs": …}, from the arguments' JSON made once for it and the result row.
