@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import threading
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from functools import partial
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from django.db import connections
 
@@ -113,25 +113,55 @@ class StatementCursor:
         if not self._server:
             self._cursor.execute(sql, params)
             return self
+        self._wrapped(sql, params, partial(self._run, prepare=prepare))
+        return self
+
+    def copy_in(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """Send ``rows`` to ``sql`` (a dialect's ``copy_in``: ``COPY … FROM STDIN``), as one
+        statement of this connection's transaction.  Only on the server cursor
+        (:attr:`Dialect.supports_copy_in`).
+
+        A value the driver cannot send (a NUL or a lone surrogate in a string) raises
+        ValueError before anything is sent, as a refused parameter does for
+        :meth:`execute`: a COPY that failed half-way would end the transaction, and the
+        caller could not write the rows again with those characters replaced."""
+        texts = "".join([value for row in rows for value in row if type(value) is str])
+        if "\x00" in texts:
+            raise ValueError("a string holds a NUL character, which PostgreSQL's text cannot")
+        texts.encode("utf-8")  # UnicodeEncodeError (a ValueError) for a lone surrogate
+        self._wrapped(sql, (), partial(self._run_copy, rows=rows))
+
+    def _wrapped(self, sql: str, params: Sequence[Any], run: Any) -> None:
+        """``run(sql, params, many, context)`` inside the connection's execute wrappers."""
         db = self._db
         db.validate_no_broken_transaction()
         if db.execute_wrappers:
-            run = partial(self._run, prepare=prepare)
             for wrapper in reversed(db.execute_wrappers):
                 run = partial(wrapper, run)
             run(sql, params, False, {"connection": db, "cursor": self})
         else:
-            self._run(sql, params, False, None, prepare=prepare)
-        return self
+            run(sql, params, False, None)
 
     def _run(self, sql: str, params: Sequence[Any], many: bool, context: Any, *, prepare: bool) -> None:
-        db = self._db
-        logged = db.queries_logged
-        started = time.monotonic() if logged else 0.0
-        with db.wrap_database_errors:
+        with self._logged(sql), self._db.wrap_database_errors:
             self._cursor.execute(sql, params, prepare=prepare and self._prepare)
-        if logged:
-            db.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
+
+    def _run_copy(self, sql: str, params: Sequence[Any], many: bool, context: Any, *,
+                  rows: Sequence[Sequence[Any]]) -> None:
+        with self._logged(sql), self._db.wrap_database_errors, self._cursor.copy(sql) as copy:
+            for row in rows:
+                copy.write_row(row)
+
+    @contextmanager
+    def _logged(self, sql: str) -> Iterator[None]:
+        """Log the statement in ``connection.queries`` when Django logs them."""
+        db = self._db
+        if not db.queries_logged:
+            yield
+            return
+        started = time.monotonic()
+        yield
+        db.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
 
     def fetchall(self) -> list[tuple[Any, ...]]:
         if not self._server:

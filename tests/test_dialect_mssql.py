@@ -235,7 +235,7 @@ def test_every_named_statement_is_covered():
                "delayed_insert_params", "delayed_insert_many_params", "insert_rows_per_statement", "delayed_fetch_params", "delayed_claim_params", "notify", "error_codes", "is_transient", "is_missing_table",
                "transaction_aborted",  # reads the driver's state: no SQL
                    # PostgreSQL only (capability flags): no SQL Server statement to check.
-                   "server_cursor", "table_upkeep", "table_upkeep_active", "insert_arrays", "horizon_settled",
+                   "server_cursor", "table_upkeep", "table_upkeep_active", "copy_in", "horizon_settled",
                "reclaim_dead_rows"}
     public = {n for cls in (Dialect, DelayedSQL) for n, v in vars(cls).items()
               if callable(v) and not n.startswith("_")} - helpers

@@ -3,6 +3,7 @@ in the receive's transaction, switchable."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 
 import pytest
 from django.db import connection
@@ -13,7 +14,7 @@ from core.queues import dialect
 from core.models.records import ProcessingRecord
 from core.outgoing import valid_correlation_id
 from core.records.writer import insert_rows, intent_of, now_us, sent_us, trace_id_of
-from tests.conftest import drain
+from tests.conftest import drain, put_raw_row
 
 
 def records_of(queue: str) -> list[ProcessingRecord]:
@@ -67,9 +68,35 @@ def test_one_insert_per_receive_batch_in_the_receive_transaction(transport, queu
     with CaptureQueriesContext(connection) as ctx:
         assert pump.receive_and_process(10) == 10
     inserts = [q["sql"] for q in ctx.captured_queries if "sluice_processing_record" in q["sql"]]
-    # One statement: a multi-row VALUES, or on PostgreSQL one array per column (unnest).
-    assert len(inserts) == 1 and (inserts[0].count("), (") == 9 or "unnest(" in inserts[0])
+    # One statement: a multi-row VALUES, or on PostgreSQL a COPY from the client.
+    assert len(inserts) == 1 and (inserts[0].count("), (") == 9 or inserts[0].startswith("COPY "))
     assert len(records_of(queue)) == 10
+
+
+def test_header_values_no_text_column_holds_are_recorded_replaced_in_the_same_statement(
+        transport, queue, pump_for, temp_handlers):
+    """Another system's row whose headers (valid JSON) carry a NUL and a lone surrogate: the
+    batch's records are refused before anything reaches the database (on PostgreSQL, before
+    the COPY starts), written again with U+FFFD in their place, and the batch commits, its
+    other record untouched.  The message keeps its headers as they were."""
+    seen = []
+    temp_handlers(queue, "Odd\x00Type", lambda m, c: seen.append(m.headers[Headers.ORIGINATING_ENDPOINT]))
+    temp_handlers(queue, "Plain", lambda m, c: seen.append("plain"))
+    odd = json.dumps({Headers.MESSAGE_ID: "0b5e3c1e-0000-4000-8000-0000000000aa", Headers.ENCLOSED_MESSAGE_TYPES:
+                      "Odd\x00Type", Headers.ORIGINATING_ENDPOINT: "far\ud800side"})
+    put_raw_row(queue, odd, b"{}")
+    plain_id = transport.send(queue, {}, message_type="Plain")
+    pump = pump_for(queue, concurrency=1, receive_batch_size=10)
+    with CaptureQueriesContext(connection) as ctx:
+        assert pump.receive_and_process(10) == 2
+    assert seen == ["far\ud800side", "plain"]
+    writes = [q["sql"] for q in ctx.captured_queries if "sluice_processing_record" in q["sql"]]
+    assert len(writes) == 1  # the refused first try never reached the database
+    rows = {r.message_id: r for r in records_of(queue)}
+    weird = rows["0b5e3c1e-0000-4000-8000-0000000000aa"]
+    assert (weird.message_type, weird.originating_endpoint, weird.outcome) == (
+        "Odd\ufffdType", "far\ufffdside", "processed")
+    assert rows[plain_id].message_type == "Plain" and rows[plain_id].outcome == "processed"
 
 
 class WorkerDied(BaseException):

@@ -84,3 +84,34 @@ def test_statements_run_in_the_connections_transaction(transport, queue):
         assert transport.counts(queue).total == 2
         raise RuntimeError("roll back")
     assert transport.counts(queue).total == 0
+
+
+@pytest.mark.postgresql
+def test_a_copy_runs_in_the_transaction_through_the_wrappers_and_refuses_unsendable_text_before_it_starts(
+        transactional_db):
+    """COPY … FROM STDIN (the processing records' write on PostgreSQL) is one statement of
+    the connection's transaction: execute wrappers see it, a rollback takes its rows back,
+    and a value the driver cannot send raises ValueError with nothing sent, so the
+    transaction goes on."""
+    seen = []
+
+    def wrapper(execute, sql, params, many, context):
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TABLE IF EXISTS pg_temp.sluice_copy_probe")
+        cursor.execute("CREATE TEMPORARY TABLE sluice_copy_probe (n bigint, t varchar(20))")
+    copy = "COPY sluice_copy_probe (n, t) FROM STDIN"
+    with pytest.raises(RuntimeError), transaction.atomic(), StatementCursor("default") as cursor:
+        cursor.copy_in(copy, [(1, "one"), (2, None)])
+        raise RuntimeError("roll back")
+    with transaction.atomic(), connection.execute_wrapper(wrapper), StatementCursor("default") as cursor:
+        for unsendable in ("nul\x00", "half \ud800 pair"):
+            with pytest.raises(ValueError):
+                cursor.copy_in(copy, [(3, "fine"), (4, unsendable)])
+        cursor.copy_in(copy, [(5, "tab\tand\nnewline"), (6, None)])
+    assert seen == [copy]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT n, t FROM sluice_copy_probe ORDER BY n")
+        assert cursor.fetchall() == [(5, "tab\tand\nnewline"), (6, None)]

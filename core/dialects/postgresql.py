@@ -44,7 +44,7 @@ class PostgreSQLDialect(PostgreSQLTaskSQL, DelayedSQL, OutboxSQL, DashboardSQL, 
     supports_server_binding = True
     supports_prepared_statements = True
     supports_table_upkeep = True
-    supports_array_insert = True
+    supports_copy_in = True
     supports_commit_snapshots = True
     supports_receive_mark = True
     limit = " LIMIT %s"
@@ -192,9 +192,8 @@ SELECT (SELECT MAX({self.quote('id')}) FROM {table}),
         return ("SELECT NOT EXISTS (SELECT 1 FROM pg_snapshot_xip(%s::pg_snapshot) AS x "
                 "WHERE NOT pg_visible_in_snapshot(x, pg_current_snapshot()))")
 
-    def insert_arrays(self, table: str, columns: Sequence[str], types: Sequence[str]) -> str:
-        arrays = ", ".join(f"%b::{t}[]" for t in types)
-        return f"INSERT INTO {table} ({', '.join(self.quote(c) for c in columns)}) SELECT * FROM unnest({arrays})"
+    def copy_in(self, table: str, columns: Sequence[str]) -> str:
+        return f"COPY {table} ({', '.join(self.quote(c) for c in columns)}) FROM STDIN"
 
     def insert_along(self, insert_sql: str, along_sql: str) -> str | None:
         # A data-modifying WITH runs exactly once whether or not the main statement reads it.

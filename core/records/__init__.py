@@ -2,8 +2,8 @@
 
 - :mod:`core.models.records`: the record, watermark, run and metric-window tables (with the
   engine's other models);
-- :mod:`core.records.writer`: the pump's per-batch writer (one multi-row INSERT per
-  receive batch, in the receive's own transaction);
+- :mod:`core.records.writer`: the pump's per-batch writer (one statement per receive
+  batch, COPY or a multi-row INSERT, in the receive's own transaction);
 - :mod:`core.records.export`: records → Parquet data set, incrementally (watermark);
 - :mod:`core.records.horizon`: where the export may cut without passing a record over;
 - :mod:`core.records.retention`: exported records leave the database after the retention;

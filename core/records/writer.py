@@ -1,4 +1,4 @@
-"""The pump's record writer: a receive batch's records in one multi-row INSERT.
+"""The pump's record writer: a receive batch's records in one statement (COPY or a multi-row INSERT).
 
 The pump calls one method per decision (processed, failed/retried, expired or
 dead-lettered, moved to the error queue) while it processes a batch, then
@@ -182,28 +182,27 @@ class RecordBatch:
         return written
 
 
-#: The array INSERT's text per database alias (insert_rows).
-_array_sql: dict[str, str] = {}
+#: The COPY statement's text per database alias (insert_rows).
+_copy_sql: dict[str, str] = {}
 
 
 def insert_rows(rows: Sequence[tuple], using: str) -> None:
-    """INSERT ``rows`` (tuples in :data:`COLUMNS` order): one statement of one array per
-    column where the dialect takes arrays (prepared once: its text never changes), else
-    multi-row VALUES, as many rows per statement as Django's own per-database parameter
-    limit allows (SQLite, SQL Server's 2,100).  A row may stop after ``deliver_at_us`` (the
-    first ten columns, as bulk loaders and older callers write them): the conversation and
-    worker columns are then NULL."""
+    """INSERT ``rows`` (tuples in :data:`COLUMNS` order): one ``COPY … FROM STDIN`` where
+    the dialect has it (PostgreSQL), else multi-row VALUES, as many rows per statement as
+    Django's own per-database parameter limit allows (SQLite, SQL Server's 2,100).  A row
+    may stop after ``deliver_at_us`` (the first ten columns, as bulk loaders and older
+    callers write them): the conversation and worker columns are then NULL."""
     if any(len(row) < len(COLUMNS) for row in rows):
         rows = [tuple(row) + (None,) * (len(COLUMNS) - len(row)) for row in rows]
     conn = connections[using]
     d = dialect(using)
     table = conn.ops.quote_name(ProcessingRecord._meta.db_table)
-    if d.supports_array_insert:
-        sql = _array_sql.get(using)
+    if d.supports_copy_in:
+        sql = _copy_sql.get(using)
         if sql is None:  # once per alias: this runs for every receive batch
-            sql = _array_sql[using] = d.insert_arrays(table, COLUMNS, [field.db_type(conn) for field in _FIELDS])
+            sql = _copy_sql[using] = d.copy_in(table, COLUMNS)
         with StatementCursor(using) as cursor:
-            cursor.execute(sql, [list(column) for column in zip(*rows)], prepare=True)
+            cursor.copy_in(sql, rows)
         return
     head = f"INSERT INTO {table} ({', '.join(conn.ops.quote_name(c) for c in COLUMNS)}) VALUES "
     one = "(" + ", ".join(["%s"] * len(COLUMNS)) + ")"
