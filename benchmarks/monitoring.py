@@ -2,8 +2,8 @@
 
 :func:`fill` writes ``--monitoring-records`` processing records (default 10,000,000) over the
 last 24 hours (SLUICE_RECORDS_RETENTION's day) across the benchmark's queues, two days of
-queue-length samples every 10 s per queue, the day's records summed per queue and minute (as
-the sampler leaves them), seven days of hourly metric windows and a few deploy markers, with ``INSERT … SELECT`` over a generated series (PostgreSQL
+queue-length samples every 10 s per queue, the day's records summed per queue and minute and
+per queue and hour (as the sampler leaves them), seven days of hourly metric windows and a few deploy markers, with ``INSERT … SELECT`` over a generated series (PostgreSQL
 ``generate_series``, SQLite a recursive CTE), untimed.  :func:`measure` then times, through
 the logged-in test client:
 
@@ -55,7 +55,7 @@ def fill(records: int, queues: list[str]) -> None:
 
     from core.db import database_now_us
     from core.models.monitoring import RollupMark
-    from core.monitoring.queue_samples import roll_up_minutes
+    from core.monitoring.queue_samples import roll_up_hours, roll_up_minutes
     from core.models.records import MetricWindow
     from dashboard.models import DeployMarker
 
@@ -97,7 +97,11 @@ def fill(records: int, queues: list[str]) -> None:
     while rolled:
         rolled = roll_up_minutes(now_us=now)
         minutes += rolled
-    log(f"monitoring: {minutes:,} queue minutes rolled up")
+    hours = rolled = roll_up_hours()
+    while rolled:
+        rolled = roll_up_hours()
+        hours += rolled
+    log(f"monitoring: {minutes:,} queue minutes and {hours:,} queue hours rolled up")
     first_hour = dt.datetime.fromtimestamp(now // 3_600_000_000 * 3600, dt.timezone.utc)
     windows = [MetricWindow(queue=name, message_type=f"Bench.Type{t}", window_seconds=3600, messages=1000,
                             window_start=first_hour - dt.timedelta(hours=h), throughput_per_s=1000 / 3600,

@@ -12,13 +12,15 @@ import redis
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from core.monitoring import live as monitoring
 from core.runtime.health import KEY_PREFIX
 from core.runtime.lease import Lease
-from core.models.monitoring import QueueMinute, QueueSample, grain_of
+from core.models.monitoring import QueueHour, QueueMinute, QueueSample, RollupMark, grain_of
 from core.db import database_now_us
-from core.monitoring.queue_samples import QueueSampler, delete_old_samples, roll_up_minutes
+from core.monitoring.queue_samples import QueueSampler, delete_old_minutes, delete_old_samples, roll_up_hours, roll_up_minutes
 from core.models.records import MetricWindow, ProcessingRecord
 from dashboard.models import AuditEntry, DeployMarker
 from tests.dashboard_pages_support import (  # noqa: F401 — fixtures
@@ -263,6 +265,55 @@ def test_minutes_rolled_up_give_the_same_figures_as_the_records(viewer_client, b
     minutes = QueueMinute.objects.filter(queue=busy_queue)
     assert sum(m.records for m in minutes) == 10 and sum(m.retried for m in minutes) == 1
     assert figures() == before and before["records"] == 10
+
+
+def test_hours_rolled_up_give_the_same_figures_as_the_minutes_and_the_records(viewer_client, busy_queue):
+    """A range of days (buckets of whole hours) reads the hours the sampler summed from its
+    minutes, the minutes on either side and the records after them: the figures are the
+    same from the records alone, after the minutes' roll-up and after the hours'."""
+    three_hours = 3 * 3600 * US
+    for r in ProcessingRecord.objects.filter(queue=busy_queue):  # handled three hours ago
+        ProcessingRecord.objects.filter(pk=r.pk).update(
+            ended_us=r.ended_us - three_hours, started_us=r.started_us - three_hours,
+            time_sent_us=r.time_sent_us - three_hours)
+    now = database_now_us()
+    RollupMark.objects.create(name="queue-minutes", until_us=(now - 5 * 3600 * US) // (60 * US) * 60 * US)
+    since = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=2)).strftime("%Y-%m-%dT%H:%M")
+
+    def figures() -> dict:
+        body = viewer_client.get("/api/monitoring/", {"period": "range", "from": since}).json()
+        assert body["period"]["bucket_seconds"] % 3600 == 0
+        q = next(x for x in body["queues"] if x["queue"] == busy_queue)
+        return {k: q[k] for k in ("records", "retried", "failures", "skewed")} | {
+            "processing": round(q["processing_avg_ms"], 6), "critical": round(q["critical_avg_ms"], 6),
+            "per_bucket": [b["records"] for b in q["buckets"]]}
+
+    from_records = figures()
+    for _ in range(6):  # an hour of minutes a call, from five hours ago
+        roll_up_minutes()
+    from_minutes = figures()
+    assert roll_up_hours() >= 1 and roll_up_hours() == 0
+    hours = QueueHour.objects.filter(queue=busy_queue)
+    assert sum(h.records for h in hours) == 10 and sum(h.retried for h in hours) == 1
+    assert all(h.hour_us % (3600 * US) == 0 for h in hours)
+    with CaptureQueriesContext(connection) as ctx:
+        from_hours = figures()
+    assert any("sluice_queue_hour" in q["sql"] for q in ctx.captured_queries)
+    assert from_records == from_minutes == from_hours and from_records["records"] == 10
+
+
+def test_an_hour_is_rolled_up_once_its_minutes_are_and_old_hours_are_deleted(busy_queue):
+    hour = 3600 * US
+    now = database_now_us()
+    assert roll_up_hours() == 0  # no minutes rolled up yet: nothing to sum
+    RollupMark.objects.create(name="queue-minutes", until_us=now // hour * hour - 2 * hour)
+    for ago in (3 * hour + 600 * US, 3 * hour + 1200 * US, 4 * hour + 600 * US):  # two in one hour, one before
+        QueueMinute.objects.create(queue=busy_queue, minute_us=now // hour * hour - ago, records=5, retried=1,
+                                   failures=0, processing_sum_us=50, processing_n=5, critical_sum_us=90, critical_n=5,
+                                   skewed=0)
+    assert roll_up_hours() == 2 and roll_up_hours() == 0
+    assert sorted(QueueHour.objects.filter(queue=busy_queue).values_list("records", flat=True)) == [5, 10]
+    assert delete_old_minutes(60) == 5 and not QueueHour.objects.exists()
 
 
 def test_pools_without_loops_sample_from_beat(busy_queue, settings):

@@ -13,6 +13,7 @@ from django.db import connection
 from core.monitoring import live as monitoring
 from core.monitoring.slices import breakdown_query
 from core.db import database_now_us
+from core.models.monitoring import QueueHour
 
 pytestmark = pytest.mark.skipif("connection.vendor != 'postgresql'")
 
@@ -101,3 +102,15 @@ def test_a_breakdown_the_lengths_and_the_minutes_are_index_ranges(records):
     p = monitoring.make_period("1h", now_us=records)
     assert_index_range(plan(monitoring.minutes_query(QUEUES[:5], p.start_us, p.end_us, p)),
                        ("sluice_qminute_key", "sluice_qminute_at"), "sluice_queue_minute", "minute_us")
+
+    with connection.cursor() as cursor:  # thirty days of hours of the 20 queues
+        cursor.execute(
+            "INSERT INTO sluice_queue_hour (queue, hour_us, records, retried, failures, processing_sum_us, "
+            "processing_n, critical_sum_us, critical_n, skewed) "
+            "SELECT 'explain_q' || lpad((g %% 20)::text, 2, '0'), (%s / 3600000000 - g / 20) * 3600000000, "
+            "600, 60, 0, 300000, 600, 540000, 540, 0 FROM generate_series(0::bigint, 14399) AS g", [records])
+        cursor.execute("ANALYZE sluice_queue_hour")
+    day = monitoring.make_period("range", start=monitoring.when(records - 86400 * US),
+                                 end=monitoring.when(records), now_us=records)
+    assert_index_range(plan(monitoring.minutes_query(QUEUES[:5], day.start_us, day.end_us, day, QueueHour)),
+                       ("sluice_qhour_key", "sluice_qhour_at"), "sluice_queue_hour", "hour_us")

@@ -242,7 +242,7 @@ class OutboxRecord(models.Model):
 from core.models.records import ExportWatermark, MetricWindow, PipelineRun, ProcessingRecord  # noqa: E402,F401
 
 # -- the monitoring tab's queue-length history (core/monitoring/queue_samples.py) -----------------------
-from core.models.monitoring import QueueMinute, QueueSample, RollupMark  # noqa: E402,F401
+from core.models.monitoring import QueueHour, QueueMinute, QueueSample, RollupMark  # noqa: E402,F401
 
 # -- alerts (core/alerts/) -------------------------------------------------------------------
 from core.models.alerts import (  # noqa: E402,F401

@@ -1,4 +1,5 @@
-"""The monitoring tab's own table: queue-length samples (core.monitoring.queue_samples writes them)."""
+"""The monitoring tab's own tables: queue-length samples and the records summed per queue and
+minute or hour (core.monitoring.queue_samples writes them)."""
 from __future__ import annotations
 
 from django.db import models
@@ -41,12 +42,11 @@ def grain_of(at_us: int, previous_us: int | None) -> int:
     return grain
 
 
-class QueueMinute(models.Model):
-    """One queue's processing records of one minute, summed (core.queue_minutes rolls them up):
-    what an hour or a range reads instead of every record."""
+class QueueSums(models.Model):
+    """One queue's processing records of one span of time, summed: what an hour or a range
+    of the monitoring tab reads instead of every record."""
 
     queue = models.CharField(max_length=64)
-    minute_us = models.BigIntegerField()
     records = models.BigIntegerField()
     retried = models.BigIntegerField()
     failures = models.BigIntegerField()
@@ -57,13 +57,35 @@ class QueueMinute(models.Model):
     skewed = models.BigIntegerField()
 
     class Meta:
+        abstract = True
+
+
+class QueueMinute(QueueSums):
+    """A queue's records of one minute, summed (core.monitoring.queue_samples rolls them up)."""
+
+    minute_us = models.BigIntegerField()
+
+    class Meta:
         db_table = "sluice_queue_minute"
         constraints = [models.UniqueConstraint(fields=["queue", "minute_us"], name="sluice_qminute_key")]
         indexes = [models.Index(fields=["minute_us"], name="sluice_qminute_at")]
 
 
+class QueueHour(QueueSums):
+    """A queue's minutes of one hour, summed once every minute of it is (a range of days
+    reads a row per queue and hour, not sixty)."""
+
+    hour_us = models.BigIntegerField()
+
+    class Meta:
+        db_table = "sluice_queue_hour"
+        constraints = [models.UniqueConstraint(fields=["queue", "hour_us"], name="sluice_qhour_key")]
+        indexes = [models.Index(fields=["hour_us"], name="sluice_qhour_at")]
+
+
 class RollupMark(models.Model):
-    """How far the minutes are rolled up (µs, exclusive): one row, ``name`` "queue-minutes"."""
+    """How far the minutes (``name`` "queue-minutes") or the hours ("queue-hours") are rolled
+    up (µs, exclusive)."""
 
     name = models.CharField(max_length=64, primary_key=True)
     until_us = models.BigIntegerField()

@@ -13,8 +13,10 @@ Where the figures come from, so that a chart has no seam:
   period for p50/p95/p99 (a read that stops there however busy the queue: ``sampled`` <
   ``records`` says so);
 - whole minutes that ended more than two minutes ago from their sums per queue and minute
-  (``sluice_queue_minute``, rolled up by core.monitoring.queue_samples' loop): an hour or a range reads
-  a row per queue and minute, not every record;
+  (``sluice_queue_minute``, rolled up by core.monitoring.queue_samples' loop), and, where
+  the buckets are whole hours (a range of days), whole hours of those minutes from their
+  sums per queue and hour (``sluice_queue_hour``): an hour or a range reads a row per queue
+  and minute or hour, not every record;
 - times older than a queue's oldest record still in the database (exported and deleted
   after SLUICE_RECORDS_RETENTION) from the pipeline's metric windows (one minute or one
   hour, whichever divides the bucket), up to where the windows end;
@@ -34,7 +36,7 @@ from django.db.models import BigIntegerField, Count, ExpressionWrapper, F, Q, Qu
 from django.db.models.functions import Coalesce
 
 from core.conf import get_settings
-from core.models.monitoring import GRAINS, QueueMinute, QueueSample, RollupMark
+from core.models.monitoring import GRAINS, QueueHour, QueueMinute, QueueSample, RollupMark
 from core.monitoring.period import (  # noqa: F401 — the monitoring API in one place
     BUCKETS, MAX_RANGE, PERIODS, US, Bucket, Period, QueueSeries, make_period, micros, percentiles, when,
 )
@@ -61,12 +63,14 @@ def queue_series(queues: list[str], period: Period, sample: int = 0) -> dict[str
     groups: dict[int, list[str]] = defaultdict(list)
     for queue in queues:
         groups[max(period.start_us, records_from.get(queue, 0))].append(queue)
-    rolled = _rolled_up_until(period)
+    minutes_until, hours_until = _rolled_up_until(period)
     for since, group in groups.items():
-        # Whole minutes already summed (core.monitoring.queue_samples) come from the minutes, the rest from the records.
-        minutes_end = min(max(rolled, since), period.end_us)
-        if minutes_end > since:
-            for queue, index, *sums in fetch(minutes_query(group, since, minutes_end, period)):
+        # Whole minutes already summed (core.monitoring.queue_samples) come from the minutes,
+        # whole hours of them from the hours where the buckets are whole hours, the rest
+        # from the records.
+        minutes_end = min(max(minutes_until, since), period.end_us)
+        for model, start, end in _summed_spans(since, minutes_end, hours_until):
+            for queue, index, *sums in fetch(minutes_query(group, start, end, period, model)):
                 if 0 <= index < len(series[queue].buckets):
                     _add_minutes(series[queue].buckets[index], *sums)
         for queue, index, outcome, *sums in fetch(counts_query(group, max(since, minutes_end), period)):
@@ -117,24 +121,42 @@ def counts_query(queues: list[str] | None, since_us: int, period: Period) -> Que
                                    & Q(ended_us__lt=origin))))
 
 
-def minutes_query(queues: list[str], since_us: int, until_us: int, period: Period) -> QuerySet:
+def minutes_query(queues: list[str], since_us: int, until_us: int, period: Period,
+                  model: type[QueueMinute] | type[QueueHour] = QueueMinute) -> QuerySet:
     """(queue, bucket index, records, retried, failures, processing µs, processing n, critical µs,
-    critical n, skewed) of the queues' rolled-up minutes from ``since_us`` to ``until_us``."""
-    return (QueueMinute.objects.using(get_settings().DATABASE)
-            .filter(queue__in=queues, minute_us__gte=since_us, minute_us__lt=until_us)
-            .annotate(bucket=ExpressionWrapper((F("minute_us") - Value(period.start_us)) / Value(period.bucket_us),
+    critical n, skewed) of the queues' rolled-up minutes (or hours, ``model``) from
+    ``since_us`` to ``until_us``."""
+    at = "hour_us" if model is QueueHour else "minute_us"
+    return (model.objects.using(get_settings().DATABASE)
+            .filter(queue__in=queues, **{f"{at}__gte": since_us, f"{at}__lt": until_us})
+            .annotate(bucket=ExpressionWrapper((F(at) - Value(period.start_us)) / Value(period.bucket_us),
                                                output_field=BigIntegerField()))
             .order_by().values_list("queue", "bucket")
             .annotate(Sum("records"), Sum("retried"), Sum("failures"), Sum("processing_sum_us"), Sum("processing_n"),
                       Sum("critical_sum_us"), Sum("critical_n"), Sum("skewed")))
 
 
-def _rolled_up_until(period: Period) -> int:
-    """Up to when the minutes hold the records (0: none, or the buckets are not whole minutes)."""
+def _rolled_up_until(period: Period) -> tuple[int, int]:
+    """Up to when the minutes and the hours hold the records (0: none, or the buckets are
+    not whole minutes / whole hours)."""
     if period.bucket_seconds % 60:
-        return 0
-    mark = RollupMark.objects.using(get_settings().DATABASE).filter(name="queue-minutes").first()
-    return mark.until_us if mark is not None else 0
+        return 0, 0
+    marks = dict(RollupMark.objects.using(get_settings().DATABASE)
+                 .filter(name__in=["queue-minutes", "queue-hours"]).values_list("name", "until_us"))
+    hours = marks.get("queue-hours", 0) if period.bucket_seconds % 3600 == 0 else 0
+    return marks.get("queue-minutes", 0), hours
+
+
+def _summed_spans(since_us: int, minutes_end: int, hours_until: int) -> list[tuple[type, int, int]]:
+    """Which summed table covers which part of ``since_us`` to ``minutes_end``: the whole
+    hours rolled up from the hours, the minutes on either side of them from the minutes."""
+    hour = 3600 * US
+    first = -(-since_us // hour) * hour
+    last = min(hours_until, minutes_end) // hour * hour
+    if last <= first:
+        return [(QueueMinute, since_us, minutes_end)] if minutes_end > since_us else []
+    spans = [(QueueMinute, since_us, first), (QueueHour, first, last), (QueueMinute, last, minutes_end)]
+    return [(model, start, end) for model, start, end in spans if end > start]
 
 
 def _add_minutes(b: Bucket, records: Any, retried: Any, failures: Any, processing_us: Any, processing_n: Any,

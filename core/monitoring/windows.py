@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections import defaultdict
 
 from django.db import connections
-from django.db.models import F, FloatField, Max, Q, Sum
+from django.db.models import Case, F, FloatField, IntegerField, OuterRef, Q, Subquery, Sum, Value, When
 from django.db.models.functions import Cast
 
 from core.conf import get_settings
-from core.dialects import dialect_for
 from core.monitoring.period import US, Period, QueueSeries, micros, when
+from core.models import QueueRecord
 from core.models.records import MetricWindow, ProcessingRecord
 
 
@@ -19,13 +19,17 @@ def records_from(queues: list[str], period: Period) -> dict[str, int]:
     whole minute/hour after the queue's oldest record if the windows reach past it."""
     using = get_settings().DATABASE
     unit = 3600 if period.bucket_seconds % 3600 == 0 else 60
-    newest = dict(MetricWindow.objects.using(using).filter(queue__in=queues, window_seconds=unit)
-                  .order_by().values("queue").annotate(last=Max("window_start")).values_list("queue", "last"))
+    # One statement, two index lookups per queue (its newest window, its oldest record) as
+    # subqueries of its registry row: a MAX or MIN over every queue's rows would read them all.
+    newest_window = (MetricWindow.objects.using(using).filter(queue=OuterRef("name"), window_seconds=unit)
+                     .order_by("-window_start").values("window_start")[:1])
+    oldest_record = (ProcessingRecord.objects.using(using).filter(queue=OuterRef("name")).order_by("ended_us")
+                     .values("ended_us")[:1])
+    ends = (QueueRecord.objects.using(using).filter(name__in=queues)
+            .annotate(last=Subquery(newest_window), oldest=Subquery(oldest_record))
+            .filter(last__isnull=False).values_list("name", "last", "oldest"))
     found: dict[str, int] = {}
-    for queue, last in newest.items():
-        # An index lookup per queue with windows: a MIN over every queue's records would read them all.
-        oldest = (ProcessingRecord.objects.using(using).filter(queue=queue).order_by("ended_us")
-                  .values_list("ended_us", flat=True).first())
+    for queue, last, oldest in ends:
         if oldest is not None and oldest <= period.start_us:
             continue
         windows_end = micros(last) + unit * US
@@ -49,26 +53,32 @@ def add_windows(series: dict[str, QueueSeries], period: Period, until: dict[str,
     for name in WINDOW_PERCENTILES:
         weighted[f"{name}_sum"] = Cast(Sum(F(name) * F("messages")), FloatField())
         weighted[f"{name}_n"] = Cast(Sum("messages", filter=Q(**{f"{name}__isnull": False})), FloatField())
-    using = get_settings().DATABASE
-    query = (MetricWindow.objects.using(using)
-             .filter(queue__in=list(until), window_seconds=unit, window_start__gte=when(period.start_us),
-                     window_start__lt=when(min(max(until.values()), period.end_us)))
-             .order_by().values("queue", "window_start").annotate(**weighted)
-             .values_list("queue", "window_start", *weighted))
-    # Run as the ORM wrote it but read raw: Django's per-value converters cost more than the
-    # statement for a month of hours (the times are converted once each, below).
+    # Each window's bucket in the statement (a CASE over the bucket edges: at most BUCKETS + 1
+    # of them), so a month of hours comes back as a row per queue and bucket, with no
+    # timestamps to convert; a queue's windows stop where its records take over.
+    bucket = Case(*[When(window_start__lt=when(period.start_us + (i + 1) * period.bucket_us), then=Value(i))
+                    for i in range(period.buckets)], default=Value(period.buckets), output_field=IntegerField())
+    ends: dict[int, list[str]] = defaultdict(list)
+    for queue, end in until.items():
+        ends[min(end, period.end_us)].append(queue)
+    before_records = Q()
+    for end, queues in ends.items():
+        before_records |= Q(queue__in=queues, window_start__lt=when(end))
+    query = (MetricWindow.objects.using(get_settings().DATABASE)
+             .filter(before_records, window_seconds=unit, window_start__gte=when(period.start_us))
+             .annotate(bucket=bucket).order_by().values("queue", "bucket").annotate(**weighted)
+             .values_list("queue", "bucket", *weighted))
+    # Run as the ORM wrote it but read raw: Django's per-value converters would cost more
+    # than the statement.
     sql, params = query.query.sql_with_params()
-    with connections[using].cursor() as cursor:
+    with connections[query.db].cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    d = dialect_for(connections[using], get_settings().SCHEMA)
     # (queue, bucket index) → [Σ value × messages, Σ messages] per percentile column, in order
     weights: dict[tuple[str, int], list[float]] = defaultdict(lambda: [0.0] * (2 * len(WINDOW_PERCENTILES)))
-    for queue, window_start, n, retried, failures, *sums in rows:
-        start = micros(d.to_datetime(window_start))
+    for queue, index, n, retried, failures, *sums in rows:
         s = series[queue]
-        index = (start - period.start_us) // period.bucket_us
-        if start >= until[queue] or not 0 <= index < len(s.buckets):
+        if not 0 <= index < len(s.buckets):
             continue
         b = s.buckets[index]
         b.from_windows = True
