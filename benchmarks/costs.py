@@ -17,7 +17,9 @@ add 2 per receive batch), ``wal_bytes`` (the server's
 WAL position before and after), ``db_cpu_us`` (CPU time of the PostgreSQL backend serving
 the pump's connection, from /proc: this machine runs the server) and ``worker_cpu_us``
 (this process's CPU time).  Counts and CPU time, not wall time: other work on the machine
-hardly moves them, so two runs on a busy machine still compare.
+hardly moves them, so two runs on a busy machine still compare.  The WAL position is the
+server's, though: other sessions' writes (and a checkpoint's full-page images) count too,
+so run it while no other database work runs on that server.
 
 ``--records R`` first fills the processing records' table with R records (ids made as
 ``send`` makes them, ended over the last hour) and takes a checkpoint before each variant,
