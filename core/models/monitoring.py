@@ -60,6 +60,11 @@ class QueueSums(models.Model):
         abstract = True
 
 
+#: The summed columns of a minute or an hour, in the order readers take them.
+SUMS = ("records", "retried", "failures", "processing_sum_us", "processing_n", "critical_sum_us", "critical_n",
+        "skewed")
+
+
 class QueueMinute(QueueSums):
     """A queue's records of one minute, summed (core.monitoring.queue_samples rolls them up)."""
 

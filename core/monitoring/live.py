@@ -36,7 +36,7 @@ from django.db.models import BigIntegerField, Count, ExpressionWrapper, F, Q, Qu
 from django.db.models.functions import Coalesce
 
 from core.conf import get_settings
-from core.models.monitoring import GRAINS, QueueHour, QueueMinute, QueueSample, RollupMark
+from core.models.monitoring import GRAINS, SUMS, QueueHour, QueueMinute, QueueSample, RollupMark
 from core.monitoring.period import (  # noqa: F401 — the monitoring API in one place
     BUCKETS, MAX_RANGE, PERIODS, US, Bucket, Period, QueueSeries, make_period, micros, percentiles, when,
 )
@@ -131,9 +131,7 @@ def minutes_query(queues: list[str], since_us: int, until_us: int, period: Perio
             .filter(queue__in=queues, **{f"{at}__gte": since_us, f"{at}__lt": until_us})
             .annotate(bucket=ExpressionWrapper((F(at) - Value(period.start_us)) / Value(period.bucket_us),
                                                output_field=BigIntegerField()))
-            .order_by().values_list("queue", "bucket")
-            .annotate(Sum("records"), Sum("retried"), Sum("failures"), Sum("processing_sum_us"), Sum("processing_n"),
-                      Sum("critical_sum_us"), Sum("critical_n"), Sum("skewed")))
+            .order_by().values_list("queue", "bucket").annotate(*(Sum(name) for name in SUMS)))
 
 
 def _rolled_up_until(period: Period) -> tuple[int, int]:

@@ -30,7 +30,7 @@ from core.db import database_now_us
 from core.runtime.lease import Lease
 from core.monitoring.measurements import queue_levels
 from core.monitoring.live import US, Period, counts_query
-from core.models.monitoring import QueueHour, QueueMinute, QueueSample, RollupMark, grain_of
+from core.models.monitoring import SUMS, QueueHour, QueueMinute, QueueSample, RollupMark, grain_of
 from pipeline import schema
 
 log = logging.getLogger("sluice.monitoring")
@@ -101,9 +101,7 @@ def roll_up_minutes(using: str | None = None, now_us: int | None = None) -> int:
         row[5] += int(critical or 0)
         row[6] += critical_n
         row[7] += skewed
-    rows = [QueueMinute(queue=queue, minute_us=minute, records=r[0], retried=r[1], failures=r[2],
-                        processing_sum_us=r[3], processing_n=r[4], critical_sum_us=r[5], critical_n=r[6], skewed=r[7])
-            for (queue, minute), r in sums.items()]
+    rows = [QueueMinute(queue=queue, minute_us=minute, **dict(zip(SUMS, r))) for (queue, minute), r in sums.items()]
     _write(QueueMinute, rows, ROLLUP, mark, start, until, using)
     return len(rows)
 
@@ -137,11 +135,6 @@ def roll_up_hours(using: str | None = None) -> int:
             for queue, index, *sums in summed]
     _write(QueueHour, rows, HOURS_ROLLUP, mark, start, until, using)
     return len(rows)
-
-
-#: The summed columns of a minute or an hour (core.models.monitoring.QueueSums).
-SUMS = ("records", "retried", "failures", "processing_sum_us", "processing_n", "critical_sum_us", "critical_n",
-        "skewed")
 
 
 def _write(model: type, rows: list, name: str, mark: Any, start: int, until: int, using: str) -> None:

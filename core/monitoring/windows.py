@@ -27,10 +27,10 @@ def records_from(queues: list[str], period: Period) -> dict[str, int]:
                      .values("ended_us")[:1])
     ends = (QueueRecord.objects.using(using).filter(name__in=queues)
             .annotate(last=Subquery(newest_window), oldest=Subquery(oldest_record))
-            .filter(last__isnull=False).values_list("name", "last", "oldest"))
+            .values_list("name", "last", "oldest"))
     found: dict[str, int] = {}
     for queue, last, oldest in ends:
-        if oldest is not None and oldest <= period.start_us:
+        if last is None or oldest is not None and oldest <= period.start_us:  # no windows, or records cover it
             continue
         windows_end = micros(last) + unit * US
         oldest_whole = -(-(oldest if oldest is not None else windows_end) // (unit * US)) * unit * US
