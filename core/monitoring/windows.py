@@ -74,27 +74,26 @@ def add_windows(series: dict[str, QueueSeries], period: Period, until: dict[str,
     with connections[query.db].cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    # (queue, bucket index) → [Σ value × messages, Σ messages] per percentile column, in order
-    weights: dict[tuple[str, int], list[float]] = defaultdict(lambda: [0.0] * (2 * len(WINDOW_PERCENTILES)))
+    # A row per queue and bucket (the statement groups by both): its figures go straight in.
+    columns = [(kind, int(p)) for kind, p in (name.split("_ms_p") for name in WINDOW_PERCENTILES)]
     for queue, index, n, retried, failures, *sums in rows:
-        s = series[queue]
-        if not 0 <= index < len(s.buckets):
+        buckets = series[queue].buckets
+        if not 0 <= index < len(buckets):
             continue
-        b = s.buckets[index]
+        b = buckets[index]
         b.from_windows = True
         b.records += int(n or 0)
         b.retried += int(retried or 0)
         b.failures += int(failures or 0)
-        totals = weights[(queue, index)]
-        for i, value in enumerate(sums):
-            totals[i] += value or 0.0
-    for (queue, index), totals in weights.items():
-        b = series[queue].buckets[index]
-        for i, name in enumerate(WINDOW_PERCENTILES):
-            total, n = totals[2 * i], totals[2 * i + 1]
-            kind, p = name.split("_ms_p")
-            if p == "50":  # the median stands in for the average: windows keep no mean
-                setattr(b, f"{kind}_sum_ms", getattr(b, f"{kind}_sum_ms") + total)
-                setattr(b, f"{kind}_n", getattr(b, f"{kind}_n") + int(n))
-            if n and getattr(b, f"{kind}_ms").get(int(p)) is None:
-                getattr(b, f"{kind}_ms")[int(p)] = total / n
+        for (kind, p), total, weight in zip(columns, sums[0::2], sums[1::2]):
+            total, weight = total or 0.0, int(weight or 0)
+            if p == 50:  # the median stands in for the average: windows keep no mean
+                if kind == "processing":
+                    b.processing_sum_ms += total
+                    b.processing_n += weight
+                else:
+                    b.critical_sum_ms += total
+                    b.critical_n += weight
+            shown = b.processing_ms if kind == "processing" else b.critical_ms
+            if weight and shown.get(p) is None:
+                shown[p] = total / weight

@@ -17,6 +17,7 @@ import time
 from typing import Any, Callable
 
 from core.runtime.breakers import breakers
+from core.runtime.redis_wire import RedisWire
 
 log = logging.getLogger("sluice.health")
 
@@ -26,12 +27,10 @@ INTERVAL_SECONDS = 2.0
 
 
 @functools.lru_cache(maxsize=16)
-def _client(redis_url: str):
-    """One client (and connection pool) per URL for the process: readers such as the alert
-    evaluator ask every few seconds, and a new connection each time cost more than the read."""
-    import redis
-
-    return redis.Redis.from_url(redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
+def _client(redis_url: str) -> RedisWire:
+    """One connection per URL for the process: readers such as the alert evaluator ask every
+    few seconds, and a new connection each time cost more than the read."""
+    return RedisWire(redis_url, timeout=0.5)
 
 
 def worker_name() -> str:
@@ -50,7 +49,7 @@ class HealthPublisher:
         #: Messages this worker's handlers processed since it started (a counter for /metrics).
         self.processed = processed
         self.worker = name or worker_name()
-        self._client = None
+        self._client: RedisWire | None = None
         self._down_since: float | None = None
 
     def snapshot(self) -> dict[str, Any]:
@@ -89,8 +88,8 @@ def read_health(redis_url: str) -> dict[str, Any]:
     """``{"redis": "up"|"down", "workers": [...]}`` — what `sluice status` and /healthz show."""
     try:
         client = _client(redis_url)
-        keys = sorted(client.scan_iter(match=KEY_PREFIX + "*", count=100))
-        workers = [json.loads(raw) for raw in client.mget(keys) if raw] if keys else []
+        keys = sorted(client.scan(KEY_PREFIX + "*"))
+        workers = [json.loads(raw) for raw in client.mget(keys) if raw]
     except Exception as exc:  # noqa: BLE001
         return {"redis": "down", "error": str(exc), "workers": []}
     return {"redis": "up", "workers": workers}
