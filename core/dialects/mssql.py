@@ -18,11 +18,12 @@ from core.dialects.base import Dialect
 from core.dialects.limits_sql import LimitsSQL
 from core.dialects.delayed_sql import DELAYED_COLUMNS, DelayedSQL
 from core.dialects.dashboard_sql import DashboardSQL
+from core.dialects.failed_groups_sql import MSSQLFailedGroupsSQL
 from core.dialects.outbox_sql import MSSQLOutboxSQL
 from core.dialects.tasks_sql import MSSQLTaskSQL
 
 
-class MSSQLDialect(MSSQLTaskSQL, DelayedSQL, MSSQLOutboxSQL, DashboardSQL, LimitsSQL, Dialect):
+class MSSQLDialect(MSSQLTaskSQL, DelayedSQL, MSSQLOutboxSQL, DashboardSQL, MSSQLFailedGroupsSQL, LimitsSQL, Dialect):
     one_second_ago = "DATEADD(second, -1, GETUTCDATE())"
     vendor = "microsoft"
     # OFFSET … FETCH rather than TOP (%s): the limit stays the last parameter, as LIMIT's.

@@ -9,6 +9,7 @@ from core.dialects.base import Dialect
 from core.dialects.limits_sql import LimitsSQL
 from core.dialects.delayed_sql import DelayedSQL
 from core.dialects.dashboard_sql import DashboardSQL
+from core.dialects.failed_groups_sql import PostgreSQLFailedGroupsSQL
 from core.dialects.outbox_sql import OutboxSQL
 from core.dialects.tasks_sql import PostgreSQLTaskSQL
 
@@ -33,7 +34,7 @@ TABLE_UPKEEP = (
 )
 
 
-class PostgreSQLDialect(PostgreSQLTaskSQL, DelayedSQL, OutboxSQL, DashboardSQL, LimitsSQL, Dialect):
+class PostgreSQLDialect(PostgreSQLTaskSQL, DelayedSQL, OutboxSQL, DashboardSQL, PostgreSQLFailedGroupsSQL, LimitsSQL, Dialect):
     one_second_ago = "statement_timestamp() - INTERVAL '1 second'"
     json_cast = "CAST({} AS jsonb)"  # a JSON text parameter into a jsonb column
     json_text = "CAST({} AS text)"  # a jsonb column read as its text (the driver parses none)

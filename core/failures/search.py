@@ -11,7 +11,7 @@ from django.db.models.expressions import RawSQL
 from core.conf import get_settings
 from core.dialects import dialect_for
 from core.failures.records import MAX_IN, base, chunks
-from core.models import FailureStatus
+from core.models import FailedGroup, FailureStatus
 
 
 class FailureGroup(NamedTuple):
@@ -30,12 +30,19 @@ def groups(by: str = "exception", status: str = FailureStatus.UNRESOLVED, using:
     type / queue name, and exception_type is "").  ``limit``: only the largest that many, cut
     in SQL (titles are then looked up for those alone: 100,000 groups are not all read)."""
     using = using or get_settings().DATABASE
+    if by == "exception" and not queue and not message_type:
+        # Every group of the status: their counts are kept per group (core.models.FailedGroup),
+        # read largest first in index order.
+        kept = (FailedGroup.objects.using(using).filter(status=status, records__gt=0)
+                .order_by("-records", "-last_failed")[:limit])
+        return [FailureGroup(g.group_key, g.title, g.records, g.last_failed, g.exception_type,
+                             g.first_failed) for g in kept]
     qs = base(using).filter(status=status)
     if queue:
         qs = qs.filter(original_queue=queue)
     if message_type:
         qs = qs.filter(message_type=message_type)
-    if by == "exception":
+    if by == "exception":  # within a queue or a message type: counted from the records
         # Counted by key alone from index sluice_fm_status_groups; each group's title and
         # exception type come from one of its rows (the key is a hash of both), fetched by id.
         rows = list(qs.order_by().values("group_key").annotate(

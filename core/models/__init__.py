@@ -149,6 +149,29 @@ class FailedMessage(models.Model):
         return f"{self.message_id} ({self.exception_type}, {self.status})"
 
 
+class FailedGroup(models.Model):
+    """Failed-message records counted per status and group (FailedMessage.group_key): kept by
+    triggers on sluice_failed_message in the transaction of every write to it, whoever makes
+    it (core/dialects/failed_groups_sql.py), so the largest groups are read, not grouped.
+    A row whose ``records`` came back to 0 stays (its first and last are then None)."""
+
+    status = models.CharField(max_length=16, choices=FailureStatus.choices)
+    group_key = models.CharField(max_length=40)
+    records = models.BigIntegerField(default=0)
+    #: The earliest and latest time_of_failure of the group's records in this status.
+    first_failed = models.DateTimeField(null=True)
+    last_failed = models.DateTimeField(null=True)
+    #: The group's title and exception type, as its newest record wrote them.
+    title = models.CharField(max_length=500, default="")
+    exception_type = models.CharField(max_length=500, default="")
+
+    class Meta:
+        db_table = "sluice_failed_group"
+        constraints = [models.UniqueConstraint(fields=["status", "group_key"], name="sluice_fg_status_group")]
+        # The largest groups of a status first (core.failures.groups), read in index order.
+        indexes = [models.Index(fields=["status", "-records", "-last_failed"], name="sluice_fg_largest")]
+
+
 class BulkOperationStatus(models.TextChoices):
     PENDING = "pending", "pending"
     RUNNING = "running", "running"
