@@ -391,45 +391,30 @@ def test_a_search_without_an_index_reads_the_newest_records_only(operator_client
         assert "newest 2 failed messages" in operator_client.get("/failed/?q=needle").content.decode()
 
 
-# -- item 2: the snapshot's failed-message counts stop at a cap ----------------------------------------
+# -- item 2: the snapshot's failed-message counts are read, exact, from the kept counts -------------------
 
-def test_snapshot_counts_failed_messages_up_to_the_cap_then_estimates_or_says_more(operator_client, queue,
-                                                                                  error_queue, settings):
-    from core.dialects import dialect_for
+def test_snapshot_reads_exact_failed_counts_kept_by_the_database(operator_client, queue, error_queue, settings):
     from core.models import FailedMessage
 
-    settings.SLUICE_DASHBOARD_EXACT_COUNT_LIMIT = 2
+    settings.SLUICE_DASHBOARD_EXACT_COUNT_LIMIT = 2  # caps counts of queue rows; failed counts are exact
     for _ in range(5):
         fail_message(queue)
     FailedMessage.objects.filter(pk=FailedMessage.objects.order_by("pk")[0].pk).update(status="archived")
     using = get_settings().DATABASE
-    if connections[using].vendor == "postgresql":
-        with connections[using].cursor() as cursor:
-            cursor.execute("ANALYZE sluice_failed_message")  # what autovacuum keeps up to date
     with CaptureQueriesContext(connections[using]) as queries:
         snap = stats.snapshot(max_age=0)
-    failed_sql = [q["sql"] for q in queries if "sluice_failed_message" in q["sql"]]
-    # Capped lookups in one statement (and planner estimates): never a grouped count of every record.
-    assert failed_sql and not any("GROUP BY" in sql.upper() for sql in failed_sql)
-    assert snap.failed["archived"] == 1 and not {"archived"} & set(snap.failed_estimated + snap.failed_capped)
+    # One read of the kept counts: the records themselves are neither grouped nor counted.
+    assert not [q["sql"] for q in queries if "sluice_failed_message" in q["sql"]]
+    assert len([q["sql"] for q in queries if "sluice_failed_queue" in q["sql"]]) == 1
     q = snap.queue(queue)
+    assert (snap.failed["unresolved"], snap.failed["archived"], q.errors) == (4, 1, 4)
+    assert snap.failed_estimated == snap.failed_capped == [] and not (q.errors_estimated or q.errors_capped)
     html = operator_client.get("/").content.decode()
-    if dialect_for(connections[using]).estimates_row_counts:  # PostgreSQL: the planner's estimate, "≈"
-        assert snap.failed_estimated == ["unresolved"] and snap.failed["unresolved"] >= 3
-        assert q.errors_estimated and not q.errors_capped and q.errors >= 3
-        assert f'data-total="failed-unresolved">≈ {snap.failed["unresolved"]}<' in html
-    else:  # no estimate: a lower bound, "3+"
-        assert snap.failed_capped == ["unresolved"] and snap.failed["unresolved"] == 3
-        assert q.errors_capped and not q.errors_estimated and q.errors == 3
-        assert 'data-total="failed-unresolved">3+<' in html
+    assert 'data-total="failed-unresolved">4<' in html
     status, data = api(operator_client, "get", "/api/queues/")
     listed = next(item for item in data["queues"] if item["name"] == queue)
-    assert status == 200 and listed["errors"] == q.errors
-    assert (listed["errors_estimated"], listed["errors_capped"]) == (q.errors_estimated, q.errors_capped)
-    settings.SLUICE_DASHBOARD_EXACT_COUNT_LIMIT = 1000
-    exact = stats.snapshot(max_age=0)
-    assert exact.failed["unresolved"] == exact.queue(queue).errors == 4
-    assert exact.failed_estimated == exact.failed_capped == [] and not exact.queue(queue).errors_capped
+    assert status == 200 and listed["errors"] == 4
+    assert (listed["errors_estimated"], listed["errors_capped"]) == (False, False)
 
 
 # -- item 2: the statement timeout costs no round trip per page ------------------------------------------

@@ -13,8 +13,7 @@ from tests.test_dialect_mssql import assert_table, bind, hints, parse_one
 
 #: The dialect methods this file checks (tests/test_dialect_mssql.py leaves them to it).
 DASHBOARD_STATEMENTS = {"queue_stats", "queue_stats_params", "delayed_stats", "failed_search_expression",
-                        "failed_search_indexes", "failed_counts", "failed_counts_params", "failed_rows",
-                        "estimate_rows"}
+                        "failed_search_indexes"}
 
 
 def test_mssql_queue_stats_parses_and_is_bounded():
@@ -54,35 +53,3 @@ def test_every_dialect_binds_the_same_parameters():
     assert "gin_trgm_ops" in PostgreSQLDialect().failed_search_indexes()[1][0]
 
 
-def literal(sql: str, params: list) -> str:
-    """``sql`` with each %s replaced by its parameter as a literal, in order: which value lands where."""
-    values = iter(params)
-    return re.sub(r"%s", lambda _: repr(next(values)), sql)
-
-
-def test_failed_counts_are_capped_lookups_with_their_values_in_place_on_every_dialect():
-    statuses, queues = ["unresolved", "archived"], ["orders", "billing"]
-    for d in (SQLiteDialect(), PostgreSQLDialect(), MSSQLDialect()):
-        sql = d.failed_counts("sluice_failed_message", 2, 2)
-        params = d.failed_counts_params(statuses, queues, "unresolved", 1001)
-        assert sql.count("%s") == len(params)
-        filled = literal(sql, params)
-        cap = "TOP (1001) 1 AS x" if isinstance(d, MSSQLDialect) else "LIMIT 1001)"
-        assert filled.count(cap) == 4 and "GROUP BY" not in filled
-        for status in statuses:
-            assert f"WHERE status = '{status}'" in filled
-        for queue in queues:
-            assert f"WHERE original_queue = '{queue}' AND status = 'unresolved'" in filled
-
-
-def test_mssql_failed_counts_parse_and_read_without_locks():
-    d = MSSQLDialect()
-    sql = d.failed_counts("sluice_failed_message", 3, 2)
-    params = d.failed_counts_params(["unresolved", "archived", "resolved"], ["orders", "billing"], "unresolved", 11)
-    tree = parse_one(bind(sql, len(params)))
-    for table in tree.find_all(exp.Table):
-        assert table.name == "sluice_failed_message" and hints(table) == ["NOLOCK"]
-    for count in tree.find_all(exp.Count):
-        inner = count.find_ancestor(exp.Select).args["from_"].this.this
-        assert isinstance(inner, exp.Select) and inner.args.get("limit") is not None
-    assert MSSQLDialect().estimates_row_counts is False and SQLiteDialect().estimates_row_counts is False

@@ -19,19 +19,19 @@ from core.messages import Headers, parse_wire_time
 from core.models import BulkOperation, FailedMessage, FailureStatus
 from core.queues import delete_queue, dialect
 from tests.conftest import drain, put_row
-from tests.failed_groups_support import assert_group_counts_kept
+from tests.failed_counts_support import assert_failed_counts_kept
 
 
 @pytest.fixture(autouse=True)
-def _group_counts_kept(request):
+def _failed_counts_kept(request):
     """After every test that wrote failed messages, through whichever path (ingestion, retry,
-    archive, restore, delete, purge, edit-and-retry), the kept group counts are right."""
+    archive, restore, delete, purge, edit-and-retry), the kept group and queue counts are right."""
     uses_db = "transactional_db" in request.fixturenames
     if uses_db:
         request.getfixturevalue("transactional_db")  # torn down after this check
     yield
     if uses_db:
-        assert_group_counts_kept()
+        assert_failed_counts_kept()
 
 
 @pytest.fixture

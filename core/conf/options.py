@@ -158,8 +158,8 @@ class SluiceSettings:
     #: computes the next one, so no request waits for it (off: the request computes it).
     DASHBOARD_REFRESH_IN_BACKGROUND: bool = True
     #: Queues with more rows than this show max − min RowVersion (an estimate) instead of a
-    #: count; expired rows are counted up to it ("at least" beyond); failed messages by
-    #: status and by queue too (beyond it PostgreSQL's planner estimate, "≈", else "N+").
+    #: count; expired rows are counted up to it ("at least" beyond).  (Failed messages are
+    #: counted exactly by the database: see core/dialects/failed_counts_sql.py.)
     DASHBOARD_EXACT_COUNT_LIMIT: int = 1000
     #: Most body bytes one JSON API listing carries when bodies are asked for
     #: (``?bodies=1``): the page stops early rather than pass it (at least one message).

@@ -11,11 +11,6 @@ class DashboardSQL:
 
     #: Error codes of a statement the database stopped because :meth:`bounded`'s time ran out.
     statement_timeout_errors: frozenset[str] = frozenset()
-    #: :meth:`_capped_count` takes its cap before the WHERE clause's parameters (SQL
-    #: Server's ``TOP (%s)``) rather than after them (``LIMIT %s``).
-    capped_count_limit_first: bool = False
-    #: :meth:`estimate_rows` answers from the planner's statistics (else it returns None).
-    estimates_row_counts: bool = False
 
     def statement_timeout(self, seconds: float) -> tuple[str, list[Any]] | None:
         """A statement that makes the database cancel every later statement of the session
@@ -91,35 +86,6 @@ class DashboardSQL:
     def _capped_count(self, source: str, where: str) -> str:
         """A scalar subquery counting rows of ``source`` + ``where`` up to %s (then it stops)."""
         return f"(SELECT COUNT(*) FROM (SELECT 1 AS x FROM {source}{where} LIMIT %s) c)"
-
-    def failed_counts(self, table: str, statuses: int, queues: int) -> str:
-        """Failed-message records of ``table`` counted up to a cap, one row each (UNION ALL):
-        (position, count) for ``statuses`` statuses, then for ``queues`` queue names (their
-        unresolved records): index lookups of at most cap rows each, never a whole table's
-        count.  Params: :meth:`failed_counts_params`."""
-        source = f"{self.quote(table)}{self.nolock_hint}"
-        by_status = self._capped_count(source, " WHERE status = %s")
-        by_queue = self._capped_count(source, " WHERE original_queue = %s AND status = %s")
-        return " UNION ALL ".join([f"SELECT %s, {by_status}"] * statuses + [f"SELECT %s, {by_queue}"] * queues)
-
-    def failed_counts_params(self, statuses: list[str], queues: list[str], unresolved: str, cap: int) -> list[Any]:
-        params: list[Any] = []
-        wheres = [[status] for status in statuses] + [[queue, unresolved] for queue in queues]
-        for position, where in enumerate(wheres):
-            params += [position, cap, *where] if self.capped_count_limit_first else [position, *where, cap]
-        return params
-
-    def failed_rows(self, table: str, by_queue: bool) -> str:
-        """The records :meth:`failed_counts` counts for one status (params: status), or for one
-        queue (params: queue, status): what :meth:`estimate_rows` estimates above the cap."""
-        where = "original_queue = %s AND status = %s" if by_queue else "status = %s"
-        return f"SELECT 1 FROM {self.quote(table)}{self.nolock_hint} WHERE {where}"
-
-    def estimate_rows(self, cursor: Any, select: str, params: list[Any]) -> int | None:
-        """The number of rows ``select`` would return as the planner estimates it from its
-        statistics, without running it; None where the database cannot say (see
-        :attr:`estimates_row_counts`)."""
-        return None
 
     def browse_sizes(self, name: str) -> str:
         """:meth:`browse` with each Body's size in bytes in its place: a listing of 4 MiB

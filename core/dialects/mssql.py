@@ -18,12 +18,12 @@ from core.dialects.base import Dialect
 from core.dialects.limits_sql import LimitsSQL
 from core.dialects.delayed_sql import DELAYED_COLUMNS, DelayedSQL
 from core.dialects.dashboard_sql import DashboardSQL
-from core.dialects.failed_groups_sql import MSSQLFailedGroupsSQL
+from core.dialects.failed_counts_sql import MSSQLFailedCountsSQL
 from core.dialects.outbox_sql import MSSQLOutboxSQL
 from core.dialects.tasks_sql import MSSQLTaskSQL
 
 
-class MSSQLDialect(MSSQLTaskSQL, DelayedSQL, MSSQLOutboxSQL, DashboardSQL, MSSQLFailedGroupsSQL, LimitsSQL, Dialect):
+class MSSQLDialect(MSSQLTaskSQL, DelayedSQL, MSSQLOutboxSQL, DashboardSQL, MSSQLFailedCountsSQL, LimitsSQL, Dialect):
     one_second_ago = "DATEADD(second, -1, GETUTCDATE())"
     vendor = "microsoft"
     # OFFSET … FETCH rather than TOP (%s): the limit stays the last parameter, as LIMIT's.
@@ -49,7 +49,6 @@ class MSSQLDialect(MSSQLTaskSQL, DelayedSQL, MSSQLOutboxSQL, DashboardSQL, MSSQL
 
     #: 1222: lock request time out; HYT00: the driver's query timeout.
     statement_timeout_errors = frozenset({"1222", "HYT00"})
-    capped_count_limit_first = True
     # A deleted row stays a ghost record until the ghost cleanup takes it, which waits for
     # row versions a snapshot may still read (READ_COMMITTED_SNAPSHOT, a long transaction).
     supports_receive_mark = True

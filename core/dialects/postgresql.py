@@ -9,7 +9,7 @@ from core.dialects.base import Dialect
 from core.dialects.limits_sql import LimitsSQL
 from core.dialects.delayed_sql import DelayedSQL
 from core.dialects.dashboard_sql import DashboardSQL
-from core.dialects.failed_groups_sql import PostgreSQLFailedGroupsSQL
+from core.dialects.failed_counts_sql import PostgreSQLFailedCountsSQL
 from core.dialects.outbox_sql import OutboxSQL
 from core.dialects.tasks_sql import PostgreSQLTaskSQL
 
@@ -34,7 +34,7 @@ TABLE_UPKEEP = (
 )
 
 
-class PostgreSQLDialect(PostgreSQLTaskSQL, DelayedSQL, OutboxSQL, DashboardSQL, PostgreSQLFailedGroupsSQL, LimitsSQL, Dialect):
+class PostgreSQLDialect(PostgreSQLTaskSQL, DelayedSQL, OutboxSQL, DashboardSQL, PostgreSQLFailedCountsSQL, LimitsSQL, Dialect):
     one_second_ago = "statement_timestamp() - INTERVAL '1 second'"
     json_cast = "CAST({} AS jsonb)"  # a JSON text parameter into a jsonb column
     json_text = "CAST({} AS text)"  # a jsonb column read as its text (the driver parses none)
@@ -343,17 +343,6 @@ SELECT (SELECT MAX({self.quote('id')}) FROM {table}),
 
     def statement_timeout_reset(self) -> tuple[str, list[Any]]:
         return ("RESET statement_timeout", [])
-
-    estimates_row_counts = True
-
-    def estimate_rows(self, cursor: Any, select: str, params: list[Any]) -> int | None:
-        # The planner's row estimate (pg_statistic, kept by ANALYZE / autovacuum): a few
-        # hundred microseconds however many rows match.
-        cursor.execute(f"EXPLAIN (FORMAT JSON) {select}", params)
-        plan = cursor.fetchone()[0]
-        if isinstance(plan, str):
-            plan = json.loads(plan)
-        return int(plan[0]["Plan"]["Plan Rows"])
 
     def failed_search_expression(self) -> str:
         return ('UPPER("message_id" || \' \' || "exception_type" || \' \' || "exception_message" || \' \' '

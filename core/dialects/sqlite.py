@@ -16,12 +16,12 @@ from core.dialects.base import Dialect
 from core.dialects.limits_sql import LimitsSQL
 from core.dialects.delayed_sql import DelayedSQL
 from core.dialects.dashboard_sql import DashboardSQL
-from core.dialects.failed_groups_sql import SQLiteFailedGroupsSQL
+from core.dialects.failed_counts_sql import SQLiteFailedCountsSQL
 from core.dialects.outbox_sql import OutboxSQL
 from core.dialects.tasks_sql import TaskSQL
 
 
-class SQLiteDialect(TaskSQL, DelayedSQL, OutboxSQL, DashboardSQL, SQLiteFailedGroupsSQL, LimitsSQL, Dialect):
+class SQLiteDialect(TaskSQL, DelayedSQL, OutboxSQL, DashboardSQL, SQLiteFailedCountsSQL, LimitsSQL, Dialect):
     one_second_ago = "strftime('%%Y-%%m-%%d %%H:%%M:%%f', 'now', '-1 seconds')"
     vendor = "sqlite"
     supports_concurrent_writers = False

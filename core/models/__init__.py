@@ -152,8 +152,10 @@ class FailedMessage(models.Model):
 class FailedGroup(models.Model):
     """Failed-message records counted per status and group (FailedMessage.group_key): kept by
     triggers on sluice_failed_message in the transaction of every write to it, whoever makes
-    it (core/dialects/failed_groups_sql.py), so the largest groups are read, not grouped.
-    A row whose ``records`` came back to 0 stays (its first and last are then None)."""
+    it (core/dialects/failed_counts_sql.py), so the largest groups are read, not grouped.
+    A row whose ``records`` came back to 0 stays (its first and last are then None).  A
+    migration that makes SQLite rebuild sluice_failed_message drops the triggers with the old
+    table: it must install them again (tests/test_failed_counts.py would fail)."""
 
     status = models.CharField(max_length=16, choices=FailureStatus.choices)
     group_key = models.CharField(max_length=40)
@@ -170,6 +172,20 @@ class FailedGroup(models.Model):
         constraints = [models.UniqueConstraint(fields=["status", "group_key"], name="sluice_fg_status_group")]
         # The largest groups of a status first (core.failures.groups), read in index order.
         indexes = [models.Index(fields=["status", "-records", "-last_failed"], name="sluice_fg_largest")]
+
+
+class FailedQueueCount(models.Model):
+    """Failed-message records counted per status and queue (FailedMessage.original_queue, as
+    written: an endpoint's "queue@machine" is its own row), kept by the same triggers as
+    :class:`FailedGroup`: the overview's failed counts, exact and read in one statement."""
+
+    status = models.CharField(max_length=16, choices=FailureStatus.choices)
+    queue = models.CharField(max_length=255)
+    records = models.BigIntegerField(default=0)
+
+    class Meta:
+        db_table = "sluice_failed_queue"
+        constraints = [models.UniqueConstraint(fields=["status", "queue"], name="sluice_fq_status_queue")]
 
 
 class BulkOperationStatus(models.TextChoices):

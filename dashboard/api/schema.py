@@ -67,10 +67,11 @@ class Queue(f.Serializer):
     total = f.IntegerField(allow_null=True)
     estimated = f.BooleanField()
     expired_capped = f.BooleanField()
-    errors_estimated = f.BooleanField(help_text="errors is above SLUICE_DASHBOARD_EXACT_COUNT_LIMIT: the "
-                                      "database planner's estimate.")
-    errors_capped = f.BooleanField(help_text="errors is above SLUICE_DASHBOARD_EXACT_COUNT_LIMIT and the "
-                                   "database has no estimate: a lower bound.")
+    errors_estimated = f.BooleanField(help_text="Always false: errors is exact (the database keeps the "
+                                      "count). Kept for clients of earlier versions, where it was an estimate "
+                                      "above SLUICE_DASHBOARD_EXACT_COUNT_LIMIT.")
+    errors_capped = f.BooleanField(help_text="Always false: errors is exact. Kept for clients of earlier "
+                                   "versions, where it was a lower bound above SLUICE_DASHBOARD_EXACT_COUNT_LIMIT.")
     oldest_age_seconds = f.FloatField(allow_null=True)
     sent_per_minute = f.FloatField(allow_null=True)
     ttl_seconds = f.FloatField(allow_null=True)

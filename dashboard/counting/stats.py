@@ -10,10 +10,8 @@ number of cheap statements however many queues and tabs there are:
   (an exact count below it; above it ``max − min + 1``, marked ``estimated``), the oldest
   row's headers (its age);
 - the delayed store: due / scheduled per destination among its earliest rows (capped);
-- failed messages: by status, and unresolved by queue, in one statement of capped counts per
-  200 queues (index lookups of at most ``SLUICE_DASHBOARD_EXACT_COUNT_LIMIT`` + 1 rows each;
-  dashboard/counting/failed_counts.py); a count above the cap is the planner's estimate where the
-  database has one (PostgreSQL; shown "≈"), else a lower bound (shown "N+");
+- failed messages: by status, and unresolved by queue, exact, from the counts the database
+  keeps per status and queue (one statement; dashboard/counting/failed_counts.py);
 - worker and breaker health from Redis heartbeats ("unknown" when Redis is down).
 
 A queue whose table cannot be read gets ``error`` set instead of numbers; nothing here
@@ -77,8 +75,8 @@ class QueueStats:
     scheduled: int = 0
     #: Unresolved failed messages that failed in this queue (exactly this name).
     errors: int = 0
-    #: ``errors`` is above SLUICE_DASHBOARD_EXACT_COUNT_LIMIT: the planner's estimate
-    #: (``errors_estimated``, "≈") or, where there is none, a lower bound (``errors_capped``, "+").
+    #: Always False: ``errors`` is exact (the database keeps it).  Kept for the API's
+    #: ``errors_estimated`` / ``errors_capped``, which were true above a cap before.
     errors_estimated: bool = False
     errors_capped: bool = False
     #: Age in seconds of the oldest message (from its TimeSent header).
@@ -110,8 +108,7 @@ class Snapshot:
     #: Failed-message records by status (every status present, 0 when none).
     failed: dict[str, int]
     health: Health
-    #: Statuses whose ``failed`` count is above SLUICE_DASHBOARD_EXACT_COUNT_LIMIT: an
-    #: estimate ("≈") / a lower bound ("+") — see QueueStats.errors_estimated.
+    #: Always empty: the ``failed`` counts are exact (see QueueStats.errors_estimated).
     failed_estimated: list[str] = field(default_factory=list)
     failed_capped: list[str] = field(default_factory=list)
     #: The delayed store had more rows than were looked at: delayed counts are lower bounds.
@@ -202,12 +199,9 @@ def compute_snapshot() -> Snapshot:
     highs = _fill_queue_counts(queues)
     delayed_capped, delayed_error = _fill_delayed(queues)
     failed, failed_problem = _fill_failed(queues)
-    by_status = failed.by_status if failed else {}
-    snap = Snapshot(at=now, queues=queues, failed={s: c.value for s, c in by_status.items()} or
+    snap = Snapshot(at=now, queues=queues, failed=failed.by_status if failed else
                     {status: 0 for status in FailureStatus.values}, health=_health(),
-                    delayed_capped=delayed_capped, delayed_error=delayed_error, problem=problem or failed_problem,
-                    failed_estimated=[s for s, c in by_status.items() if c.estimated],
-                    failed_capped=[s for s, c in by_status.items() if c.capped])
+                    delayed_capped=delayed_capped, delayed_error=delayed_error, problem=problem or failed_problem)
     _fill_throughput(snap, highs)
     snap.compute_ms = (time.perf_counter() - started) * 1000
     return snap
@@ -294,16 +288,14 @@ def _fill_delayed(queues: list[QueueStats]) -> tuple[bool, str]:
 
 def _fill_failed(queues: list[QueueStats]) -> tuple[FailedCounts | None, str]:
     alias = get_settings().DATABASE
-    d = dialect_for(connections[alias], get_settings().SCHEMA)
     try:
-        with _guarded(alias), connections[alias].cursor() as cursor:
-            counts = count_failed(cursor, d, [q.name for q in queues], get_settings().DASHBOARD_EXACT_COUNT_LIMIT)
+        with _guarded(alias):
+            counts = count_failed(alias, [q.name for q in queues])
     except DatabaseError as exc:
         log.warning("cannot count failed messages: %s", exc)
         return None, "Failed messages cannot be read. Have the migrations run?"
     for q in queues:
-        count = counts.by_queue[q.name]
-        q.errors, q.errors_estimated, q.errors_capped = count.value, count.estimated, count.capped
+        q.errors = counts.by_queue[q.name]
     return counts, ""
 
 

@@ -61,9 +61,7 @@ def _rows(snap: stats.Snapshot, paused: dict[str, pauses.PauseInfo]) -> list[dic
             count("delayed-due", q.delayed_due, _number(q.delayed_due))
             count("scheduled", q.scheduled, _number(q.scheduled))
             count("expired", q.expired, _number(q.expired, suffix="+" if q.expired_capped else ""))
-            count("errors", q.errors, _number(q.errors, "≈ " if q.errors_estimated else "",
-                                              "+" if q.errors_capped else ""),
-                  alert=True, href=failed_url.format(quote(q.name)))
+            count("errors", q.errors, _number(q.errors), alert=True, href=failed_url.format(quote(q.name)))
         cells.append(("num", "—" if q.sent_per_minute is None else f"{q.sent_per_minute:.0f}", ""))
         cells.append(("num", age(q.oldest_age_seconds), ""))
         rows.append({"name": q.name, "url": queue_url.format(quote(q.name)), "kind": q.kind, "error": q.error,
@@ -87,9 +85,7 @@ def _context() -> dict[str, Any]:
         "section": "overview", "total_pending": sum(q.pending or 0 for q in readable),
         "estimated": any(q.estimated for q in readable),
         "failed_unresolved": snap.failed.get("unresolved", 0),
-        "failed_unresolved_text": _number(snap.failed.get("unresolved", 0),
-                                          "≈ " if "unresolved" in snap.failed_estimated else "",
-                                          "+" if "unresolved" in snap.failed_capped else ""),
+        "failed_unresolved_text": _number(snap.failed.get("unresolved", 0)),
     }
 
 

@@ -1,7 +1,7 @@
-"""Failed-message groups counted by the database (core.models.FailedGroup, kept by triggers):
-whatever writes the records — the ORM one by one or in bulk, a queryset update or delete, raw
-SQL, two writers at once — the counts, first and last times are what grouping the records
-would say, and the groups page reads them largest first."""
+"""Failed messages counted by the database per group and per queue (core.models.FailedGroup,
+FailedQueueCount, kept by triggers): whatever writes the records — the ORM one by one or in
+bulk, a queryset update or delete, raw SQL, two writers at once — the counts, first and last
+times are what grouping the records would say, and the groups page reads them largest first."""
 from __future__ import annotations
 
 import datetime as dt
@@ -11,16 +11,19 @@ import pytest
 from django.db import connection, connections, transaction
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from core.dialects.failed_groups_sql import BACKFILL, GROUP_TABLE
+from core.dialects.failed_counts_sql import GROUP_TABLE, QUEUE_TABLE, backfill
 from core.dialects.mssql import MSSQLDialect
 from core.failures import groups
-from core.models import FailedGroup, FailedMessage, FailureStatus
+from core.models import FailedGroup, FailedMessage, FailedQueueCount, FailureStatus
 from tests.conftest import database_vendor
-from tests.failed_groups_support import assert_group_counts_kept, counted_from_records, kept
+from tests.failed_counts_support import (
+    assert_failed_counts_kept, counted_from_records, kept, kept_by_queue, queues_from_records,
+)
 
 T0 = dt.datetime(2026, 11, 1, tzinfo=dt.timezone.utc)
 STATUSES = list(FailureStatus.values)
 KEYS = ["k-timeout", "k-value", "k-key"]
+QUEUES = ["orders", "billing", "orders@host-1"]
 
 
 def failed(n: int, key: str = "k-timeout", status: str = FailureStatus.UNRESOLVED, minute: int = 0,
@@ -45,7 +48,7 @@ def test_groups_are_read_largest_first_with_their_title_and_times(transactional_
     # Equal counts: the group that failed last comes first.
     FailedMessage.objects.filter(message_id="m0").delete()
     assert [g.group_key for g in groups()] == ["k-timeout", "k-value", "k-key"]
-    assert_group_counts_kept()
+    assert_failed_counts_kept()
 
 
 def test_queryset_updates_and_deletes_move_records_between_groups(transactional_db):
@@ -54,11 +57,11 @@ def test_queryset_updates_and_deletes_move_records_between_groups(transactional_
     FailedMessage.objects.filter(message_id__in=["m0", "m3"]).update(group_key="k-value")
     FailedMessage.objects.filter(message_id="m6").update(time_of_failure=T0 + dt.timedelta(days=1))
     FailedMessage.objects.filter(group_key="k-key", status=FailureStatus.UNRESOLVED)[:1].get().delete()
-    assert_group_counts_kept()
+    assert_failed_counts_kept()
     assert kept()[(FailureStatus.UNRESOLVED, "k-timeout")][2] == T0 + dt.timedelta(days=1)
     FailedMessage.objects.all().delete()
     assert kept() == {} and FailedGroup.objects.count() > 0  # rows stay, at zero, without times
-    assert_group_counts_kept()
+    assert_failed_counts_kept()
 
 
 def test_raw_sql_is_counted_too(transactional_db):
@@ -70,7 +73,7 @@ def test_raw_sql_is_counted_too(transactional_db):
     assert kept() == {(FailureStatus.UNRESOLVED, "k-timeout"): (1, T0, T0),
                       (FailureStatus.ARCHIVED, "k-timeout"): (2, T0 + dt.timedelta(minutes=1),
                                                               T0 + dt.timedelta(minutes=2))}
-    assert_group_counts_kept()
+    assert_failed_counts_kept()
 
 
 def test_a_rolled_back_write_leaves_the_counts_as_they_were(transactional_db):
@@ -84,19 +87,25 @@ def test_a_rolled_back_write_leaves_the_counts_as_they_were(transactional_db):
 
 
 def test_the_migrations_backfill_counts_what_the_triggers_keep(transactional_db):
-    FailedMessage.objects.bulk_create([failed(i, KEYS[i % 3], STATUSES[i % 4], minute=i) for i in range(40)])
-    triggers_kept = kept()
+    FailedMessage.objects.bulk_create([failed(i, KEYS[i % 3], STATUSES[i % 4], minute=i, queue=QUEUES[i % 3])
+                                       for i in range(40)])
+    triggers_kept, by_queue = kept(), kept_by_queue()
     FailedGroup.objects.all().delete()
+    FailedQueueCount.objects.all().delete()
     with connection.cursor() as cursor:
-        cursor.execute(BACKFILL)
+        for statement in backfill():
+            cursor.execute(statement)
     assert kept() == triggers_kept == counted_from_records()
+    assert kept_by_queue() == by_queue == queues_from_records()
 
 
 # -- any sequence of writes ------------------------------------------------------------------
 
 operation = st.one_of(
     st.tuples(st.just("insert"), st.lists(st.tuples(st.sampled_from(KEYS), st.sampled_from(STATUSES),
-                                                    st.integers(0, 50)), min_size=1, max_size=6)),
+                                                    st.integers(0, 50), st.sampled_from(QUEUES)),
+                                          min_size=1, max_size=6)),
+    st.tuples(st.just("requeue"), st.integers(0, 40), st.sampled_from(QUEUES)),
     st.tuples(st.just("status"), st.sampled_from(KEYS), st.sampled_from(STATUSES)),
     st.tuples(st.just("regroup"), st.integers(0, 40), st.sampled_from(KEYS)),
     st.tuples(st.just("retime"), st.integers(0, 40), st.integers(0, 50)),
@@ -111,16 +120,20 @@ operation = st.one_of(
 def test_any_sequence_of_writes_keeps_the_counts(transactional_db, operations):
     FailedMessage.objects.all().delete()
     FailedGroup.objects.all().delete()
+    FailedQueueCount.objects.all().delete()
     serial = 0
     for op, *args in operations:
         if op == "insert":
-            batch = [failed(serial + i, key, status, minute) for i, (key, status, minute) in enumerate(args[0])]
+            batch = [failed(serial + i, key, status, minute, queue)
+                     for i, (key, status, minute, queue) in enumerate(args[0])]
             serial += len(batch)
             FailedMessage.objects.bulk_create(batch)
         elif op == "status":
             FailedMessage.objects.filter(group_key=args[0]).update(status=args[1])
         elif op == "regroup":
             FailedMessage.objects.filter(message_id=f"m{args[0]}").update(group_key=args[1])
+        elif op == "requeue":
+            FailedMessage.objects.filter(message_id=f"m{args[0]}").update(original_queue=args[1])
         elif op == "retime":
             FailedMessage.objects.filter(message_id=f"m{args[0]}").update(
                 time_of_failure=T0 + dt.timedelta(minutes=args[1]))
@@ -133,7 +146,7 @@ def test_any_sequence_of_writes_keeps_the_counts(transactional_db, operations):
             FailedMessage.objects.filter(message_id=f"m{args[0]}").delete()
         else:
             FailedMessage.objects.filter(group_key=args[0], status=args[1]).delete()
-        assert_group_counts_kept()
+        assert_failed_counts_kept()
 
 
 @pytest.mark.skipif(database_vendor() != "postgresql", reason="concurrent writers: PostgreSQL")
@@ -161,16 +174,18 @@ def test_concurrent_writers_to_one_group_count_every_record(transactional_db):
         t.join(60)
     assert errors == []
     assert kept()[(FailureStatus.UNRESOLVED, "k-busy")] == (8 * 19, T0, T0 + dt.timedelta(minutes=7))
-    assert_group_counts_kept()
+    assert_failed_counts_kept()
 
 
 def test_sql_server_trigger_takes_away_merges_and_reads_times_from_the_index():
     """No SQL Server here: the trigger's T-SQL is checked for what it must do."""
-    [trigger] = MSSQLDialect().failed_group_triggers()
-    assert trigger.startswith("CREATE TRIGGER sluice_fm_groups ON sluice_failed_message AFTER INSERT, UPDATE, DELETE")
+    [trigger] = MSSQLDialect().failed_count_triggers()
+    assert trigger.startswith("CREATE TRIGGER sluice_fm_counts ON sluice_failed_message AFTER INSERT, UPDATE, DELETE")
     assert "SET NOCOUNT ON" in trigger and "%" not in trigger
-    assert f"MERGE {GROUP_TABLE} WITH (HOLDLOCK)" in trigger and trigger.count("WHEN ") == 2
-    assert "FROM deleted GROUP BY status, group_key" in trigger and "FROM inserted GROUP BY status, group_key" in trigger
+    for table in (GROUP_TABLE, QUEUE_TABLE):
+        assert f"MERGE {table} WITH (HOLDLOCK)" in trigger and f"UPDATE c SET records = c.records - o.n FROM {table}" in trigger
+    assert trigger.count("WHEN MATCHED") == trigger.count("WHEN NOT MATCHED") == 2
+    assert "FROM deleted GROUP BY status, group_key" in trigger and "FROM inserted GROUP BY status, original_queue" in trigger
     assert "SELECT MIN(m.time_of_failure)" in trigger and "SELECT MAX(m.time_of_failure)" in trigger
     assert trigger.rstrip().endswith("END")
-    assert MSSQLDialect().drop_failed_group_triggers() == ["DROP TRIGGER IF EXISTS sluice_fm_groups"]
+    assert MSSQLDialect().drop_failed_count_triggers() == ["DROP TRIGGER IF EXISTS sluice_fm_counts"]
