@@ -25,6 +25,19 @@ def sqlite_problems(db: Mapping[str, Any]) -> list[checks.CheckMessage]:
     )]
 
 
+def mssql_problems(db: Mapping[str, Any]) -> list[checks.CheckMessage]:
+    """mssql-django's return_rows_bulk_insert makes bulk_create send INSERT … OUTPUT, which
+    SQL Server refuses on a table with a trigger, as sluice_failed_message has (it keeps the
+    failed-message counts: core/dialects/failed_counts_sql.py)."""
+    if db.get("ENGINE") != "mssql" or not (db.get("OPTIONS") or {}).get("return_rows_bulk_insert"):
+        return []
+    return [checks.Error(
+        "Sluice on SQL Server needs mssql-django's OPTIONS['return_rows_bulk_insert'] off (its default)",
+        hint="SQL Server refuses bulk inserts that return rows into sluice_failed_message, which has a trigger.",
+        id="sluice.E004",
+    )]
+
+
 @checks.register(checks.Tags.database)
 def sluice_database(app_configs=None, **kwargs):
     try:
@@ -34,7 +47,7 @@ def sluice_database(app_configs=None, **kwargs):
     db = connections.settings.get(conf.DATABASE)
     if db is None:
         return [checks.Error(f"SLUICE_DATABASE={conf.DATABASE!r} is not in DATABASES", id="sluice.E003")]
-    return sqlite_problems(db)
+    return sqlite_problems(db) + mssql_problems(db)
 
 
 @checks.register()

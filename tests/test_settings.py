@@ -54,3 +54,15 @@ def test_sqlite_without_immediate_transactions_fails_the_system_check():
     assert [e.id for e in sqlite_problems(plain)] == ["sluice.E001"]
     assert sqlite_problems(parse_database_url("sqlite:///x.sqlite3", BASE)) == []
     assert sqlite_problems(parse_database_url("postgresql://h/db", BASE)) == []
+
+
+def test_sql_server_returning_bulk_inserts_fail_the_system_check():
+    """sluice_failed_message has a trigger: SQL Server refuses INSERT … OUTPUT on it."""
+    from core.checks import mssql_problems
+
+    url = "mssql://sa:pw@db:1433/sluice?python_driver=mssql_python&TrustServerCertificate=yes"
+    assert mssql_problems(parse_database_url(url, BASE)) == []
+    returning = {"ENGINE": "mssql", "NAME": "sluice", "OPTIONS": {"return_rows_bulk_insert": True}}
+    [error] = mssql_problems(returning)
+    assert error.id == "sluice.E004" and "return_rows_bulk_insert" in error.msg
+    assert mssql_problems(parse_database_url("postgresql://h/db", BASE)) == []
