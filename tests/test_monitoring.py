@@ -141,6 +141,36 @@ def test_older_times_come_from_the_pipeline_windows_without_a_seam(viewer_client
     assert detail.status_code == 200 and detail.content.decode().count("<polyline") >= 3  # the windows' hours
 
 
+def test_a_range_reads_its_windows_once_until_the_pipeline_loads_a_run(viewer_client, busy_queue):
+    """The windows' rows of a range are kept for a minute per process, keyed by the windows'
+    ids: a load (which replaces windows) is seen at once."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from core.records.results import load_results
+
+    now = database_now_us()
+    hour = now // (3600 * US) * 3600 * US
+    ProcessingRecord.objects.filter(queue=busy_queue).update(ended_us=hour + 60 * US)
+    row = dict(queue=busy_queue, message_type="PlaceOrder", window_seconds=3600, messages=100,
+               window_start=monitoring.when(hour - 3600 * US), throughput_per_s=100 / 3600, retries=1, failures=1,
+               failure_rate=0.01, processing_ms_p50=5.0, processing_ms_p95=9.0, processing_ms_p99=12.0,
+               critical_ms_p50=50.0, critical_ms_p95=90.0, critical_ms_p99=120.0)
+    MetricWindow.objects.create(**row)
+    url = f"/api/monitoring/?period=range&from={monitoring.when(hour - 40 * 3600 * US).strftime('%Y-%m-%dT%H:%M')}"
+
+    def windowed() -> tuple[int, int]:
+        with CaptureQueriesContext(connection) as queries:
+            q = next(x for x in viewer_client.get(url).json()["queues"] if x["queue"] == busy_queue)
+        summed = sum(1 for x in queries if "sluice_metric_window" in x["sql"] and "GROUP BY" in x["sql"])
+        return sum(b["records"] for b in q["buckets"] if b["from_windows"]), summed
+
+    assert windowed() == (100, 1)
+    assert windowed() == (100, 0)  # the same windows: not read again
+    load_results([{**row, "messages": 250, "expired": 0, "dead_lettered": 0}])  # the next run replaces the hour
+    assert windowed() == (250, 1)
+
+
 def test_the_sampler_writes_one_length_per_queue_one_writer_at_a_time(busy_queue):
     QueueSample.objects.all().delete()
     first, second = QueueSampler(interval=60), QueueSampler(interval=60)

@@ -2,10 +2,12 @@
 record still in the database come from them, in the same points (core.monitoring.live)."""
 from __future__ import annotations
 
+import threading
+import time
 from collections import defaultdict
 
 from django.db import connections
-from django.db.models import Case, F, FloatField, IntegerField, OuterRef, Q, Subquery, Sum, Value, When
+from django.db.models import Case, F, FloatField, IntegerField, Max, Min, OuterRef, Q, Subquery, Sum, Value, When
 from django.db.models.functions import Cast
 
 from core.conf import get_settings
@@ -42,10 +44,44 @@ def records_from(queues: list[str], period: Period) -> dict[str, int]:
 WINDOW_PERCENTILES = [f"{kind}_ms_p{p}" for kind in ("processing", "critical") for p in (50, 95, 99)]
 
 
-def add_windows(series: dict[str, QueueSeries], period: Period, until: dict[str, int]) -> None:
-    """Each queue's buckets before its ``until`` (µs) from the pipeline's windows: one
-    statement summing each queue's hour (or minute) over its message types, percentiles
-    weighted by messages."""
+#: A range's window rows are kept this long per process: the windows change only when the
+#: pipeline loads a run (which replaces them, so their ids move: part of the key), and a
+#: range over days read them all again on every view (the bulk of its time).
+WINDOW_CACHE_SECONDS = 60.0
+WINDOW_CACHE_SIZE = 16
+_window_cache: dict[tuple, tuple[float, list[tuple]]] = {}
+_window_cache_lock = threading.Lock()
+
+
+def forget_windows() -> None:
+    with _window_cache_lock:
+        _window_cache.clear()
+
+
+def window_rows(period: Period, until: dict[str, int]) -> list[tuple]:
+    """(queue, bucket index, messages, retries, failures, then Σ value × messages and Σ
+    messages per percentile column) per queue and bucket, from :data:`_window_cache` while
+    the windows are the same ones and younger than :data:`WINDOW_CACHE_SECONDS`."""
+    using = get_settings().DATABASE
+    ids = MetricWindow.objects.using(using).aggregate(low=Min("id"), high=Max("id"))
+    key = (using, period.start_us, period.end_us, period.bucket_us, tuple(sorted(until.items())),
+           ids["low"], ids["high"])
+    now = time.monotonic()
+    with _window_cache_lock:
+        kept = _window_cache.get(key)
+        if kept is not None and now - kept[0] < WINDOW_CACHE_SECONDS:
+            return kept[1]
+    rows = _read_window_rows(period, until, using)
+    with _window_cache_lock:
+        for stale in [k for k, (at, _) in _window_cache.items() if now - at >= WINDOW_CACHE_SECONDS]:
+            del _window_cache[stale]
+        while len(_window_cache) >= WINDOW_CACHE_SIZE:
+            del _window_cache[next(iter(_window_cache))]  # the oldest entry
+        _window_cache[key] = (now, rows)
+    return rows
+
+
+def _read_window_rows(period: Period, until: dict[str, int], using: str) -> list[tuple]:
     unit = 3600 if period.bucket_seconds % 3600 == 0 else 60
     # Sums as floats in the statement: a bigint SUM would come back as a decimal per value.
     weighted = {"n": Cast(Sum("messages"), FloatField()), "r": Cast(Sum("retries"), FloatField()),
@@ -64,7 +100,7 @@ def add_windows(series: dict[str, QueueSeries], period: Period, until: dict[str,
     before_records = Q()
     for end, queues in ends.items():
         before_records |= Q(queue__in=queues, window_start__lt=when(end))
-    query = (MetricWindow.objects.using(get_settings().DATABASE)
+    query = (MetricWindow.objects.using(using)
              .filter(before_records, window_seconds=unit, window_start__gte=when(period.start_us))
              .annotate(bucket=bucket).order_by().values("queue", "bucket").annotate(**weighted)
              .values_list("queue", "bucket", *weighted))
@@ -73,7 +109,14 @@ def add_windows(series: dict[str, QueueSeries], period: Period, until: dict[str,
     sql, params = query.query.sql_with_params()
     with connections[query.db].cursor() as cursor:
         cursor.execute(sql, params)
-        rows = cursor.fetchall()
+        return cursor.fetchall()
+
+
+def add_windows(series: dict[str, QueueSeries], period: Period, until: dict[str, int]) -> None:
+    """Each queue's buckets before its ``until`` (µs) from the pipeline's windows: one
+    statement summing each queue's hour (or minute) over its message types, percentiles
+    weighted by messages."""
+    rows = window_rows(period, until)
     # A row per queue and bucket (the statement groups by both): its figures go straight in.
     columns = [(kind, int(p)) for kind, p in (name.split("_ms_p") for name in WINDOW_PERCENTILES)]
     for queue, index, n, retried, failures, *sums in rows:
