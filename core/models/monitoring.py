@@ -88,9 +88,14 @@ class QueueHour(QueueSums):
         indexes = [models.Index(fields=["hour_us"], name="sluice_qhour_at")]
 
 
+#: The RollupMark of the pipeline's windows: when a run's windows were last loaded (µs of the
+#: database's clock), so that readers keeping window rows know they were replaced.
+WINDOWS_LOADED = "metric-windows-loaded"
+
+
 class RollupMark(models.Model):
     """How far the minutes (``name`` "queue-minutes") or the hours ("queue-hours") are rolled
-    up (µs, exclusive)."""
+    up (µs, exclusive); or when the pipeline's windows were last loaded (:data:`WINDOWS_LOADED`)."""
 
     name = models.CharField(max_length=64, primary_key=True)
     until_us = models.BigIntegerField()

@@ -13,6 +13,7 @@ from django.db.models.functions import Cast
 from core.conf import get_settings
 from core.monitoring.period import US, Period, QueueSeries, micros, when
 from core.models import QueueRecord
+from core.models.monitoring import WINDOWS_LOADED, RollupMark
 from core.models.records import MetricWindow, ProcessingRecord
 
 
@@ -44,9 +45,10 @@ def records_from(queues: list[str], period: Period) -> dict[str, int]:
 WINDOW_PERCENTILES = [f"{kind}_ms_p{p}" for kind in ("processing", "critical") for p in (50, 95, 99)]
 
 
-#: A range's window rows are kept this long per process: the windows change only when the
-#: pipeline loads a run (which replaces them, so their ids move: part of the key), and a
-#: range over days read them all again on every view (the bulk of its time).
+#: A range's window rows are kept this long per process: the windows change when the
+#: pipeline loads a run (which stamps RollupMark WINDOWS_LOADED: part of the key, with the
+#: windows' lowest and highest id for windows written otherwise), and a range over days read
+#: them all again on every view (the bulk of its time).
 WINDOW_CACHE_SECONDS = 60.0
 WINDOW_CACHE_SIZE = 16
 _window_cache: dict[tuple, tuple[float, list[tuple]]] = {}
@@ -64,8 +66,9 @@ def window_rows(period: Period, until: dict[str, int]) -> list[tuple]:
     the windows are the same ones and younger than :data:`WINDOW_CACHE_SECONDS`."""
     using = get_settings().DATABASE
     ids = MetricWindow.objects.using(using).aggregate(low=Min("id"), high=Max("id"))
+    loaded = RollupMark.objects.using(using).filter(name=WINDOWS_LOADED).values_list("until_us", flat=True).first()
     key = (using, period.start_us, period.end_us, period.bucket_us, tuple(sorted(until.items())),
-           ids["low"], ids["high"])
+           ids["low"], ids["high"], loaded)
     now = time.monotonic()
     with _window_cache_lock:
         kept = _window_cache.get(key)

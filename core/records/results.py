@@ -16,8 +16,10 @@ from typing import Any
 from django.db import transaction
 
 from core.conf import get_settings
+from core.db import database_now_us
 from core.records.extra import require
 from core.records.location import location
+from core.models.monitoring import WINDOWS_LOADED, RollupMark
 from core.models.records import MetricWindow
 from pipeline import schema
 from pipeline.job import hour_floor
@@ -79,6 +81,9 @@ def load_results(rows: list[dict[str, Any]], since: dt.datetime | None = None,
             elif starts:
                 manager.filter(window_seconds=seconds, window_start__gte=min(starts)).delete()
         manager.bulk_create(objects, batch_size=LOAD_BATCH)
+        # Readers that keep window rows (core.monitoring.windows) see that they were replaced.
+        RollupMark.objects.using(using).update_or_create(name=WINDOWS_LOADED,
+                                                          defaults={"until_us": database_now_us(using)})
     return len(objects)
 
 
