@@ -19,6 +19,7 @@ group's first and last after taking that row sees every record committed before 
 """
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass, field
 
 FAILED_TABLE = "sluice_failed_message"
@@ -74,14 +75,16 @@ def _copied(t: Tally, value: str) -> str:
     return "".join(f", {column} = {value.format(column)}" for column in t.copied)
 
 
-class FailedCountsSQL:
-    """The statements that install and remove the triggers (each dialect's own)."""
+class FailedCountsSQL(abc.ABC):
+    """The statements that install and remove the triggers (each dialect's own, below)."""
 
+    @abc.abstractmethod
     def failed_count_triggers(self) -> list[str]:
-        raise NotImplementedError
+        """CREATE statements, run in order by migration 0018."""
 
+    @abc.abstractmethod
     def drop_failed_count_triggers(self) -> list[str]:
-        raise NotImplementedError
+        """DROP statements undoing :meth:`failed_count_triggers`."""
 
 
 class PostgreSQLFailedCountsSQL(FailedCountsSQL):
