@@ -33,6 +33,7 @@ def parse(spec: str) -> dict[str, float]:
 def install(spec: str, seed: int | None = None) -> None:
     """Patch the outbox so this process dies at the points of ``spec``."""
     from core.outbox import Outbox, OutboxStore
+    from core.receive.transaction_modes import ChunkedOutboxScope
 
     points = parse(spec)
     rng = random.Random(seed)
@@ -44,6 +45,7 @@ def install(spec: str, seed: int | None = None) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
     phase1, after_commit, mark = Outbox.phase1, Outbox.after_commit, OutboxStore.mark_dispatched
+    chunk_handle = ChunkedOutboxScope.handle
 
     def killing_phase1(self, message_id, handler, known=None):
         def run(sender):
@@ -51,6 +53,12 @@ def install(spec: str, seed: int | None = None) -> None:
             point("in_handler")
             return result
         return phase1(self, message_id, run, known)
+
+    def killing_chunk_handle(self, message, fn):  # the pump's path (optimistic concurrency)
+        def run(message, context):
+            fn(message, context)
+            point("in_handler")
+        return chunk_handle(self, message, run)
 
     def killing_after_commit(self, message_ids):
         point("after_commit")
@@ -62,6 +70,7 @@ def install(spec: str, seed: int | None = None) -> None:
 
     Outbox.phase1, Outbox.after_commit, OutboxStore.mark_dispatched = (
         killing_phase1, killing_after_commit, killing_mark)
+    ChunkedOutboxScope.handle = killing_chunk_handle
 
 
 def main(argv: list[str]) -> None:

@@ -82,16 +82,18 @@ class OutboxSQL(abc.ABC):
         return (f"SELECT {c('MessageId')}, {c('Dispatched')}, {c('Quarantined')} FROM {self.table(name)} "
                 f"WHERE {c('MessageId')} IN ({', '.join(['%s'] * count)})")
 
-    def outbox_insert(self, name: str, dispatched: bool) -> str:
-        """INSERT a record.  Params: message_id, persistence_version, operations.  A record
-        with nothing to send is stored dispatched at once: it is only de-duplication data."""
+    def outbox_insert(self, name: str, dispatched: bool, count: int = 1) -> str:
+        """INSERT ``count`` records (one statement).  Params per record: message_id,
+        persistence_version, operations.  A record with nothing to send is stored
+        dispatched at once: it is only de-duplication data."""
         c = self._col
         now = self.now_sql()
+        row = (f"(%s, {self.true_literal if dispatched else self.false_literal}, "
+               f"{now if dispatched else 'NULL'}, %s, %s, {now}, {self.false_literal})")
         return (
             f"INSERT INTO {self.table(name)} ({c('MessageId')}, {c('Dispatched')}, {c('DispatchedAt')}, "
             f"{c('PersistenceVersion')}, {c('Operations')}, {c('CreatedAt')}, {c('Quarantined')}) "
-            f"VALUES (%s, {self.true_literal if dispatched else self.false_literal}, "
-            f"{now if dispatched else 'NULL'}, %s, %s, {now}, {self.false_literal})"
+            f"VALUES {', '.join([row] * count)}"
         )
 
     def outbox_store_operations(self, name: str, dispatched: bool) -> str:

@@ -6,6 +6,7 @@ import datetime as dt
 import logging
 import re
 from dataclasses import dataclass
+from typing import Sequence
 
 from django.db import DatabaseError, IntegrityError, connections, transaction
 
@@ -144,12 +145,24 @@ class OutboxStore:
 
         Call inside a savepoint: after a key violation PostgreSQL refuses further
         statements until the transaction rolls back to one."""
+        self.insert_many([(message_id, operations, dispatched)])
+
+    def insert_many(self, records: Sequence[tuple[str, str, bool]]) -> None:
+        """Insert records given as (message_id, operations, dispatched): one statement
+        for those stored dispatched and one for the rest (within the dialect's parameter
+        limit).  OutboxConflict when a MessageId is taken; call inside a savepoint."""
+        d = self.dialect
+        size = max(1, d.max_parameters // 3)
         try:
             with self._cursor() as cursor:
-                cursor.execute(self.dialect.outbox_insert(self.table, dispatched),
-                               [message_id, PERSISTENCE_VERSION, operations])
+                for dispatched in (False, True):
+                    rows = [(mid, PERSISTENCE_VERSION, ops) for mid, ops, done in records if done is dispatched]
+                    for start in range(0, len(rows), size):
+                        part = rows[start:start + size]
+                        cursor.execute(d.outbox_insert(self.table, dispatched, len(part)),
+                                       [value for row in part for value in row])
         except IntegrityError as exc:
-            raise OutboxConflict(f"outbox record {message_id} exists: {exc}") from exc
+            raise OutboxConflict(f"an outbox record among {len(records)} exists: {exc}") from exc
 
     def store_operations(self, message_id: str, operations: str, dispatched: bool) -> None:
         with self._cursor() as cursor:

@@ -83,6 +83,20 @@ class SendsRefused(Exception):
         self.cause = cause
 
 
+class RunAgain(Exception):
+    """Raised by a scope's flush: the chunk rolls back and runs again as it is, because
+    the scope learns something (``learn``, called once the savepoint is rolled back) that
+    makes the next run differ.  The outbox's: a record a concurrent copy of a message
+    committed first, after the batch looked its ids up — the copy's handler is skipped
+    in the next run.  ``learn`` returns False when it found nothing new: the refusal is
+    then treated as any other (:class:`SendsRefused`)."""
+
+    def __init__(self, cause: BaseException, learn: Callable[[], bool]) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.learn = learn
+
+
 class Unit:
     """What one handler call covers in a chunk: one message, or (a batch handler) the
     chunk's messages of one type.  ``fn`` None: settled without a handler (poison,
@@ -145,7 +159,8 @@ def run_in_savepoints(pending: list[Unit], alias: str, scope: Any, journal: Any,
     by ``fail`` (in the receive's transaction, outside the savepoint); the calls before
     it run again in a savepoint of their own — their handlers run twice, their database
     work counts once — and the calls after it go on in another.  When the database
-    refuses the sends, the calls run again one message per savepoint (:func:`_find_refused`)."""
+    refuses the sends, the calls run again one message per savepoint (:func:`_find_refused`);
+    when the scope's flush says :class:`RunAgain`, they run again as they are."""
     failures = 0
     while pending:
         mark = journal.mark()
@@ -176,6 +191,13 @@ def run_in_savepoints(pending: list[Unit], alias: str, scope: Any, journal: Any,
                                               run=run, fail=fail)
             pending = pending[failed.index + 1:]
             continue
+        except RunAgain as again:
+            scope.discard()
+            journal.rollback_to(mark)
+            if again.learn():
+                continue
+            return failures + _find_refused(pending, SendsRefused(again.cause), alias, scope, journal, outcomes,
+                                            run=run, fail=fail)
         except SendsRefused as refused:
             scope.discard()
             journal.rollback_to(mark)
@@ -191,6 +213,8 @@ def _flush(scope: Any) -> None:
     """Insert the held sends; whatever stops them is the database refusing them."""
     try:
         scope.flush()
+    except RunAgain:
+        raise
     except Exception as exc:
         raise SendsRefused(exc) from exc
 

@@ -257,8 +257,13 @@ class MessagePump(PumpWaking):
         transaction without giving the batch back."""
         done: dict[int, MessageOutcome] = {}
 
+        takes_lists = getattr(batch, "takes_lists", True)
+
         def lookup(message: Message) -> tuple[Any, bool]:
-            return self._lookup(message, resolved)
+            fn, is_batch = self._lookup(message, resolved)
+            if is_batch and not takes_lists:  # each message its own call (the outbox: its own record)
+                return as_single(fn), False
+            return fn, is_batch
 
         # What a savepoint rolls back besides the database: the processing records, and the
         # spans of calls whose work went with it.

@@ -16,6 +16,8 @@ A pump runs several receive batches at once (one per thread), so per-batch state
 in the :class:`BatchScope` that :meth:`TransactionMode.batch` returns, never in the mode.
 Only :class:`ChunkedScope` takes batch handlers' lists (``handle_batch``); the other
 modes run a batch handler with one message at a time (core.handlers.as_single).
+:class:`ChunkedOutboxScope` runs outbox mode's batches in chunks too, one outbox
+record per message.
 """
 from __future__ import annotations
 
@@ -30,9 +32,10 @@ from core.db import independent_alias
 from core.errors import ConfigurationError
 from core.handlers import BatchContext, BatchHandler, Handler, HandlerContext
 from core.messages import Headers, Message
-from core.outbox import Outbox
+from core.outbox import Outbox, OutboxConflict, OutboxSender
 from core.outcomes import MessageOutcome
 from core.queues import dialect
+from core.receive.chunks import RunAgain
 from core.savepoints import SavepointHeld, innermost_savepoint
 from core.transport import OutgoingMessage, Statement, Transport
 
@@ -126,6 +129,8 @@ class ChunkedScope:
     runs without a savepoint of its own and its sends are buffered per chunk."""
 
     chunked = True
+    #: A batch handler gets the chunk's messages of its type in one call.
+    takes_lists = True
 
     def __init__(self, alias: str) -> None:
         self.alias = alias
@@ -151,20 +156,7 @@ class ChunkedScope:
         self.sender.pending.base = innermost_savepoint(self.connection.savepoint_ids)
 
     def _check(self) -> None:
-        """A handler that swallowed the failure of an ``atomic(savepoint=False)`` block
-        left the chunk marked for rollback (Django's semantics); one that caught a database
-        error without an ``atomic()`` of its own left PostgreSQL's transaction aborted.
-        Either is its failure, not the next handler's, whose first query would be refused
-        — nor the batch's, whose records' insert would be, every time it ran again."""
-        if self.connection.needs_rollback:
-            raise TransactionManagementError(
-                "the handler returned with its transaction marked for rollback (an "
-                "atomic(savepoint=False) block inside it failed): its work cannot commit")
-        if self.dialect.transaction_aborted(self.connection.connection):
-            raise TransactionManagementError(
-                "the handler returned with its transaction aborted by a database error it "
-                "caught (wrap the statement that may fail in atomic() to go on after it): its "
-                "work cannot commit")
+        require_usable(self.connection, self.dialect)
 
     def flush(self) -> None:
         """Before the chunk ends: its handlers' sends, in one go."""
@@ -176,6 +168,24 @@ class ChunkedScope:
 
     def after_commit(self) -> None:
         pass
+
+
+def require_usable(connection: Any, d: Any) -> None:
+    """After a handler ran directly in a chunk's savepoint: a handler that swallowed the
+    failure of an ``atomic(savepoint=False)`` block left the chunk marked for rollback
+    (Django's semantics); one that caught a database error without an ``atomic()`` of its
+    own left PostgreSQL's transaction aborted.  Either is its failure, not the next
+    handler's, whose first query would be refused — nor the batch's, whose records' insert
+    would be, every time it ran again."""
+    if connection.needs_rollback:
+        raise TransactionManagementError(
+            "the handler returned with its transaction marked for rollback (an "
+            "atomic(savepoint=False) block inside it failed): its work cannot commit")
+    if d.transaction_aborted(connection.connection):
+        raise TransactionManagementError(
+            "the handler returned with its transaction aborted by a database error it "
+            "caught (wrap the statement that may fail in atomic() to go on after it): its "
+            "work cannot commit")
 
 
 class ReceiveOnly(_StatelessMode):
@@ -206,10 +216,91 @@ class OutboxMode(TransactionMode):
         self.outbox.store.require()
 
     def batch(self, messages: Sequence[Message]) -> BatchScope:
-        return _OutboxBatch(self.outbox, messages)
+        if self.outbox.pessimistic:
+            return _OutboxBatch(self.outbox, messages)
+        return ChunkedOutboxScope(self.outbox, messages)
+
+
+class ChunkedOutboxScope:
+    """One receive batch in ``outbox`` mode (optimistic concurrency control), run chunk
+    by chunk as :class:`ChunkedScope` runs one: each chunk in one savepoint, its handlers
+    without a savepoint of their own.  Each handler sends into its own
+    :class:`~core.outbox.OutboxSender` (so each message's operations stay its own, and a
+    batch handler gets one message per call); the chunk's outbox records are inserted
+    together before the chunk ends, one statement where a savepoint, an insert and a
+    release per message were.
+
+    De-duplication is the per-message phase 1's: the batch's ids are looked up once, a
+    record stored earlier in the batch counts, and a concurrent copy that committed its
+    record after the look-up makes the flush's insert conflict — the chunk then runs
+    again (:class:`~core.receive.chunks.RunAgain`) with that record known, and the copy's
+    handler is skipped."""
+
+    chunked = True
+    takes_lists = False
+
+    def __init__(self, outbox: Outbox, messages: Sequence[Message]) -> None:
+        self.outbox = outbox
+        self.alias = outbox.using
+        self.connection = connections[self.alias]
+        self.dialect = dialect(self.alias)
+        self.known = outbox.store.states([message_id_of(m) for m in messages]) if messages else {}
+        self.to_dispatch: list[str] = []
+        # The open chunk's: records to insert, ids to dispatch, states of its new records.
+        self._records: list[tuple[str, str, bool]] = []
+        self._dispatch: list[str] = []
+        self._stored: dict[str, tuple[bool, bool]] = {}
+
+    def handle(self, message: Message, fn: Handler) -> MessageOutcome:
+        message_id = message_id_of(message)
+        state = self.known.get(message_id) or self._stored.get(message_id)
+        if state is not None:  # processed before (or earlier in this batch): handler skipped
+            if not state[0]:
+                self._dispatch.append(message_id)
+            return MessageOutcome.DUPLICATE
+        sender = OutboxSender(self.alias)
+        sender.anchor()
+        fn(message, HandlerContext(message, sender))
+        require_usable(self.connection, self.dialect)
+        done = not sender.operations
+        self._records.append((message_id, sender.encode(), done))
+        self._stored[message_id] = (done, False)
+        if not done:
+            self._dispatch.append(message_id)
+        return MessageOutcome.SUCCEEDED
+
+    def flush(self) -> None:
+        """Before the chunk ends: its outbox records, in one go."""
+        if self._records:
+            try:
+                self.outbox.store.insert_many(self._records)
+            except OutboxConflict as exc:
+                ids = [message_id for message_id, _, _ in self._records]
+                raise RunAgain(exc, lambda: self._learn(ids)) from exc
+        self.known.update(self._stored)
+        self.to_dispatch.extend(self._dispatch)
+        self.discard()
+
+    def _learn(self, message_ids: list[str]) -> bool:
+        """After a conflict, with the chunk rolled back: which records exist now."""
+        found = self.outbox.store.states(message_ids)
+        new = {mid: state for mid, state in found.items() if mid not in self.known}
+        self.known.update(new)
+        return bool(new)
+
+    def discard(self) -> None:
+        self._records, self._dispatch, self._stored = [], [], {}
+
+    def after_commit(self) -> None:
+        if self.to_dispatch:
+            self.outbox.after_commit(self.to_dispatch)  # phase 2; a crash here leaves it to the dispatcher
 
 
 class _OutboxBatch:
+    """One receive batch in ``outbox`` mode with pessimistic concurrency control: one
+    message at a time, each in its own phase 1 (the record is inserted before the
+    handler runs, so a concurrent copy waits on it)."""
+
     def __init__(self, outbox: Outbox, messages: Sequence[Message]) -> None:
         self.outbox = outbox
         # De-duplication: one look-up for the whole batch.
