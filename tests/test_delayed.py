@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
 from core.conf import get_settings
 from core.delayed import DelayedMessage, DelayedMover, SqlDelayedStore, delayed_store
@@ -99,6 +99,53 @@ def test_claiming_takes_due_messages_out_earliest_first_and_a_rollback_puts_them
     assert sorted(m.id for m in in_the_store(store)) == ["m1", "m3"]
 
 
+def test_a_claim_says_when_the_next_message_left_is_due_where_the_dialect_can(store):
+    """On PostgreSQL the claim's statement also returns the earliest due time among the
+    rows it did not take, and the database's now: the mover's next question, answered."""
+    now = dt.datetime.now(UTC)
+    for n, seconds in enumerate([-2, -1, 30, 60]):
+        store.store(DelayedMessage(id=f"m{n}", destination="orders", body=b"", headers={},
+                                   due=now + dt.timedelta(seconds=seconds)))
+    can = store.dialect.supports_claim_with_next
+    with transaction.atomic():
+        claim = store.claim(1)
+    assert [m.id for m in claim.messages] == ["m0"]
+    if not can:
+        assert (claim.next_due, claim.now) == (None, None)  # the mover asks after its commit
+        return
+    assert claim.next_due == store.list()[0][0].due  # m1: due, past the limit, still here
+    assert abs((claim.now - dt.datetime.now(UTC)).total_seconds()) < 5
+    with transaction.atomic():
+        claim = store.claim(10)
+    assert [m.id for m in claim.messages] == ["m1"]
+    assert abs((claim.next_due - now - dt.timedelta(seconds=30)).total_seconds()) < 0.01  # m2
+    with transaction.atomic():
+        nothing = store.claim(10)
+    assert nothing.messages == [] and nothing.next_due == claim.next_due  # one row of NULLs and the two
+    for message in store.list()[0]:
+        store.delete(message.id)
+    with transaction.atomic():
+        empty_store = store.claim(10)
+    assert (empty_store.messages, empty_store.next_due) == ([], None) and empty_store.now is not None
+
+
+def test_the_claims_next_due_time_is_read_from_the_time_index(store):
+    """The claim's extra question must not read the store: with 20,000 messages waiting
+    (a few due), the whole statement touches a few dozen pages, not the table's hundreds."""
+    if not store.dialect.supports_claim_with_next:
+        pytest.skip("the dialect asks the next due time in a statement of its own")
+    from tests.test_receive_marks import buffers_read
+
+    now = dt.datetime.now(UTC)
+    store.store_many([DelayedMessage(id=f"w{n}", destination="orders", body=b"x" * 100, headers={"n": str(n)},
+                                     due=now + dt.timedelta(seconds=-5 if n < 5 else 60 + n)) for n in range(20_000)])
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {store.dialect.table(store.table)}")
+    d = store.dialect
+    read = buffers_read(d.delayed_claim_due_and_next(store.table), d.delayed_claim_params(None, 10))
+    assert read < 60, read
+
+
 def test_storing_the_same_message_id_twice_keeps_the_first(store):
     first = DelayedMessage(id="dup", destination="a", body=b"1", headers={}, due=dt.datetime.now(UTC))
     store.store(first)
@@ -159,6 +206,26 @@ def test_mover_forwards_due_messages_and_leaves_the_rest(store, transport, queue
     assert [x.body for x in transport.browse(queue)] == [b"due"]
     assert [x.body for x in in_the_store(store)] == [b"later"]
     assert 0 < wait <= 0.5  # sleeps until the next due time, capped
+
+
+def test_a_mover_that_moved_a_few_sleeps_until_the_next_due_one(store, transport, queue, mover, monkeypatch):
+    """After a step that moved fewer than a batch, the wait runs to the next message's due
+    time by the database's clock, however long the forwarding took; on PostgreSQL the
+    claim said when that is, and nothing is asked after the commit."""
+    transport.send(queue, "due", delay=0.05)
+    transport.send(queue, "in two seconds", delay=2)
+    time.sleep(0.1)
+    m = mover(max_sleep=30)
+    m._poll = None  # (SQLite's poll would cut the wait short)
+    asked = []
+    next_and_now = store.next_and_now
+    monkeypatch.setattr(store, "next_and_now", lambda: asked.append(1) or next_and_now())
+    wait = m.step()
+    assert [x.body for x in transport.browse(queue)] == [b"due"]
+    assert 1.5 < wait < 2.0
+    assert len(asked) == (0 if store.dialect.supports_claim_with_next else 1)
+    wait = m.step()  # nothing due: the claim of nothing says the same
+    assert 1.4 < wait < 2.0 and transport.counts(queue).total == 1
 
 
 def test_ttl_starts_when_the_message_lands(store, transport, queue, mover):

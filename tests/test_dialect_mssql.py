@@ -236,7 +236,7 @@ def test_every_named_statement_is_covered():
                "transaction_aborted",  # reads the driver's state: no SQL
                    # PostgreSQL only (capability flags): no SQL Server statement to check.
                    "server_cursor", "table_upkeep", "table_upkeep_active", "copy_in", "horizon_settled",
-               "reclaim_dead_rows"}
+               "reclaim_dead_rows", "delayed_claim_due_and_next"}
     public = {n for cls in (Dialect, DelayedSQL) for n, v in vars(cls).items()
               if callable(v) and not n.startswith("_")} - helpers
     # The outbox's statements are checked by tests/test_outbox_mssql_sql.py, the dashboard's

@@ -1,9 +1,10 @@
 """The mover: a loop that forwards due delayed messages to their queues.
 
 Take up to ``batch_size`` due messages out of the store (one ``DELETE … RETURNING``
-where the store can: ``claim_due``) → put each in its queue, all in
+where the store can: ``claim``) → put each in its queue, all in
 one transaction when the store and the queues share a database (exactly once), and
-again at once while messages are due.  A store elsewhere (another database, a store of
+again at once while messages are due.  On PostgreSQL the claim also says when the next
+message left is due, so a step that moved a few asks nothing after its commit.  A store elsewhere (another database, a store of
 your own) is cleared only after the queue insert committed: a crash between the two
 commits forwards a message twice, never loses it (at least once).  When nothing is due it sleeps until the next
 due time (at most ``max_sleep``) or until a store anywhere makes an earlier message
@@ -37,7 +38,7 @@ from core.conf import get_settings
 from core.db import writer_turn
 from core.delayed.clearing import StoreClearing
 from core.delayed.listener import PostgresListener, acquire_listener, release_listener
-from core.delayed.sql_store import SqlDelayedStore
+from core.delayed.sql_store import DueClaim, SqlDelayedStore
 from core.delayed.wake import NOTIFY_CHANNEL, wake_hub
 from core.errors import InvalidMessage
 from core.runtime.lease import Lease
@@ -94,8 +95,11 @@ class DelayedMover:
         # (core.delayed.clearing).  The claim deletes as it reads: only inside that shared
         # transaction may it run before the queue insert that could fail.
         self.clearing = StoreClearing(self.store, self.using)
-        self._claim_due: Callable[[int], list[DelayedMessage]] | None = getattr(self.store, "claim_due", None) \
+        self._claim: Callable[[int], DueClaim] | None = getattr(self.store, "claim", None) \
             if self.clearing.shares_transaction else None
+        #: What this step's committed claim said of the store: (next due, the database's
+        #: now, this process's monotonic clock then); None: ask after the commit.
+        self._seen_next: tuple[dt.datetime | None, dt.datetime, float] | None = None
         self.lease = Lease(f"delayed-mover:{self.table}", lease_seconds or s.MOVER_LEASE_SECONDS, self.using) \
             if elect else None
         self.fetch_breaker = RepeatedFailuresOverTimeCircuitBreaker(
@@ -173,6 +177,11 @@ class DelayedMover:
         return seconds
 
     def _next_and_now(self) -> tuple[dt.datetime | None, dt.datetime]:
+        seen, self._seen_next = self._seen_next, None
+        if seen is not None:
+            # Said by this step's claim: its now, moved on by the time the step took since.
+            nxt, now, at = seen
+            return nxt, now + dt.timedelta(seconds=time.monotonic() - at)
         if isinstance(self.store, SqlDelayedStore):
             return self.store.next_and_now()
         return self.store.next(), dt.datetime.now(dt.timezone.utc)
@@ -245,14 +254,19 @@ class DelayedMover:
         return conn.connection is not None and conn.is_usable()
 
     def _move_batch(self, isolate: bool) -> int:
-        claim_due = None if isolate else self._claim_due
+        claim_due = None if isolate else self._claim
+        self._seen_next = None
+        seen = None
         queued = False
         try:
             with self.clearing.store_transaction():
                 with writer_turn(self.using), transaction.atomic(using=self.using):
                     if claim_due is not None:
                         # Out of the store already (its rows come back if this transaction rolls back).
-                        batch = self._guard(lambda: claim_due(self.batch_size))
+                        claim = self._guard(lambda: claim_due(self.batch_size))
+                        batch = claim.messages
+                        if claim.now is not None:
+                            seen = (claim.next_due, claim.now, time.monotonic())
                         if batch:
                             self._forward_all(batch, removed=True)
                     else:
@@ -272,6 +286,7 @@ class DelayedMover:
             log.warning("%d delayed message(s) were forwarded but could not be removed from %s (%s); "
                         "they will be forwarded again", len(self.clearing.pending), self.table, exc)
             raise _FetchFailed(exc) from exc
+        self._seen_next = seen  # only a committed claim's answer holds
         if batch:
             log.debug("moved %d delayed message(s) from %s", len(batch), self.table)
         return len(batch)

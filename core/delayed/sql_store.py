@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import DatabaseError, connections, transaction
@@ -21,6 +22,17 @@ from core.queues import validate_name
 from core.scheduling import DelayedMessage
 
 log = logging.getLogger("sluice.delayed")
+
+
+@dataclass(frozen=True)
+class DueClaim:
+    """What :meth:`SqlDelayedStore.claim` took, earliest first, and what the store said
+    in the same statement where it can: the earliest due time left (None: nothing is
+    left) and its now.  ``now`` None: the store did not say (ask :meth:`next_and_now`)."""
+
+    messages: list[DelayedMessage]
+    next_due: dt.datetime | None
+    now: dt.datetime | None
 
 
 class DelayedStoreUnavailable(SluiceError):
@@ -169,12 +181,26 @@ class SqlDelayedStore:
         one statement, earliest first: deleted here, put in their queues by the caller
         in the same transaction, whose rollback puts them back.  The mover's fast path —
         one round trip where :meth:`fetch_due` and :meth:`remove_many` take two."""
+        return self.claim(limit).messages
+
+    def claim(self, limit: int) -> DueClaim:
+        """:meth:`claim_due`, and where the dialect can say it in the same statement
+        (``supports_claim_with_next``), when the next message left is due and the
+        database's now — what the mover asks next, one round trip fewer."""
         d = self.dialect
+        with_next = d.supports_claim_with_next
+        sql = d.delayed_claim_due_and_next(self.table) if with_next else d.delayed_claim_due(self.table)
         with StatementCursor(self.using) as cursor:
-            cursor.execute(d.delayed_claim_due(self.table), d.delayed_claim_params(None, limit), prepare=True)
-            claimed = [self._message(raw) for raw in cursor.fetchall()]
+            cursor.execute(sql, d.delayed_claim_params(None, limit), prepare=True)
+            rows = cursor.fetchall()
+        if not with_next:
+            claimed = [self._message(raw) for raw in rows]
+            nxt = now = None
+        else:
+            claimed = [self._message(raw[:-2]) for raw in rows if raw[0] is not None]
+            nxt, now = d.to_datetime(rows[0][-2]), d.to_datetime(rows[0][-1])
         claimed.sort(key=lambda message: message.due)  # a DELETE returns rows in no set order
-        return claimed
+        return DueClaim(claimed, nxt, now)
 
     def fetch_next_due(self, at: dt.datetime) -> DelayedMessage | None:
         batch = self.fetch_due(1, at)

@@ -69,6 +69,11 @@ class Dialect(abc.ABC):
     #: drops them (MVCC, ghost records), which a held horizon puts off: receives start
     #: at a mark kept in the process (:meth:`receive_from`, core.runtime.marks).
     supports_receive_mark: bool = False
+    #: The delayed mover's claim can also say, in the same statement, when the next
+    #: message left in the store is due and the database's now
+    #: (:meth:`delayed_claim_due_and_next`): the mover's step saves the round trip that
+    #: asked it after the commit.
+    supports_claim_with_next: bool = False
     # The fragments (see FRAGMENTS): None here, so a dialect that forgets one fails.
     limit: str | None = None
     readpast_hint: str | None = None

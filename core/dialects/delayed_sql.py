@@ -89,6 +89,14 @@ class DelayedSQL(abc.ABC):
     def delayed_claim_params(self, at: Any, limit: int) -> list[Any]:
         return [at, limit]
 
+    def delayed_claim_due_and_next(self, name: str) -> str:
+        """:meth:`delayed_claim_due`, each row followed by two columns: the earliest due
+        time among the rows it did not take (NULL: none) and the database's now.  With
+        nothing due it returns one row of NULLs followed by those two.  Params:
+        delayed_claim_params(at, limit).  Only where ``supports_claim_with_next``."""
+        raise NotImplementedError(f"{type(self).__name__} claims and asks the next due time apart "
+                                  "(supports_claim_with_next)")
+
     def delayed_remove(self, name: str) -> str:
         return f"DELETE FROM {self.table(name)} WHERE {self.quote('Id')} = %s"
 

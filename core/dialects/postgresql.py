@@ -48,6 +48,7 @@ class PostgreSQLDialect(PostgreSQLTaskSQL, DelayedSQL, OutboxSQL, DashboardSQL, 
     supports_copy_in = True
     supports_commit_snapshots = True
     supports_receive_mark = True
+    supports_claim_with_next = True
     limit = " LIMIT %s"
     readpast_hint = nolock_hint = lock_skip_hint = ""  # MVCC: readers never wait for writers
     skip_locked_suffix = " FOR UPDATE SKIP LOCKED"
@@ -147,6 +148,18 @@ class PostgreSQLDialect(PostgreSQLTaskSQL, DelayedSQL, OutboxSQL, DashboardSQL, 
         # and a receive transaction can be long; clock_timestamp() is volatile and would
         # keep the planner off the Expires index.
         return "statement_timestamp()"
+
+    def delayed_claim_due_and_next(self, name: str) -> str:
+        # The outer query reads the snapshot from before the claim's DELETE, so the rows
+        # it took are left out by their ids.  statement_timestamp() is one value for the
+        # whole statement: the claim's "due by now" and the now returned are the same.
+        t, time, id_ = self.table(name), self.quote("Time"), self.quote("Id")
+        return (
+            f"WITH claimed AS ({self.delayed_claim_due(name)}) "
+            f"SELECT c.*, n.next_due, n.now FROM (SELECT (SELECT MIN({time}) FROM {t} "
+            f"WHERE {id_} NOT IN (SELECT {id_} FROM claimed)) AS next_due, {self.now_sql()} AS now) AS n "
+            "LEFT JOIN claimed AS c ON TRUE"
+        )
 
     def expires_after_ttl_sql(self) -> str:
         return "statement_timestamp() + make_interval(secs => %s)"
