@@ -105,8 +105,10 @@ class Transport(MessageBuilder):
                     rows = [[m.row_id, m.correlation_id, m.reply_to, *d.ttl_params(m.ttl_seconds),
                              m.encoded_headers(), m.body] for m in group]
                 else:
-                    rows = [[m.row_id, m.correlation_id, m.reply_to, d.datetime_param(m.expires),
-                             m.encoded_headers(), m.body] for m in group]
+                    as_param = d.datetime_param
+                    rows = [[m.row_id, m.correlation_id, m.reply_to, None if m.expires is None else as_param(m.expires),
+                             m.encoded_headers() if m.headers_json is None else m.headers_json, m.body]
+                            for m in group]
                 size = d.insert_rows_per_statement(len(rows[0]))
                 for start in range(0, len(rows), size):
                     sql, params = d.insert_rows(queue, rows[start:start + size], with_ttl)

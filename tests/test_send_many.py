@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import time
 import uuid
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
@@ -14,6 +17,14 @@ from core.messages import Headers
 from core.outgoing import new_ids
 from core.queues import dialect
 from tests.test_delayed import store  # noqa: F401 — the fixture
+
+
+#: Any JSON value, with floats that are not JSON (NaN, infinities) and keys json turns to text.
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.text(max_size=5) | st.integers() | st.booleans() | st.none(), inner, max_size=4),
+    max_leaves=20)
 
 
 def db_now(d) -> dt.datetime:
@@ -114,6 +125,48 @@ def test_a_batch_keeps_given_correlation_and_conversation_and_mixed_body_types(t
     assert [m.headers[Headers.CONTENT_TYPE] for m in messages] == [
         "application/json", "text/plain", "application/octet-stream", "application/json"]
     assert [m.body for m in messages] == [b'{"a":1}', b"text", b"\x00bytes", b'{"b":2}']
+
+
+def test_header_values_with_braces_and_format_fields_are_kept_in_every_message(transport, queue):
+    """The batch writes each message's headers from a template (core.outgoing.like_first):
+    values that look like its fields, or hold its braces, stay as they were given."""
+    given = {"A": "{0}", "B": "}{1}{", "C": "{{x}}", "D": '"{"'}
+    ids = transport.send_many(queue, [{"n": i} for i in range(3)], headers=given)
+    messages = all_messages(transport, queue)
+    assert [m.id for m in messages] == ids
+    for m in messages:
+        assert {name: m.headers[name] for name in given} == given
+        assert m.headers[Headers.MESSAGE_ID] == m.id and len({m.headers[Headers.CONVERSATION_ID]}) == 1
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(json_values)
+def test_bodies_are_encoded_as_json_dumps_encodes_them(value):
+    """The body encoder builds json's C encoder once (core.outgoing._compact_json): the
+    text and the errors must be json.dumps's with the same options, for any value."""
+    from core.outgoing import json_text
+
+    def outcome(encode):
+        try:
+            return encode(value)
+        except (TypeError, ValueError) as exc:
+            return type(exc).__name__, str(exc)
+
+    assert outcome(json_text) == outcome(
+        lambda v: json.dumps(v, ensure_ascii=False, separators=(",", ":"), allow_nan=False))
+
+
+def test_bodies_that_are_not_json_are_refused_as_json_dumps_refuses_them():
+    from core.outgoing import json_text
+
+    loop: list = []
+    loop.append(loop)
+    for value in (float("nan"), float("inf"), loop, {(1,): 2}, object(), {"a": {1, 2}}):
+        with pytest.raises((TypeError, ValueError)) as ours:
+            json_text(value)
+        with pytest.raises((TypeError, ValueError)) as theirs:
+            json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        assert (type(ours.value), str(ours.value)) == (type(theirs.value), str(theirs.value))
 
 
 def test_a_bad_body_anywhere_in_a_batch_sends_nothing(transport, queue, settings):
