@@ -391,6 +391,33 @@ def test_a_search_without_an_index_reads_the_newest_records_only(operator_client
         assert "newest 2 failed messages" in operator_client.get("/failed/?q=needle").content.decode()
 
 
+def test_a_searchs_count_is_shared_by_its_pages_until_an_action(operator_client, queue, error_queue, clean_broker,
+                                                                settings):
+    """The next page of a search (or the same search again) does not count again: the count
+    is shared like the groups (fresh for SLUICE_DASHBOARD_CACHE_SECONDS); an action on
+    failed messages counts afresh."""
+    from tests.test_dashboard_api import run_queued
+
+    settings.SLUICE_DASHBOARD_CACHE_SECONDS = 60
+    records = [fail_message(queue, exception_message="needle in order") for _ in range(3)]
+    search = "/api/failed/?q=needle&status=unresolved&limit=2"
+    status, first = api(operator_client, "get", search)
+    assert status == 200 and first["count"] == 3 and len(first["results"]) == 2
+
+    def counts(queries) -> list[str]:
+        return [q["sql"] for q in queries if "COUNT(" in q["sql"].upper() and "sluice_failed_message" in q["sql"]]
+
+    fail_message(queue, exception_message="needle, later")  # no action: the shared count stands
+    with CaptureQueriesContext(connections["default"]) as queries:
+        status, second = api(operator_client, "get", f"{search}&cursor={first['next_cursor']}")
+    assert status == 200 and second["count"] == 3 and len(second["results"]) == 1
+    assert counts(queries) == []  # the first page's count
+    status, body = api(operator_client, "post", "/api/failed/archive/", {"ids": [records[0].pk]})
+    run_queued(body["operation"])
+    status, again = api(operator_client, "get", search)
+    assert again["count"] == 3  # counted afresh: 4 failures, one archived
+
+
 # -- item 2: the snapshot's failed-message counts are read, exact, from the kept counts -------------------
 
 def test_snapshot_reads_exact_failed_counts_kept_by_the_database(operator_client, queue, error_queue, settings):

@@ -30,6 +30,7 @@ def test_every_outbox_statement_is_valid_tsql(d):
         (d.outbox_states(TABLE, 2), ["a", "b"]),
         (d.outbox_insert(TABLE, dispatched=False), ["id", "v", "ops"]),
         (d.outbox_insert(TABLE, dispatched=True), ["id", "v", "ops"]),
+        (d.outbox_insert(TABLE, dispatched=False, count=3), ["id", "v", "ops"] * 3),  # a chunk's records
         (d.outbox_store_operations(TABLE, dispatched=False), ["ops", "id"]),
         (d.outbox_claim_lease(TABLE, 3), [*d.ttl_params(30), "token", "a", "b", "c"]),
         (d.outbox_claim_lease(TABLE, 1, include_quarantined=True), [*d.ttl_params(30), "token", "a"]),
@@ -53,6 +54,15 @@ def test_every_outbox_statement_is_valid_tsql(d):
     for sql, params in statements:
         assert parse(sql, params) is not None
         assert TABLE not in sql.replace(f"[{TABLE}]", "")  # the table name is only ever quoted
+
+
+def test_a_chunks_records_fit_one_statement_of_sql_server(d):
+    """A chunk's records go in one multi-row VALUES: SQL Server takes at most 1,000 rows and
+    2,100 parameters in one; OutboxStore.insert_many cuts at max_parameters // 3."""
+    rows = d.max_parameters // 3
+    assert rows <= 1000 and rows * 3 <= 2100
+    sql = d.outbox_insert(TABLE, dispatched=False, count=rows)
+    assert sql.count("%s") == rows * 3 and sql.count("GETUTCDATE()") == rows
 
 
 def test_the_table_is_a_heap_with_a_nonclustered_key_and_filtered_indexes(d):

@@ -39,13 +39,14 @@ class FailedList(SluiceAPIView):
             searching.check_text(text)
         except searching.TextTooShort as exc:
             raise ActionError(str(exc)) from None
-        qs = failures.search(text=text or None, exception=p.get("exception") or None,
-                             message_id=p.get("message_id") or None, queue=p.get("queue") or None,
-                             message_type=p.get("message_type") or None, status=status_,
-                             group=p.get("group") or None, since=time_param(request, "since"),
-                             until=time_param(request, "until"))
-        qs, limited = searching.bound(qs, text)
-        count = qs.order_by()[:COUNT_CAP + 1].count()
+        filters = dict(text=text or None, exception=p.get("exception") or None,
+                       message_id=p.get("message_id") or None, queue=p.get("queue") or None,
+                       message_type=p.get("message_type") or None, status=status_,
+                       group=p.get("group") or None, since=time_param(request, "since"),
+                       until=time_param(request, "until"))
+        qs, limited = searching.bound(failures.search(**filters), text)
+        # The count is the search's, not the page's: the next pages share it.
+        count = searching.shared_count(qs, COUNT_CAP, tuple(sorted(filters.items())))
         rows, next_cursor = cursor.page(qs.defer("headers", "body", "stack_trace", "history"),
                                         p.get("cursor") or None, "time_of_failure", limit)
         return Response({"count": min(count, COUNT_CAP), "count_capped": count > COUNT_CAP,

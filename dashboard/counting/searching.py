@@ -1,5 +1,6 @@
-"""Reading failed messages without scanning a million rows: free-text search, and the
-groups list shared through the snapshot's cache (:func:`cached_groups`).
+"""Reading failed messages without scanning a million rows: free-text search, its count and
+the groups list shared through the snapshot's cache (:func:`shared_count`,
+:func:`cached_groups`).
 
 - PostgreSQL indexes the searched text with trigrams (core/dialects, index sluice_fm_search):
   a term of 3 characters or more is an index lookup.
@@ -66,3 +67,15 @@ def cached_groups(by: str, status: str, queue: str, message_type: str, limit: in
     key = "sluice:dashboard:groups:" + hashlib.sha1(repr((by, status, queue, message_type, limit)).encode()).hexdigest()
     return stats.shared(key, lambda: failures.groups(by, status=status, queue=queue or None,
                                                      message_type=message_type or None, limit=limit))
+
+
+def shared_count(qs: QuerySet, cap: int, filters: tuple) -> int:
+    """``qs``'s rows counted up to ``cap`` + 1, shared by every viewer of the same
+    ``filters`` like the groups (:func:`stats.shared`: fresh for
+    SLUICE_DASHBOARD_CACHE_SECONDS, then served up to 30 s old while one background thread
+    counts again; an action starts afresh).  The next page of a search, or the same search
+    again, does not count again: with a text search the count rechecks every row the
+    trigram index offers (tens of milliseconds at a million failed messages), where the
+    page of results stops at its limit."""
+    key = "sluice:dashboard:failed-count:" + hashlib.sha1(repr((cap, filters)).encode()).hexdigest()
+    return stats.shared(key, lambda: qs.order_by()[:cap + 1].count())
