@@ -39,3 +39,10 @@ class NoHandler(SluiceError):
 
 class ConfigurationError(SluiceError):
     pass
+
+
+class Unavailable(SluiceError):
+    """A part of Sluice pauses after failing, as its circuit breaker asks (the delayed store):
+    the same call may succeed later.  Never a message's fault: a failed message whose
+    outcome cannot be recorded for this reason is received again, not set aside as poison
+    (core.receive.last_resort)."""

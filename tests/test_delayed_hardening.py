@@ -110,6 +110,34 @@ def test_the_store_breaker_triggers_after_the_configured_time(transactional_db, 
     assert store.store_breaker.failures == 2
 
 
+def test_a_delayed_retry_the_paused_store_cannot_take_is_received_again_not_set_aside(
+        store, queue, error_queue, temp_handlers, pump_for):  # noqa: F811
+    """The store pauses after a failure (its breaker); a delayed retry asked for meanwhile is
+    the store's state, not the message's poison: the batch rolls back, the message waits in
+    its queue with its attempts as they were, and its retry is stored once the pause ends.
+    (Seen under connection kills: such messages went to the error queue as poison.)"""
+    def fails(message, context):
+        raise RuntimeError("handler down")
+
+    temp_handlers(queue, None, fails)
+    transport = Transport()
+    message_id = transport.send(queue, "x")
+    pump = pump_for(queue, immediate_retries=0, delayed_retries=1)
+    used = delayed_store()  # the process's store, which the pump stores retries in
+    used.store_breaker.failure(DatabaseError("connection lost"))
+    used._paused_until = time.monotonic() + 60  # what a store's DatabaseError leaves
+    with pytest.raises(DelayedStoreUnavailable):
+        pump.receive_and_process(8)
+    [waiting] = transport.browse(queue)
+    assert waiting.headers[Headers.MESSAGE_ID] == message_id and waiting.failed_attempts == 0
+    assert transport.counts(error_queue).total == 0
+    used._paused_until = 0.0
+    assert pump.receive_and_process(8) == 1
+    assert transport.counts(queue).total == 0 and transport.counts(error_queue).total == 0
+    [retry] = store.list()[0]
+    assert retry.headers[Headers.MESSAGE_ID] == message_id and retry.headers[Headers.DELAYED_RETRIES] == "1"
+
+
 # -- defect 7: the LISTEN connection, and polling while it is down --------------------------
 
 @pytest.mark.postgresql

@@ -16,7 +16,7 @@ from core.conf import get_settings
 from core.db import StatementCursor
 from core.delayed.wake import NOTIFY_CHANNEL, notify_payload, on_commit_wake, wake_hub
 from core.dialects import Dialect, dialect_for
-from core.errors import SluiceError
+from core.errors import Unavailable
 from core.messages import decode_headers, encode_headers
 from core.queues import validate_name
 from core.scheduling import DelayedMessage
@@ -35,7 +35,7 @@ class DueClaim:
     now: dt.datetime | None
 
 
-class DelayedStoreUnavailable(SluiceError):
+class DelayedStoreUnavailable(Unavailable):
     """The store failed just now and pauses, as its circuit breaker asks, before the next try."""
 
 

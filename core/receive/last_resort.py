@@ -30,6 +30,7 @@ from typing import Callable, TypeVar
 
 from django.db import connections, transaction
 
+from core.errors import Unavailable
 from core.messages import Headers, Message, encode_headers
 from core.models import QueueKind
 from core.outgoing import OutgoingMessage
@@ -63,7 +64,10 @@ def guarded(transport: Transport, error_queue: str, message: Message, write: str
 
 def refused_for_the_message(transport: Transport, exc: BaseException) -> bool:
     """False for what is the database's state, not the message's content: a transient error
-    (deadlock, lock timeout, lost connection) or a savepoint that could not be rolled back."""
+    (deadlock, lock timeout, lost connection), a savepoint that could not be rolled back, or
+    a part of Sluice pausing after such an error (the delayed store's breaker: ``Unavailable``)."""
+    if isinstance(exc, Unavailable):
+        return False
     return not (connections[transport.using].needs_rollback or transport.dialect.is_transient(exc))
 
 
