@@ -221,7 +221,31 @@ class OutboxMode(TransactionMode):
         return ChunkedOutboxScope(self.outbox, messages)
 
 
-class ChunkedOutboxScope:
+class _OutboxBatch:
+    """One receive batch in ``outbox`` mode with pessimistic concurrency control: one
+    message at a time, each in its own phase 1 (the record is inserted before the
+    handler runs, so a concurrent copy waits on it)."""
+
+    def __init__(self, outbox: Outbox, messages: Sequence[Message]) -> None:
+        self.outbox = outbox
+        # De-duplication: one look-up for the whole batch.
+        self.known = outbox.store.states([message_id_of(m) for m in messages]) if messages else {}
+        self.to_dispatch: list[str] = []
+
+    def handle(self, message: Message, fn: Handler) -> MessageOutcome:
+        message_id = message_id_of(message)
+        result = self.outbox.phase1(
+            message_id, lambda sender: fn(message, HandlerContext(message, sender)), self.known)
+        if result.needs_dispatch:
+            self.to_dispatch.append(message_id)
+        return MessageOutcome.DUPLICATE if result.duplicate else MessageOutcome.SUCCEEDED
+
+    def after_commit(self) -> None:
+        if self.to_dispatch:
+            self.outbox.after_commit(self.to_dispatch)  # phase 2; a crash here leaves it to the dispatcher
+
+
+class ChunkedOutboxScope(_OutboxBatch):
     """One receive batch in ``outbox`` mode (optimistic concurrency control), run chunk
     by chunk as :class:`ChunkedScope` runs one: each chunk in one savepoint, its handlers
     without a savepoint of their own.  Each handler sends into its own
@@ -240,12 +264,10 @@ class ChunkedOutboxScope:
     takes_lists = False
 
     def __init__(self, outbox: Outbox, messages: Sequence[Message]) -> None:
-        self.outbox = outbox
+        super().__init__(outbox, messages)
         self.alias = outbox.using
         self.connection = connections[self.alias]
         self.dialect = dialect(self.alias)
-        self.known = outbox.store.states([message_id_of(m) for m in messages]) if messages else {}
-        self.to_dispatch: list[str] = []
         # The open chunk's: records to insert, ids to dispatch, states of its new records.
         self._records: list[tuple[str, str, bool]] = []
         self._dispatch: list[str] = []
@@ -290,34 +312,6 @@ class ChunkedOutboxScope:
 
     def discard(self) -> None:
         self._records, self._dispatch, self._stored = [], [], {}
-
-    def after_commit(self) -> None:
-        if self.to_dispatch:
-            self.outbox.after_commit(self.to_dispatch)  # phase 2; a crash here leaves it to the dispatcher
-
-
-class _OutboxBatch:
-    """One receive batch in ``outbox`` mode with pessimistic concurrency control: one
-    message at a time, each in its own phase 1 (the record is inserted before the
-    handler runs, so a concurrent copy waits on it)."""
-
-    def __init__(self, outbox: Outbox, messages: Sequence[Message]) -> None:
-        self.outbox = outbox
-        # De-duplication: one look-up for the whole batch.
-        self.known = outbox.store.states([message_id_of(m) for m in messages]) if messages else {}
-        self.to_dispatch: list[str] = []
-
-    def handle(self, message: Message, fn: Handler) -> MessageOutcome:
-        message_id = message_id_of(message)
-        result = self.outbox.phase1(
-            message_id, lambda sender: fn(message, HandlerContext(message, sender)), self.known)
-        if result.needs_dispatch:
-            self.to_dispatch.append(message_id)
-        return MessageOutcome.DUPLICATE if result.duplicate else MessageOutcome.SUCCEEDED
-
-    def after_commit(self) -> None:
-        if self.to_dispatch:
-            self.outbox.after_commit(self.to_dispatch)  # phase 2; a crash here leaves it to the dispatcher
 
 
 def message_id_of(message: Message) -> str:
