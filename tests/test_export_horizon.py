@@ -10,7 +10,6 @@ from django.db import connection
 
 from core.records import horizon
 from core.records.writer import insert_rows
-from tests.conftest import wait_for
 
 pytestmark = pytest.mark.postgresql
 
@@ -50,14 +49,19 @@ def test_an_open_transaction_of_this_database_holds_the_horizon_until_it_ends(tr
 
 
 def test_tokens_of_older_versions_are_still_read(transactional_db):
-    """Stored watermarks hold pg_snapshot text: the settled check reads both."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_current_snapshot()::text")
-        old_token, = cursor.fetchone()
-    # An old token lists the whole server's open transactions, not this database's: another
-    # test shard's may be open when it is taken (one CI run). It settles once that one ends.
-    wait_for(lambda: horizon.settled(horizon.Horizon(1, old_token, 0), "default", delay=600), timeout=60,
-             interval=0.2, what=f"the old-format token {old_token} settled")
+    """Stored watermarks hold pg_snapshot text ("xmin:xmax:xip,…"), as older versions wrote
+    them: the settled check reads that text and waits for the transactions it lists."""
+    mine = open_writing_transaction(connection.settings_dict["NAME"])
+    try:
+        xid, = mine.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()
+        # Only our own transaction listed: a whole-server snapshot would also list other test
+        # shards' transactions, which may stay open for minutes under CI load.
+        old_token = f"{xid}:{xid + 1}:{xid}"
+        assert not horizon.settled(horizon.Horizon(1, old_token, 0), "default", delay=600)
+    finally:
+        mine.commit()
+        mine.close()
+    assert horizon.settled(horizon.Horizon(1, old_token, 0), "default", delay=600)
 
 
 def test_a_stored_horizon_reads_back_whole():

@@ -48,3 +48,44 @@ def test_with_redis_down_messages_still_flow_and_status_says_so(demo):
     assert sorted(PingRecord.objects.values_list("message_id", flat=True)) == sorted(ids)
     assert "cannot publish health to Redis" in "".join(worker.output)
     assert status(NO_REDIS)["redis"] == "down"
+
+
+def test_a_heartbeat_taken_while_the_worker_starts_shows_no_loop_as_dead():
+    """The health loop's first step waits until every loop's thread has started: a heartbeat
+    published then would make `sluice status --check` fail a worker that is fine."""
+    import threading
+    import time
+
+    from core.runtime.loops import ThreadRunner
+
+    seen: list[list[dict]] = []
+    first_step = threading.Event()
+
+    class Snapshotting:  # like the health loop: it reports the runner's loops
+        name = "health"
+
+        def step(self) -> float:
+            if not seen:
+                seen.append(runner.snapshot())
+                first_step.set()
+            return 0.05
+
+        def close(self) -> None:
+            pass
+
+    class SlowToStart:  # a loop whose set-up before its thread starts takes a while
+        name = "pump:slow"
+
+        def bind_wake(self, wake) -> None:
+            time.sleep(0.3)
+
+        def step(self) -> float:
+            return 0.05
+
+        def close(self) -> None:
+            pass
+
+    runner = ThreadRunner([Snapshotting(), SlowToStart()])
+    with runner:
+        assert first_step.wait(5)
+    assert {loop["name"]: loop["alive"] for loop in seen[0]} == {"health": True, "pump:slow": True}

@@ -80,6 +80,9 @@ class ThreadRunner:
     def __init__(self, loops: list[Loop]) -> None:
         self.loops = loops
         self._stop = threading.Event()
+        # Set once every thread has started: no step (the health loop's heartbeat among them)
+        # runs before then, so a snapshot never shows a loop not started yet as dead.
+        self._all_started = threading.Event()
         # One event per thread: each thread keeps the no-lost-wake-up rule on its own
         # (cleared just before its step, so a wake after that cuts its next wait short).
         self._wake: dict[str, list[threading.Event]] = {
@@ -93,21 +96,24 @@ class ThreadRunner:
         self.last_step: dict[str, float] = {}
 
     def start(self) -> "ThreadRunner":
-        for loop in self.loops:
-            bind = getattr(loop, "bind_wake", None)
-            if bind is not None:  # loops that can be woken early (pumps, the delayed mover)
-                bind(lambda lane=None, name=loop.name: self.wake(name, lane))
-            lanes = lanes_of(loop)
-            self._running[loop.name] = lanes
-            # Every loop is guarded: a step that raises arms this breaker (1 s pauses), 30 s of
-            # failures trigger it (10 s pauses, CRITICAL log); a good step closes it.
-            self._breakers[loop.name] = RepeatedFailuresOverTimeCircuitBreaker(
-                f"loop:{loop.name}", get_settings().TIME_TO_TRIGGER_RECEIVE_BREAKER)
-            for lane in range(lanes):
-                name = f"sluice-{loop.name}" + (f"-{lane}" if lane else "")
-                thread = threading.Thread(target=self._run, args=(loop, lane), name=name, daemon=True)
-                thread.start()
-                self._threads.append(thread)
+        try:
+            for loop in self.loops:
+                bind = getattr(loop, "bind_wake", None)
+                if bind is not None:  # loops that can be woken early (pumps, the delayed mover)
+                    bind(lambda lane=None, name=loop.name: self.wake(name, lane))
+                lanes = lanes_of(loop)
+                self._running[loop.name] = lanes
+                # Every loop is guarded: a step that raises arms this breaker (1 s pauses), 30 s of
+                # failures trigger it (10 s pauses, CRITICAL log); a good step closes it.
+                self._breakers[loop.name] = RepeatedFailuresOverTimeCircuitBreaker(
+                    f"loop:{loop.name}", get_settings().TIME_TO_TRIGGER_RECEIVE_BREAKER)
+                for lane in range(lanes):
+                    name = f"sluice-{loop.name}" + (f"-{lane}" if lane else "")
+                    thread = threading.Thread(target=self._run, args=(loop, lane), name=name, daemon=True)
+                    thread.start()
+                    self._threads.append(thread)
+        finally:
+            self._all_started.set()  # (a thread that could not start raises here; the others run)
         return self
 
     def wake(self, name: str, lane: int | None = None) -> None:
@@ -125,6 +131,7 @@ class ThreadRunner:
         wake = self._wake[loop.name][lane]
         _lane.index = lane
         breaker = self._breakers[loop.name]
+        self._all_started.wait()
         if lane == 0:
             log.info("loop %s started (%d thread%s)", loop.name, lanes_of(loop), "" if lanes_of(loop) == 1 else "s")
         try:
