@@ -210,6 +210,14 @@ def test_the_deployment_page_names_the_images_default_extras():
 
 
 @no_database
+def test_the_deployment_page_shows_the_table_settings_sluice_applies():
+    from core.dialects.postgresql import TABLE_UPKEEP
+
+    (sql,) = re.findall(r'ALTER TABLE "orders" SET \((.*?)\);', page("deployment.md"), re.S)
+    assert dict(re.findall(r"(\w+) = (\w+)", sql)) == dict(TABLE_UPKEEP)
+
+
+@no_database
 def test_docker_compose_refers_to_sections_that_exist():
     compose = (ROOT / "docker-compose.yml").read_text()
     refs = re.findall(r'(docs/[\w/.-]+\.md), "?([A-Z][\w ]+?)"?[.)\n}]', compose)

@@ -80,6 +80,9 @@ class Dialect(abc.ABC):
     nolock_hint: str | None = None
     lock_skip_hint: str | None = None
     skip_locked_suffix: str | None = None
+    #: The rows a statement's subquery locked, as its WHERE names them: ``{key}`` and
+    #: ``{rows}`` (that SELECT).  PostgreSQL runs it once, never as a join (postgresql.py).
+    locked_rows: str = "{key} IN ({rows})"
     #: The most parameters one statement may carry (SQL Server allows 2,100; SQLite
     #: 32,766; PostgreSQL 65,535): statements with one parameter per row are cut to fit.
     max_parameters: int = 30_000
@@ -385,9 +388,10 @@ class Dialect(abc.ABC):
         t = self.table(name)
         exp, rv = self._col("Expires"), self._col("RowVersion")
         return (
-            f"DELETE FROM {t} WHERE {rv} IN (SELECT {rv} FROM {t} WHERE {exp} IS NOT NULL "
-            f"AND {exp} <= {self.now_sql()} ORDER BY {exp}{self.limit}{self.skip_locked_suffix}) "
-            f"RETURNING {self._message_columns()}, {self.expired_sql()}"
+            f"DELETE FROM {t} WHERE " + self.locked_rows.format(key=rv, rows=(
+                f"SELECT {rv} FROM {t} WHERE {exp} IS NOT NULL "
+                f"AND {exp} <= {self.now_sql()} ORDER BY {exp}{self.limit}{self.skip_locked_suffix}")) +
+            f" RETURNING {self._message_columns()}, {self.expired_sql()}"
         )
 
     def max_row_version(self, name: str) -> str:

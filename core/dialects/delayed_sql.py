@@ -81,9 +81,10 @@ class DelayedSQL(abc.ABC):
         time, id_ = self.quote("Time"), self.quote("Id")
         t = self.table(name)
         return (
-            f"DELETE FROM {t} WHERE {id_} IN (SELECT {id_} FROM {t} "
-            f"WHERE {time} <= COALESCE(%s, {self.now_sql()}) ORDER BY {time}{self.limit}{self.skip_locked_suffix}) "
-            f"RETURNING {self._delayed_columns()}"
+            f"DELETE FROM {t} WHERE " + self.locked_rows.format(key=id_, rows=(
+                f"SELECT {id_} FROM {t} WHERE {time} <= COALESCE(%s, {self.now_sql()}) "
+                f"ORDER BY {time}{self.limit}{self.skip_locked_suffix}")) +
+            f" RETURNING {self._delayed_columns()}"
         )
 
     def delayed_claim_params(self, at: Any, limit: int) -> list[Any]:

@@ -31,6 +31,10 @@ TABLE_UPKEEP = (
     ("autovacuum_vacuum_cost_delay", "0"),
     ("autovacuum_analyze_scale_factor", "0"),
     ("autovacuum_analyze_threshold", "5000"),
+    # A drained table keeps its pages: a plan made while it is empty still prices a
+    # sequential scan at the table's size, so it uses the indexes (and the truncation's
+    # ACCESS EXCLUSIVE lock never holds up sends and receives).
+    ("vacuum_truncate", "false"),
 )
 
 
@@ -52,6 +56,12 @@ class PostgreSQLDialect(PostgreSQLTaskSQL, DelayedSQL, OutboxSQL, DashboardSQL, 
     limit = " LIMIT %s"
     readpast_hint = nolock_hint = lock_skip_hint = ""  # MVCC: readers never wait for writers
     skip_locked_suffix = " FOR UPDATE SKIP LOCKED"
+    # The subquery runs once (an InitPlan) and the outer scan takes its rows by the key:
+    # no join, so no plan can run the locking subquery again for every row of the table.
+    # A queue table is often analyzed empty; a prepared receive keeps the generic plan
+    # made then until the next ANALYZE, and with "IN (SELECT …)" that plan walked the
+    # whole table per receive once a burst filled it (tests/test_receive_plans.py).
+    locked_rows = "{key} = ANY(ARRAY({rows}))"
     max_parameters = 60_000
     # serialization_failure, deadlock_detected, lock_not_available (lock_timeout),
     # query_canceled (statement_timeout), connection exceptions, admin/crash shutdown.
@@ -238,39 +248,32 @@ SELECT (SELECT MAX({self.quote('id')}) FROM {table}),
 
     def _receive(self, name: str, where: str) -> str:
         t = self.table(name)
-        return (
-            f'DELETE FROM {t} WHERE "RowVersion" IN '
-            f'(SELECT "RowVersion" FROM {t} {where}ORDER BY "RowVersion" LIMIT %s FOR UPDATE SKIP LOCKED) '
-            f"RETURNING {self._message_columns()}, {self.expired_sql()}"
-        )
+        rows = f'SELECT "RowVersion" FROM {t} {where}ORDER BY "RowVersion" LIMIT %s FOR UPDATE SKIP LOCKED'
+        return (f"DELETE FROM {t} WHERE {self.locked_rows.format(key=self.quote('RowVersion'), rows=rows)} "
+                f"RETURNING {self._message_columns()}, {self.expired_sql()}")
 
     def delete_by_id(self, name: str) -> str:
         t = self.table(name)
-        return (
-            f'DELETE FROM {t} WHERE "RowVersion" IN '
-            f'(SELECT "RowVersion" FROM {t} WHERE "Id" = %s FOR UPDATE SKIP LOCKED)'
-        )
+        rows = f'SELECT "RowVersion" FROM {t} WHERE "Id" = %s FOR UPDATE SKIP LOCKED'
+        return f"DELETE FROM {t} WHERE {self.locked_rows.format(key=self.quote('RowVersion'), rows=rows)}"
 
     def purge_expired(self, name: str) -> str:
         t = self.table(name)
         # Skip rows a receiver holds: the purge never waits on (or deadlocks with) a receive.
-        return (
-            f'DELETE FROM {t} WHERE "RowVersion" IN (SELECT "RowVersion" FROM {t} '
-            f'WHERE "Expires" IS NOT NULL AND "Expires" <= statement_timestamp() '
-            # ORDER BY keeps the planner on the partial Expires index even when most rows
-            # are expired; a seq scan would re-read the purged front of the table each batch.
-            'ORDER BY "Expires" LIMIT %s FOR UPDATE SKIP LOCKED)'
-        )
+        rows = (f'SELECT "RowVersion" FROM {t} '
+                'WHERE "Expires" IS NOT NULL AND "Expires" <= statement_timestamp() '
+                # ORDER BY keeps the planner on the partial Expires index even when most rows
+                # are expired; a seq scan would re-read the purged front of the table each batch.
+                'ORDER BY "Expires" LIMIT %s FOR UPDATE SKIP LOCKED')
+        return f"DELETE FROM {t} WHERE {self.locked_rows.format(key=self.quote('RowVersion'), rows=rows)}"
 
     def lock_table(self, name: str) -> str:
         return f"LOCK TABLE {self.table(name)} IN ACCESS EXCLUSIVE MODE"
 
     def purge_all(self, name: str) -> str:
         t = self.table(name)
-        return (
-            f'DELETE FROM {t} WHERE "RowVersion" IN '
-            f'(SELECT "RowVersion" FROM {t} LIMIT %s FOR UPDATE SKIP LOCKED)'
-        )
+        rows = f'SELECT "RowVersion" FROM {t} LIMIT %s FOR UPDATE SKIP LOCKED'
+        return f"DELETE FROM {t} WHERE {self.locked_rows.format(key=self.quote('RowVersion'), rows=rows)}"
 
     # -- delayed-message store -------------------------------------------------
     def create_delayed_table(self, name: str) -> list[tuple[str, list[Any]]]:
@@ -317,11 +320,9 @@ SELECT (SELECT MAX({self.quote('id')}) FROM {table}),
 
     def outbox_cleanup(self, name: str) -> str:
         t = self.table(name)
-        return (
-            f'DELETE FROM {t} WHERE "MessageId" IN (SELECT "MessageId" FROM {t} '
-            f'WHERE "Dispatched" = TRUE AND "DispatchedAt" <= {self.before_now_sql()} '
-            "LIMIT %s FOR UPDATE SKIP LOCKED)"
-        )
+        rows = (f'SELECT "MessageId" FROM {t} WHERE "Dispatched" = TRUE '
+                f'AND "DispatchedAt" <= {self.before_now_sql()} LIMIT %s FOR UPDATE SKIP LOCKED')
+        return f"DELETE FROM {t} WHERE {self.locked_rows.format(key=self.quote('MessageId'), rows=rows)}"
 
     def outbox_size(self, name: str) -> tuple[str, list[Any]]:
         return ("SELECT COALESCE(pg_total_relation_size(to_regclass(%s)), 0)", [self.table(name)])
@@ -342,10 +343,10 @@ SELECT (SELECT MAX({self.quote('id')}) FROM {table}),
         # SKIP LOCKED: a record another transaction is claiming right now is not waited for.
         t = self.table(name)
         return (f'UPDATE {t} SET "DispatchingUntil" = {self.expires_after_ttl_sql()}, "DispatchToken" = %s '
-                f'WHERE "MessageId" IN '
-                f'(SELECT "MessageId" FROM {t} WHERE {self._claim_where(count, include_quarantined)} '
-                f"AND {self._lease_free()} FOR UPDATE SKIP LOCKED) "
-                f'RETURNING "MessageId", "Operations", "CreatedAt", {self.now_sql()}')
+                "WHERE " + self.locked_rows.format(key=self.quote("MessageId"), rows=(
+                    f'SELECT "MessageId" FROM {t} WHERE {self._claim_where(count, include_quarantined)} '
+                    f"AND {self._lease_free()} FOR UPDATE SKIP LOCKED")) +
+                f' RETURNING "MessageId", "Operations", "CreatedAt", {self.now_sql()}')
 
     # -- dashboard: free-text search over failed messages through a trigram index -------------
     statement_timeout_errors = frozenset({"57014"})  # query_canceled
