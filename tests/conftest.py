@@ -269,6 +269,26 @@ def queue(make_queue) -> str:
     return make_queue()
 
 
+class HandClock:
+    """A clock moved by hand (``now``, seconds), for code that reads one through ``_clock``."""
+
+    def __init__(self, now: float = 100.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def marks_clock(monkeypatch) -> HandClock:
+    """The receive marks' clock (core.runtime.marks), still until a test moves it."""
+    fake = HandClock()
+    monkeypatch.setattr(receive_marks, "_clock", fake)
+    receive_marks.forget()
+    yield fake
+    receive_marks.forget()
+
+
 @pytest.fixture
 def transport(transactional_db) -> Transport:
     return Transport()

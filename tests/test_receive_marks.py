@@ -13,17 +13,12 @@ from core.dialects import dialect_for
 from core.queues import create_queue, delete_queue, registry
 from core.runtime import marks
 from core.runtime.marks import FULL_SCAN_EVERY, FULL_SCAN_MAX, FULL_SCAN_SHARE, TRAIL, ReceiveMarks, receive_marks
-from tests.conftest import open_transaction
+from tests.conftest import HandClock, open_transaction
 
 KEY = ("default", "q", 1)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+Clock = HandClock
 
 
 # -- the marks themselves ------------------------------------------------------------------
@@ -130,12 +125,8 @@ def key_of(transport, queue):
 
 
 @pytest.fixture
-def clock(monkeypatch):
-    fake = Clock()
-    monkeypatch.setattr(receive_marks, "_clock", fake)
-    receive_marks.forget()
-    yield fake
-    receive_marks.forget()
+def clock(marks_clock):
+    return marks_clock
 
 
 def test_receives_take_every_row_in_order_across_the_mark(transport, queue, clock):

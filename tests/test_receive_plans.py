@@ -13,7 +13,6 @@ import pytest
 from django.db import connection, transaction
 
 from core.dialects import dialect_for
-from core.runtime.marks import receive_marks
 from core.transport import Transport
 
 pytestmark = pytest.mark.postgresql
@@ -35,28 +34,9 @@ def vacuum_analyze(table: str) -> None:
         cursor.execute(f"VACUUM (ANALYZE) {table}")
 
 
-class Clock:
-    """The receive marks' clock, moved by hand (core.runtime.marks)."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@pytest.fixture
-def clock(monkeypatch):
-    fake = Clock()
-    monkeypatch.setattr(receive_marks, "_clock", fake)
-    receive_marks.forget()
-    yield fake
-    receive_marks.forget()
-
-
 @pytest.mark.parametrize("scan", ["from the mark", "from the start"])
-def test_a_receive_prepared_while_the_queue_was_empty_stays_cheap_after_a_burst(transport: Transport, queue, clock,
-                                                                               scan):
+def test_a_receive_prepared_while_the_queue_was_empty_stays_cheap_after_a_burst(transport: Transport, queue,
+                                                                               marks_clock, scan):
     """Both receive statements: the usual one, from the queue's mark, and the full scan
     that comes now and then (core.runtime.marks)."""
     table = dialect_for(connection).table(queue)
@@ -65,7 +45,7 @@ def test_a_receive_prepared_while_the_queue_was_empty_stays_cheap_after_a_burst(
 
     def receive(limit: int) -> list:
         if scan == "from the start":
-            clock.now += 60  # a full scan is due
+            marks_clock.now += 60  # a full scan is due
         return transport.receive_batch(queue, limit)
 
     transport.send_many(queue, [{"n": n} for n in range(2_000)])
