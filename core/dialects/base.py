@@ -342,11 +342,13 @@ class Dialect(abc.ABC):
     def peek_estimate(self, name: str) -> str:
         """An estimate of the queue length without counting rows (max − min RowVersion);
         it need not wait for receivers, so it reads without locks where it can."""
-        t = f"{self.table(name)}{self.nolock_hint}"
-        rv = self._col("RowVersion")
-        return (
-            f"SELECT COALESCE((SELECT MAX({rv}) FROM {t}) - (SELECT MIN({rv}) FROM {t}) + 1, 0)"
-        )
+        t, rv = f"{self.table(name)}{self.nolock_hint}", self._col("RowVersion")
+        return f"SELECT COALESCE({self.edge(rv, t, last=True)} - {self.edge(rv, t)} + 1, 0)"
+
+    def edge(self, column: str, source: str, last: bool = False, where: str = "") -> str:
+        """A scalar subquery: the least (``last``: greatest) value of an indexed NOT NULL
+        ``column`` of ``source`` (a table, hints and all), ``where`` (" WHERE …") applied."""
+        return f"(SELECT {'MAX' if last else 'MIN'}({column}) FROM {source}{where})"
 
     def browse(self, name: str) -> str:
         """Up to %s messages after RowVersion %s, oldest first, without taking them (rows

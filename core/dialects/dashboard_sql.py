@@ -74,8 +74,7 @@ class DashboardSQL:
             expired_count = (f"(SELECT COUNT(*) FROM (SELECT 1 AS x FROM {t} WHERE {exp} IS NOT NULL AND "
                              f"{exp} <= {self.now_sql()} LIMIT %s) e), ") if expired else ""
             parts.append(
-                f"SELECT {'%s' if cap is None else position}, (SELECT MIN({rv}) FROM {t}), "
-                f"(SELECT MAX({rv}) FROM {t}), "
+                f"SELECT {'%s' if cap is None else position}, {self.edge(rv, t)}, {self.edge(rv, t, last=True)}, "
                 f"(SELECT COUNT(*) FROM (SELECT 1 AS x FROM {t} LIMIT {limit}) c), {expired_count}"
                 f"(SELECT {self._col('Headers')} FROM {t} ORDER BY {rv} LIMIT 1), {self.now_sql()}")
         return " UNION ALL ".join(parts)

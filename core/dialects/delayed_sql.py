@@ -113,7 +113,7 @@ class DelayedSQL(abc.ABC):
 
     def delayed_next(self, name: str) -> str:
         """One row: (earliest due time or NULL, the database's now)."""
-        return f"SELECT (SELECT MIN({self.quote('Time')}) FROM {self.table(name)}), {self.now_sql()}"
+        return f"SELECT {self.edge(self.quote('Time'), self.table(name))}, {self.now_sql()}"
 
     def delayed_list(self, name: str, bodies: bool = True) -> str:
         """Up to %s stored messages by due time, with the database's now.  Not locked.
