@@ -7,9 +7,9 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import UserAdmin
 
 from core.admin import ReadOnlyAdmin
-from dashboard.actions.audit import Audit
+from dashboard.audit_log import Audit
 from dashboard.models import ApiToken, AuditEntry, AuditOutcome
-from dashboard.security.permissions import role_of
+from dashboard.security.roles import role_of
 
 
 @admin.register(AuditEntry)

@@ -1,5 +1,5 @@
 """`sluice user add|token|disable|list`: dashboard accounts and API tokens (roles:
-dashboard/security/permissions.py, tokens: dashboard/security/tokens.py).  Every change of a role, a token
+dashboard/security/roles.py, tokens: dashboard/security/token_keys.py).  Every change of a role, a token
 or an account's state is written to the audit log (via "cli").  `sluice mark-deploy LABEL`:
 a deploy marker on the monitoring tab's charts (dashboard/deploys.py), audited too."""
 from __future__ import annotations
@@ -17,10 +17,10 @@ from django.db import transaction
 
 from core.cli.base import CommandError, Group, cli_actor, command_group
 from dashboard import deploys
-from dashboard.security import tokens
-from dashboard.actions.audit import Audit
+from dashboard.security import token_keys as tokens
+from dashboard.audit_log import Audit
 from dashboard.models import AuditOutcome
-from dashboard.security.permissions import ROLES, forget_role, role_of
+from dashboard.security.roles import ROLES, forget_role, role_of
 
 PASSWORD_ON_COMMAND_LINE = ("warning: --password puts the password in the process list and the shell history; "
                             "use --password-stdin or the prompt")

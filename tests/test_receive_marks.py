@@ -4,7 +4,6 @@ since; rows that become visible below the mark are still received, FIFO where it
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from django.db import connection, connections, transaction

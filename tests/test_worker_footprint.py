@@ -17,6 +17,11 @@ from tests.conftest import manage, start_worker, wait_for
 WEB_SIDE = {
     "dashboard.views": "the pages (URL checks import every view)",
     "dashboard.api": "the JSON API",
+    "dashboard.actions": "the operator actions (the app's audit receivers live in dashboard.audit_log)",
+    "dashboard.security.permissions": "the pages' and DRF's role checks (the admin asks dashboard.security.roles)",
+    "dashboard.security.tokens": "DRF's token authentication (`sluice user` manages keys in token_keys)",
+    "rest_framework.permissions": "DRF's permission classes",
+    "rest_framework.authentication": "DRF's authentication classes",
     "rest_framework.serializers": "DRF beyond its app config (template libraries, the API)",
     "rest_framework.views": "DRF's views",
     "drf_spectacular.plumbing": "the OpenAPI schema machinery",

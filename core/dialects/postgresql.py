@@ -2,7 +2,6 @@
 an advisory lock around DDL so concurrent start-ups do not race on the catalog."""
 from __future__ import annotations
 
-import json
 from typing import Any, Sequence
 
 from core.dialects.base import Dialect

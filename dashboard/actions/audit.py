@@ -3,20 +3,18 @@ from __future__ import annotations
 
 import logging
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
 from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError
 
 from dashboard.actions.errors import ActionError
-from dashboard.models import AuditEntry, AuditOutcome
-from dashboard.security.permissions import can_act
+from dashboard.audit_log import Audit
+from dashboard.models import AuditOutcome
+from dashboard.security.roles import can_act
 
 log = logging.getLogger("sluice.audit")
 
-#: Ids kept per entry (the target text says how many more there were).
-MAX_TARGET_IDS = 200
 #: Ids spelled out in the target text.
 MAX_TARGET_TEXT_IDS = 20
 
@@ -27,35 +25,6 @@ def describe_ids(what: str, ids: Iterable[Any]) -> str:
     shown = ", ".join(ids[:MAX_TARGET_TEXT_IDS])
     more = f" and {len(ids) - MAX_TARGET_TEXT_IDS} more" if len(ids) > MAX_TARGET_TEXT_IDS else ""
     return f"{len(ids)} {what}: {shown}{more}" if len(ids) != 1 else f"{what.rstrip('s')} {shown}"
-
-
-@dataclass
-class Audit:
-    """Filled in by the action while it runs; written when it ends."""
-
-    user: Any
-    action: str
-    via: str
-    target: str = ""
-    ids: list[str] = field(default_factory=list)
-    detail: str = ""
-    operation_id: int | None = None
-    entry_id: int | None = None
-    #: Who acted when that is no dashboard user (the operating-system user of a CLI run).
-    actor: str = ""
-
-    def write(self, outcome: str, detail: str | None = None) -> None:
-        user = self.user if getattr(self.user, "is_authenticated", False) else None
-        try:
-            entry = AuditEntry.objects.create(
-                user=user, username=getattr(user, "username", "") if user else self.actor[:150], action=self.action,
-                target=self.target[:4000], target_ids=[str(i) for i in self.ids[:MAX_TARGET_IDS]],
-                outcome=outcome, detail=(self.detail if detail is None else detail)[:4000], via=self.via[:8],
-                operation_id=self.operation_id)
-            self.entry_id = entry.pk
-        except DatabaseError as exc:  # the database is down: the action's own error says so
-            log.error("could not write the audit entry for %s by %s (%s): %s", self.action,
-                      getattr(user, "username", "?"), outcome, exc)
 
 
 #: What a user without the operator role is told.

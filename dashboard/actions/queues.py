@@ -14,11 +14,11 @@ from core.queues import queue_model
 from core.transport import Transport, row_id_for
 
 from dashboard.actions import validate
-from dashboard.actions.audit import Audit, acting, describe_ids
+from dashboard.actions.audit import acting, describe_ids
 from dashboard.actions.errors import ActionError
 from dashboard.actions.operations import BrokerUnavailable, enqueue
 from dashboard.actions.result import ActionResult
-from dashboard.models import AuditOutcome
+from dashboard.audit_log import describe_limits
 
 
 def delete_messages(user: Any, queue: str, ids: Sequence[str], *, via: str = "") -> ActionResult:
@@ -116,14 +116,6 @@ def resume_queue(user: Any, queue: str, *, via: str = "") -> ActionResult:
     return ActionResult("resume_queue", int(changed), text, audit_id=audit.entry_id)
 
 
-def audit_cli_pause(sender: Any, *, queue: str, paused: bool, by: str, via: str, **_: Any) -> None:
-    """core.runtime.pauses.pause_changed: the command line's pauses and resumes go into the audit log
-    (the dashboard's own actions write theirs in :func:`acting`)."""
-    if via == "cli":
-        Audit(user=None, action="pause_queue" if paused else "resume_queue", via="cli",
-              target=f"queue {queue}", actor=by).write(AuditOutcome.OK, "paused" if paused else "resumed")
-
-
 def _limit_input(value: Any, kind: str) -> int | None:
     """A limit from a form or a request: a whole number, or empty / null for none."""
     if value is None or value == "":
@@ -163,18 +155,3 @@ def clear_queue_limits(user: Any, queue: str, *, via: str = "") -> ActionResult:
     text = f"queue {info.name}: operator's limits cleared ({describe_limits(found)})" if changed else \
         f"queue {info.name} had no limits set by an operator"
     return ActionResult("limit_queue", int(changed), text, audit_id=audit.entry_id)
-
-
-def describe_limits(found: limits.Limits) -> str:
-    parts = [f"at most {found.concurrency} at once" if found.concurrency else "",
-             f"at most {found.rate} per second" if found.rate else ""]
-    text = ", ".join(p for p in parts if p) or "no limits"
-    return text + {"settings": " (SLUICE_QUEUE_LIMITS)", "database": " (set by an operator)"}.get(found.source, "")
-
-
-def audit_cli_limits(sender: Any, *, queue: str, concurrency: int | None, rate: int | None, cleared: bool,
-                     by: str, via: str, **_: Any) -> None:
-    """core.runtime.limits.limits_changed: the command line's limits go into the audit log."""
-    if via == "cli":
-        detail = "cleared" if cleared else describe_limits(limits.Limits(queue, concurrency, rate))
-        Audit(user=None, action="limit_queue", via="cli", target=f"queue {queue}", actor=by).write(AuditOutcome.OK, detail)

@@ -37,7 +37,7 @@ from mozilla_django_oidc.auth import OIDCAuthenticationBackend
 from mozilla_django_oidc.utils import import_from_settings
 
 from core.conf import get_settings
-from dashboard.security.permissions import OPERATOR_GROUP, VIEWER_GROUP, forget_role
+from dashboard.security.roles import OPERATOR_GROUP, VIEWER_GROUP, forget_role
 
 log = logging.getLogger("sluice.dashboard.sso")
 
