@@ -7,7 +7,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import UserAdmin
 
 from core.admin import ReadOnlyAdmin
-from dashboard.audit_log import Audit
+from dashboard.security.audit_log import Audit
 from dashboard.models import ApiToken, AuditEntry, AuditOutcome
 from dashboard.security.roles import role_of
 

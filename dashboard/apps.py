@@ -45,8 +45,8 @@ class DashboardConfig(AppConfig):
         # The command line's pauses and resumes are audited like the pages' (the engine
         # announces them with a signal: it does not import the dashboard).
         from core.runtime.pauses import pause_changed
-        from dashboard.audit_log import audit_cli_pause
+        from dashboard.security.audit_log import audit_cli_pause
         pause_changed.connect(audit_cli_pause, dispatch_uid="sluice-audit-cli-pause")
         from core.runtime.limits import limits_changed
-        from dashboard.audit_log import audit_cli_limits
+        from dashboard.security.audit_log import audit_cli_limits
         limits_changed.connect(audit_cli_limits, dispatch_uid="sluice-audit-cli-limits")

@@ -7,7 +7,7 @@ import datetime as dt
 from django.db import transaction
 
 from core.db import database_now_us
-from dashboard.audit_log import Audit
+from dashboard.security.audit_log import Audit
 from dashboard.models import AuditOutcome, DeployMarker
 
 #: Markers one chart draws at most (the newest).

@@ -18,7 +18,7 @@ from django.db import transaction
 from core.cli.base import CommandError, Group, cli_actor, command_group
 from dashboard import deploys
 from dashboard.security import token_keys as tokens
-from dashboard.audit_log import Audit
+from dashboard.security.audit_log import Audit
 from dashboard.models import AuditOutcome
 from dashboard.security.roles import ROLES, forget_role, role_of
 

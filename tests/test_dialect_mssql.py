@@ -229,6 +229,7 @@ def test_every_named_statement_is_covered():
     # Every public statement-making method of the dialect is in the list (a new one must be added).
     from core.dialects.base import Dialect
     from core.dialects.delayed_sql import DelayedSQL
+    from core.dialects.removal_sql import RemovalSQL
 
     helpers = {"quote", "table", "index_names", "delayed_time_index", "create_schema", "to_row", "to_datetime", "datetime_param",
                "ttl_params", "browse_params", "receive_from_params", "now_sql", "edge", "expires_after_ttl_sql", "expired_sql",
@@ -237,7 +238,7 @@ def test_every_named_statement_is_covered():
                    # PostgreSQL only (capability flags): no SQL Server statement to check.
                    "server_cursor", "table_upkeep", "table_upkeep_active", "copy_in", "horizon_settled",
                "reclaim_dead_rows", "delayed_claim_due_and_next"}
-    public = {n for cls in (Dialect, DelayedSQL) for n, v in vars(cls).items()
+    public = {n for cls in (Dialect, RemovalSQL, DelayedSQL) for n, v in vars(cls).items()
               if callable(v) and not n.startswith("_")} - helpers
     # The outbox's statements are checked by tests/test_outbox_mssql_sql.py, the dashboard's
     # by tests/test_dashboard_sql.py.

@@ -17,7 +17,7 @@ from tests.conftest import manage, start_worker, wait_for
 WEB_SIDE = {
     "dashboard.views": "the pages (URL checks import every view)",
     "dashboard.api": "the JSON API",
-    "dashboard.actions": "the operator actions (the app's audit receivers live in dashboard.audit_log)",
+    "dashboard.actions": "the operator actions (the app's audit receivers live in dashboard.security.audit_log)",
     "dashboard.security.permissions": "the pages' and DRF's role checks (the admin asks dashboard.security.roles)",
     "dashboard.security.tokens": "DRF's token authentication (`sluice user` manages keys in token_keys)",
     "rest_framework.permissions": "DRF's permission classes",

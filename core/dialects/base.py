@@ -15,6 +15,7 @@ import datetime as dt
 import hashlib
 from typing import Any, Sequence
 
+from core.dialects.removal_sql import RemovalSQL
 from core.dialects.rows import COLUMNS, MESSAGE_COLUMNS, Row, row_id
 
 #: Where the microseconds of an ``instant`` column count from (:meth:`Dialect.to_datetime`).
@@ -31,7 +32,7 @@ EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 FRAGMENTS = ("limit", "readpast_hint", "nolock_hint", "lock_skip_hint", "skip_locked_suffix")
 
 
-class Dialect(abc.ABC):
+class Dialect(RemovalSQL, abc.ABC):
     """Base class: flags, fragments, shared helpers and the statements written once; each
     dialect fills in the rest (and mixes in DelayedSQL and OutboxSQL)."""
 
@@ -372,35 +373,6 @@ class Dialect(abc.ABC):
             f"(SELECT COUNT(*) FROM {t} WHERE {exp} IS NOT NULL AND {exp} <= {self.now_sql()})"
         )
 
-    @abc.abstractmethod
-    def delete_by_id(self, name: str) -> str:
-        """Delete the message with Id %s unless a receiver holds it."""
-
-    @abc.abstractmethod
-    def purge_expired(self, name: str) -> str:
-        """Delete up to %s expired rows, skipping locked ones; rowcount = rows deleted."""
-
-    @abc.abstractmethod
-    def purge_all(self, name: str) -> str:
-        """Delete up to %s rows, skipping locked ones; rowcount = rows deleted."""
-
-    def receive_expired(self, name: str) -> str:
-        """Delete and return up to %s expired rows no receiver holds (for dead-lettering);
-        columns as :meth:`receive`."""
-        t = self.table(name)
-        exp, rv = self._col("Expires"), self._col("RowVersion")
-        return (
-            f"DELETE FROM {t} WHERE " + self.locked_rows.format(key=rv, rows=(
-                f"SELECT {rv} FROM {t} WHERE {exp} IS NOT NULL "
-                f"AND {exp} <= {self.now_sql()} ORDER BY {exp}{self.limit}{self.skip_locked_suffix}")) +
-            f" RETURNING {self._message_columns()}, {self.expired_sql()}"
-        )
-
     def max_row_version(self, name: str) -> str:
         """One row: the newest RowVersion (NULL when empty)."""
         return f"SELECT MAX({self._col('RowVersion')}) FROM {self.table(name)}"
-
-    def lock_table(self, name: str) -> str | None:
-        """Lock a queue table against every other writer until the transaction ends
-        (None: the transaction's own lock already does, as SQLite's BEGIN IMMEDIATE)."""
-        return None

@@ -9,7 +9,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError
 
 from dashboard.actions.errors import ActionError
-from dashboard.audit_log import Audit
+from dashboard.security.audit_log import Audit
 from dashboard.models import AuditOutcome
 from dashboard.security.roles import can_act
 

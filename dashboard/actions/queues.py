@@ -18,7 +18,7 @@ from dashboard.actions.audit import acting, describe_ids
 from dashboard.actions.errors import ActionError
 from dashboard.actions.operations import BrokerUnavailable, enqueue
 from dashboard.actions.result import ActionResult
-from dashboard.audit_log import describe_limits
+from dashboard.security.audit_log import describe_limits
 
 
 def delete_messages(user: Any, queue: str, ids: Sequence[str], *, via: str = "") -> ActionResult:
