@@ -232,7 +232,7 @@ def test_every_named_statement_is_covered():
     from core.dialects.removal_sql import RemovalSQL
 
     helpers = {"quote", "table", "index_names", "delayed_time_index", "create_schema", "to_row", "to_datetime", "datetime_param",
-               "ttl_params", "browse_params", "receive_from_params", "now_sql", "edge", "expires_after_ttl_sql", "expired_sql",
+               "ttl_params", "browse_params", "receive_from_params", "now_sql", "edge", "delete_locked", "expires_after_ttl_sql", "expired_sql",
                "delayed_insert_params", "delayed_insert_many_params", "insert_rows_per_statement", "delayed_fetch_params", "delayed_claim_params", "notify", "error_codes", "is_transient", "is_missing_table",
                "transaction_aborted",  # reads the driver's state: no SQL
                    # PostgreSQL only (capability flags): no SQL Server statement to check.

@@ -373,6 +373,12 @@ class Dialect(RemovalSQL, abc.ABC):
             f"(SELECT COUNT(*) FROM {t} WHERE {exp} IS NOT NULL AND {exp} <= {self.now_sql()})"
         )
 
+    def delete_locked(self, table: str, key: str, rows: str, returning: str = "") -> str:
+        """A DELETE of the rows ``rows`` (a SELECT of ``key`` that locks them) selects, named
+        as :attr:`locked_rows` says; ``returning``: the RETURNING list, if any."""
+        return (f"DELETE FROM {table} WHERE {self.locked_rows.format(key=key, rows=rows)}"
+                + (f" RETURNING {returning}" if returning else ""))
+
     def max_row_version(self, name: str) -> str:
         """One row: the newest RowVersion (NULL when empty)."""
         return f"SELECT MAX({self._col('RowVersion')}) FROM {self.table(name)}"

@@ -80,12 +80,9 @@ class DelayedSQL(abc.ABC):
         delayed_claim_params(at, limit)."""
         time, id_ = self.quote("Time"), self.quote("Id")
         t = self.table(name)
-        return (
-            f"DELETE FROM {t} WHERE " + self.locked_rows.format(key=id_, rows=(
-                f"SELECT {id_} FROM {t} WHERE {time} <= COALESCE(%s, {self.now_sql()}) "
-                f"ORDER BY {time}{self.limit}{self.skip_locked_suffix}")) +
-            f" RETURNING {self._delayed_columns()}"
-        )
+        rows = (f"SELECT {id_} FROM {t} WHERE {time} <= COALESCE(%s, {self.now_sql()}) "
+                f"ORDER BY {time}{self.limit}{self.skip_locked_suffix}")
+        return self.delete_locked(t, id_, rows, self._delayed_columns())
 
     def delayed_claim_params(self, at: Any, limit: int) -> list[Any]:
         return [at, limit]

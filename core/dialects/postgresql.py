@@ -254,13 +254,12 @@ SELECT (SELECT MAX({self.quote('id')}) FROM {table}),
     def _receive(self, name: str, where: str) -> str:
         t = self.table(name)
         rows = f'SELECT "RowVersion" FROM {t} {where}ORDER BY "RowVersion" LIMIT %s FOR UPDATE SKIP LOCKED'
-        return (f"DELETE FROM {t} WHERE {self.locked_rows.format(key=self.quote('RowVersion'), rows=rows)} "
-                f"RETURNING {self._message_columns()}, {self.expired_sql()}")
+        return self.delete_locked(t, self.quote("RowVersion"), rows, f"{self._message_columns()}, {self.expired_sql()}")
 
     def delete_by_id(self, name: str) -> str:
         t = self.table(name)
         rows = f'SELECT "RowVersion" FROM {t} WHERE "Id" = %s FOR UPDATE SKIP LOCKED'
-        return f"DELETE FROM {t} WHERE {self.locked_rows.format(key=self.quote('RowVersion'), rows=rows)}"
+        return self.delete_locked(t, self.quote("RowVersion"), rows)
 
     def purge_expired(self, name: str) -> str:
         t = self.table(name)
@@ -270,7 +269,7 @@ SELECT (SELECT MAX({self.quote('id')}) FROM {table}),
                 # ORDER BY keeps the planner on the partial Expires index even when most rows
                 # are expired; a seq scan would re-read the purged front of the table each batch.
                 'ORDER BY "Expires" LIMIT %s FOR UPDATE SKIP LOCKED')
-        return f"DELETE FROM {t} WHERE {self.locked_rows.format(key=self.quote('RowVersion'), rows=rows)}"
+        return self.delete_locked(t, self.quote("RowVersion"), rows)
 
     def lock_table(self, name: str) -> str:
         return f"LOCK TABLE {self.table(name)} IN ACCESS EXCLUSIVE MODE"
@@ -278,7 +277,7 @@ SELECT (SELECT MAX({self.quote('id')}) FROM {table}),
     def purge_all(self, name: str) -> str:
         t = self.table(name)
         rows = f'SELECT "RowVersion" FROM {t} LIMIT %s FOR UPDATE SKIP LOCKED'
-        return f"DELETE FROM {t} WHERE {self.locked_rows.format(key=self.quote('RowVersion'), rows=rows)}"
+        return self.delete_locked(t, self.quote("RowVersion"), rows)
 
     # -- delayed-message store -------------------------------------------------
     def create_delayed_table(self, name: str) -> list[tuple[str, list[Any]]]:
@@ -327,7 +326,7 @@ SELECT (SELECT MAX({self.quote('id')}) FROM {table}),
         t = self.table(name)
         rows = (f'SELECT "MessageId" FROM {t} WHERE "Dispatched" = TRUE '
                 f'AND "DispatchedAt" <= {self.before_now_sql()} LIMIT %s FOR UPDATE SKIP LOCKED')
-        return f"DELETE FROM {t} WHERE {self.locked_rows.format(key=self.quote('MessageId'), rows=rows)}"
+        return self.delete_locked(t, self.quote("MessageId"), rows)
 
     def outbox_size(self, name: str) -> tuple[str, list[Any]]:
         return ("SELECT COALESCE(pg_total_relation_size(to_regclass(%s)), 0)", [self.table(name)])

@@ -27,12 +27,9 @@ class RemovalSQL(abc.ABC):
         columns as :meth:`receive`."""
         t = self.table(name)
         exp, rv = self._col("Expires"), self._col("RowVersion")
-        return (
-            f"DELETE FROM {t} WHERE " + self.locked_rows.format(key=rv, rows=(
-                f"SELECT {rv} FROM {t} WHERE {exp} IS NOT NULL "
-                f"AND {exp} <= {self.now_sql()} ORDER BY {exp}{self.limit}{self.skip_locked_suffix}")) +
-            f" RETURNING {self._message_columns()}, {self.expired_sql()}"
-        )
+        rows = (f"SELECT {rv} FROM {t} WHERE {exp} IS NOT NULL "
+                f"AND {exp} <= {self.now_sql()} ORDER BY {exp}{self.limit}{self.skip_locked_suffix}")
+        return self.delete_locked(t, rv, rows, f"{self._message_columns()}, {self.expired_sql()}")
 
     def lock_table(self, name: str) -> str | None:
         """Lock a queue table against every other writer until the transaction ends
