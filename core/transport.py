@@ -85,7 +85,8 @@ class Transport(MessageBuilder):
 
         One statement per queue, kind of expiry and chunk (the dialect's
         ``insert_rows``: unnest arrays on PostgreSQL, multi-row VALUES elsewhere within
-        the parameter limit), RowVersions in list order.  Expires is computed by the database (its now + the TTL),
+        the parameter limit; or the dialect's ``copy_rows``: a COPY on PostgreSQL for a
+        large group without a TTL), RowVersions in list order.  Expires is computed by the database (its now + the TTL),
         or kept as given (``OutgoingMessage.expires``).  Activity is recorded on each
         queue (after the transaction commits), so an idle temporary queue that just
         received a row is not dropped.
@@ -109,6 +110,10 @@ class Transport(MessageBuilder):
                     rows = [[m.row_id, m.correlation_id, m.reply_to, None if m.expires is None else as_param(m.expires),
                              m.encoded_headers() if m.headers_json is None else m.headers_json, m.body]
                             for m in group]
+                copy = None if along is not None else d.copy_rows(queue, len(rows), with_ttl)
+                if copy is not None:
+                    cursor.copy_in(copy, rows)
+                    continue
                 size = d.insert_rows_per_statement(len(rows[0]))
                 for start in range(0, len(rows), size):
                     sql, params = d.insert_rows(queue, rows[start:start + size], with_ttl)

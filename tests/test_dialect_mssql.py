@@ -236,7 +236,7 @@ def test_every_named_statement_is_covered():
                "delayed_insert_params", "delayed_insert_many_params", "insert_rows_per_statement", "delayed_fetch_params", "delayed_claim_params", "notify", "error_codes", "is_transient", "is_missing_table",
                "transaction_aborted",  # reads the driver's state: no SQL
                    # PostgreSQL only (capability flags): no SQL Server statement to check.
-                   "server_cursor", "table_upkeep", "table_upkeep_active", "copy_in", "horizon_settled",
+                   "server_cursor", "table_upkeep", "table_upkeep_active", "copy_in", "copy_rows", "horizon_settled",
                "reclaim_dead_rows", "delayed_claim_due_and_next"}
     public = {n for cls in (Dialect, RemovalSQL, DelayedSQL) for n, v in vars(cls).items()
               if callable(v) and not n.startswith("_")} - helpers
@@ -246,6 +246,12 @@ def test_every_named_statement_is_covered():
 
     public = {n for n in public if "outbox" not in n and not n.startswith("before_now")} - DASHBOARD_STATEMENTS
     assert public == set(NAMED)
+
+
+def test_sql_server_inserts_every_batch_with_insert_rows():
+    """SQL Server has no COPY (supports_copy_in): copy_rows sends every batch to insert_rows."""
+    d = MSSQLDialect()
+    assert not d.supports_copy_in and d.copy_rows(NAME, 10_000, False) is None
 
 
 @pytest.mark.parametrize("schema", [None, "sales"])

@@ -11,7 +11,6 @@ import re
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from django.core.management import call_command
@@ -215,6 +214,14 @@ def test_the_deployment_page_shows_the_table_settings_sluice_applies():
 
     (sql,) = re.findall(r'ALTER TABLE "orders" SET \((.*?)\);', page("deployment.md"), re.S)
     assert dict(re.findall(r"(\w+) = (\w+)", sql)) == dict(TABLE_UPKEEP)
+
+
+@no_database
+def test_the_handlers_page_says_from_how_many_messages_a_batch_is_a_copy():
+    from core.dialects.postgresql import PostgreSQLDialect
+
+    (count,) = re.findall(r"one `COPY … FROM STDIN` for (\d+) messages or more", " ".join(page("handlers.md").split()))
+    assert int(count) == PostgreSQLDialect.copy_rows_from
 
 
 @no_database

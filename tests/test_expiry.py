@@ -180,9 +180,11 @@ def test_dead_lettering_moves_batches_with_one_log_line_each(transport, make_que
     assert [m.body for m in transport.browse(name)] == [b"fine"]
 
 
-def test_a_send_to_a_queue_dropped_meanwhile_fails_clearly(transport, make_queue):
+@pytest.mark.parametrize("count", [1, 300])
+def test_a_send_to_a_queue_dropped_meanwhile_fails_clearly(transport, make_queue, count):
     """Defect 1: a process whose registry cache still has a temporary queue that another
-    process's sweep dropped gets UnknownQueue, not a driver error about a missing table."""
+    process's sweep dropped gets UnknownQueue, not a driver error about a missing table
+    (300: a batch PostgreSQL sends as a COPY)."""
     from core.errors import UnknownQueue
 
     name = make_queue(auto_delete_on_idle=300)
@@ -192,4 +194,4 @@ def test_a_send_to_a_queue_dropped_meanwhile_fails_clearly(transport, make_queue
         for sql, params in transport.dialect.drop_queue_table(name):
             cursor.execute(sql, params)
     with pytest.raises(UnknownQueue, match="no longer exists"):
-        transport.send_many(name, ["too late"])
+        transport.send_many(name, ["too late"] * count)

@@ -84,7 +84,7 @@ def test_send_many_with_a_delay_lands_in_the_delayed_store_in_one_statement(tran
     mine = [m for m in stored if m.destination == queue]
     assert sorted(m.id for m in mine) == sorted(ids)
     assert all(dt.timedelta(seconds=3590) < m.due - now <= dt.timedelta(seconds=3600) for m in mine)
-    assert len([q for q in queries.captured_queries if f"INSERT INTO" in q["sql"] and store.table in q["sql"]]) == 1
+    assert len([q for q in queries.captured_queries if "INSERT INTO" in q["sql"] and store.table in q["sql"]]) == 1
     at = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=2)
     later = transport.send_many(queue, ["d", "e"], deliver_at=at)
     stored, _ = store.list(100)
@@ -201,3 +201,57 @@ def test_a_single_send_makes_time_ordered_message_and_conversation_ids(transport
     assert ids == sorted(ids) == [m.id for m in messages]
     conversations = [m.headers[Headers.CONVERSATION_ID] for m in messages]
     assert all(uuid.UUID(c).version == 7 for c in conversations) and len(set(conversations)) == 3
+
+
+def queue_statements(queries, d, queue) -> list[str]:
+    """The captured statements that wrote into ``queue``'s table, by their first word."""
+    return [q["sql"].split()[0] for q in queries.captured_queries
+            if q["sql"].split()[0] in ("INSERT", "COPY") and d.table(queue) in q["sql"]]
+
+
+def test_a_large_batch_without_ttl_goes_in_as_one_copy_where_the_database_has_copy(transport, queue):
+    """On PostgreSQL a batch of many messages without a TTL is one ``COPY … FROM STDIN``
+    (the database parses its rows with less work than it unnests arrays); a small batch,
+    and every batch elsewhere, is an INSERT.  Either way: list order, ids, bodies, no
+    expiry."""
+    d = dialect("default")
+    with CaptureQueriesContext(connection) as queries, transaction.atomic():
+        ids = transport.send_many(queue, [{"i": i} for i in range(300)])
+    expected = ["COPY"] if d.copy_rows(queue, 300, False) else ["INSERT"] * -(-300 // d.insert_rows_per_statement(6))
+    assert queue_statements(queries, d, queue) == expected
+    assert (expected == ["COPY"]) == d.supports_copy_in
+    messages = all_messages(transport, queue)
+    assert [str(m.id) for m in messages] == ids
+    assert [m.body for m in messages] == [f'{{"i":{i}}}'.encode() for i in range(300)]
+    assert all(m.expires is None for m in messages)
+    assert [m.headers[Headers.MESSAGE_ID] for m in messages] == ids
+    with CaptureQueriesContext(connection) as queries:
+        transport.send_many(queue, ["a", "b", "c"])
+    assert queue_statements(queries, d, queue) == ["INSERT"]
+
+
+def test_a_copied_batch_keeps_the_expiry_each_row_was_given(transport, queue):
+    """Rows that keep an absolute Expires (an immediate retry keeps its expiry; the
+    delayed mover's rows) keep it whichever statement inserts them (SQLite keeps milliseconds)."""
+    import dataclasses
+
+    base = dt.datetime(2031, 5, 6, 7, 8, 9, 123000, tzinfo=dt.timezone.utc)
+    rows = [dataclasses.replace(transport.build(queue, {"i": i}), ttl_seconds=None,
+                                expires=base + dt.timedelta(milliseconds=i)) for i in range(200)]
+    with transaction.atomic():
+        transport.enqueue(rows)
+    messages = all_messages(transport, queue)
+    assert [m.expires for m in messages] == [base + dt.timedelta(milliseconds=i) for i in range(200)]
+
+
+def test_a_copied_batch_rolls_back_with_its_savepoint(transport, queue):
+    with transaction.atomic():
+        transport.send_many(queue, ["kept"] * 150)
+        try:
+            with transaction.atomic():
+                transport.send_many(queue, ["undone"] * 150)
+                raise RuntimeError("the caller's block fails")
+        except RuntimeError:
+            pass
+    assert [m.body for m in all_messages(transport, queue)] == [b"kept"] * 150
+

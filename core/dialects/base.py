@@ -325,6 +325,14 @@ class Dialect(RemovalSQL, abc.ABC):
         return (f"INSERT INTO {self.table(name)} ({self._insert_columns()}) VALUES {values}",
                 [p for row in rows for p in row])
 
+    def copy_rows(self, name: str, count: int, with_ttl: bool) -> str | None:
+        """A ``COPY … FROM STDIN`` into queue ``name`` for ``count`` rows of
+        :meth:`insert_with_expires`' parameters (core.db.StatementCursor.copy_in; Recoverable
+        takes its column's default), where it beats :meth:`insert_rows` for that many;
+        None: use insert_rows.  Never with a TTL: Expires is then the database's now plus
+        the TTL, which a COPY cannot compute."""
+        return None
+
     true_literal = "1"
     false_literal = "0"
 
