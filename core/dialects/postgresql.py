@@ -234,7 +234,7 @@ SELECT (SELECT MAX({self.quote('id')}) FROM {table}),
         # A data-modifying WITH runs exactly once whether or not the main statement reads it.
         return f"WITH sluice_inserted AS ({insert_sql}) {along_sql}"
 
-    def insert_rows(self, name: str, rows: list[list[Any]], with_ttl: bool) -> tuple[str, list[Any]]:
+    def insert_rows(self, name: str, rows: Sequence[Sequence[Any]], with_ttl: bool) -> tuple[str, list[Any]]:
         """One ``INSERT … SELECT … FROM unnest(<one array per column>) WITH ORDINALITY``,
         inserted in ORDER BY ordinality so RowVersions follow the list."""
         if len(rows) == 1:
