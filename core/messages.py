@@ -6,6 +6,7 @@ the names NServiceBus endpoints use, so .NET and Python endpoints can share queu
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import re
 import traceback
@@ -253,8 +254,11 @@ class Message:
 
     @property
     def total_failed_attempts(self) -> int:
+        total = self.headers.get(Headers.TOTAL_FAILED_ATTEMPTS)
+        if total is None:
+            return self.failed_attempts
         try:
-            return min(int(self.headers.get(Headers.TOTAL_FAILED_ATTEMPTS, str(self.failed_attempts))), MAX_COUNT)
+            return min(int(total), MAX_COUNT)
         except ValueError:
             return self.failed_attempts
 
@@ -279,5 +283,12 @@ class Message:
 
     def message_types(self) -> list[str]:
         """The enclosed types, most specific first, without .NET assembly suffixes."""
-        raw = self.message_type or ""
-        return [part.split(",")[0].strip() for part in raw.split(";") if part.strip()]
+        return list(enclosed_types(self.message_type or ""))
+
+
+@functools.lru_cache(maxsize=1024)
+def enclosed_types(raw: str) -> tuple[str, ...]:
+    """The types of an ``NServiceBus.EnclosedMessageTypes`` value (see
+    :meth:`Message.message_types`).  Cached: a queue carries a few types, and this is
+    read for every message handled (its handler, its processing record)."""
+    return tuple(part.split(",")[0].strip() for part in raw.split(";") if part.strip())

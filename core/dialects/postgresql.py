@@ -38,6 +38,10 @@ TABLE_UPKEEP = (
 )
 
 
+#: libpq's PQTRANS_INERROR (psycopg.pq.TransactionStatus.INERROR): in a failed transaction.
+_PQTRANS_INERROR = 3
+
+
 class PostgreSQLDialect(PostgreSQLTaskSQL, DelayedSQL, OutboxSQL, DashboardSQL, PostgreSQLFailedCountsSQL, LimitsSQL, Dialect):
     one_second_ago = "statement_timestamp() - INTERVAL '1 second'"
     json_cast = "CAST({} AS jsonb)"  # a JSON text parameter into a jsonb column
@@ -83,10 +87,10 @@ class PostgreSQLDialect(PostgreSQLTaskSQL, DelayedSQL, OutboxSQL, DashboardSQL, 
         return psycopg.Cursor(raw_connection)
 
     def transaction_aborted(self, raw_connection: Any) -> bool:
-        from psycopg.pq import TransactionStatus
-
-        # libpq's own record of the last result: no statement is sent.
-        return raw_connection is not None and raw_connection.info.transaction_status == TransactionStatus.INERROR
+        # libpq's own record of the last result: no statement is sent.  Its number, not
+        # ``info.transaction_status``, which makes an enum member per call (this runs
+        # after every handler call).
+        return raw_connection is not None and raw_connection.pgconn.transaction_status == _PQTRANS_INERROR
 
     def error_codes(self, exc: BaseException) -> set[str]:
         code = getattr(exc, "sqlstate", None)  # psycopg errors

@@ -18,7 +18,7 @@ from django.db import DatabaseError, connections
 from core.conf import get_settings
 from core.db import StatementCursor
 from core.runtime.health import worker_name
-from core.messages import Headers, Message, storable_text
+from core.messages import Headers, Message, enclosed_types, storable_text
 from core.queues import dialect
 from core.models.records import ProcessingRecord
 from pipeline import schema
@@ -139,11 +139,10 @@ class RecordBatch:
         if took is not None:
             started = ended - took
         headers = message.headers  # empty for a poison row
-        types = message.message_types()  # most specific first, without .NET assembly names
-        message_type = types[0] if types else None
+        types = enclosed_types(headers.get(Headers.ENCLOSED_MESSAGE_TYPES) or "")  # most specific first
         self.rows.append((
             headers.get(Headers.MESSAGE_ID, message.id)[:_LIMITS["message_id"]],
-            _cut(message_type, "message_type"),
+            _cut(types[0], "message_type") if types else None,
             message.queue,
             self.endpoint,
             sent_us(headers.get(Headers.TIME_SENT)),
