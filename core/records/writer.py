@@ -58,8 +58,10 @@ def trace_id_of(traceparent: str | None) -> str | None:
     return trace_id
 
 
-def _cut(value: str | None, name: str) -> str | None:
-    return value[:_LIMITS[name]] if value else None
+#: The lengths of the columns copied from headers (cut to fit).
+_MESSAGE_ID, _MESSAGE_TYPE, _CONVERSATION, _RELATED, _CORRELATION, _ENDPOINT, _HOST = (
+    _LIMITS[name] for name in ("message_id", "message_type", "conversation_id", "related_to", "correlation_id",
+                               "originating_endpoint", "originating_host"))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -139,26 +141,32 @@ class RecordBatch:
         if took is not None:
             started = ended - took
         headers = message.headers  # empty for a poison row
-        types = enclosed_types(headers.get(Headers.ENCLOSED_MESSAGE_TYPES) or "")  # most specific first
+        get = headers.get
+        types = enclosed_types(get(Headers.ENCLOSED_MESSAGE_TYPES) or "")  # most specific first
+        # Copied headers cut to their columns' lengths (inline, not a call per column:
+        # this runs for every message handled).
+        conversation, related, correlation = (get(Headers.CONVERSATION_ID), get(Headers.RELATED_TO),
+                                              get(Headers.CORRELATION_ID) or message.correlation_id)
+        endpoint, host = get(Headers.ORIGINATING_ENDPOINT), get(Headers.ORIGINATING_MACHINE)
         self.rows.append((
-            headers.get(Headers.MESSAGE_ID, message.id)[:_LIMITS["message_id"]],
-            _cut(types[0], "message_type") if types else None,
+            get(Headers.MESSAGE_ID, message.id)[:_MESSAGE_ID],
+            types[0][:_MESSAGE_TYPE] if types and types[0] else None,
             message.queue,
             self.endpoint,
-            sent_us(headers.get(Headers.TIME_SENT)),
+            sent_us(get(Headers.TIME_SENT)),
             ended if started is None else started,
             ended,
             outcome,
             message.total_failed_attempts + 1,
-            sent_us(headers.get(Headers.DELIVER_AT)),
-            _cut(headers.get(Headers.CONVERSATION_ID), "conversation_id"),
-            _cut(headers.get(Headers.RELATED_TO), "related_to"),
-            _cut(headers.get(Headers.CORRELATION_ID) or message.correlation_id, "correlation_id"),
+            sent_us(get(Headers.DELIVER_AT)),
+            conversation[:_CONVERSATION] if conversation else None,
+            related[:_RELATED] if related else None,
+            correlation[:_CORRELATION] if correlation else None,
             intent_of(headers),
-            _cut(headers.get(Headers.ORIGINATING_ENDPOINT), "originating_endpoint"),
-            _cut(headers.get(Headers.ORIGINATING_MACHINE), "originating_host"),
+            endpoint[:_ENDPOINT] if endpoint else None,
+            host[:_HOST] if host else None,
             self.worker,
-            trace_id or trace_id_of(headers.get(Headers.TRACEPARENT)),
+            trace_id or trace_id_of(get(Headers.TRACEPARENT)),
         ))
 
     def write(self, using: str) -> int:
