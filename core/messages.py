@@ -284,7 +284,13 @@ class Message:
 
     def json(self) -> Any:
         """The body parsed as JSON (ValueError when it is not)."""
-        return json.loads(self.body)
+        body = self.body
+        # json.loads(bytes) first guesses UTF-8, -16 or -32 from the opening bytes; a body
+        # whose first two bytes are ASCII other than NUL (no BOM, no UTF-16/32 zero byte)
+        # is UTF-8 by that guess, decoded here as json.loads would, without the guess.
+        if body[:2].isascii() and b"\x00" not in body[:2]:
+            return json.loads(body.decode("utf-8", "surrogatepass"))
+        return json.loads(body)
 
     def message_types(self) -> list[str]:
         """The enclosed types, most specific first, without .NET assembly suffixes."""
