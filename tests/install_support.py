@@ -2,6 +2,7 @@
 shared by the clean-install test and the own-project test that follows the docs."""
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -43,15 +44,21 @@ def installed_venv(wheel: Path, extras: str = "") -> Path:
     kind = f"{extras or 'base'}-py{sys.version_info.major}{sys.version_info.minor}"
     venv = CACHE / f"{kind}-{key}"
     python = venv / "bin" / "python"
-    if (venv / ".complete").exists():
-        return venv
-    for stale in CACHE.glob(f"{kind}-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    run([sys.executable, "-m", "venv", str(venv)], cwd=CACHE.parent, env=clean_env(), timeout=120)
-    requirement = f"{wheel}[{extras}]" if extras else str(wheel)
-    run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", requirement],
-        cwd=CACHE.parent, env=clean_env(), timeout=600)
-    (venv / ".complete").touch()
+    CACHE.mkdir(parents=True, exist_ok=True)
+    # make test runs its passes as parallel pytest processes, and two of them may want this
+    # venv at once (the clean-install test and the own-project test in different passes): one
+    # builds it while the other waits, rather than removing the other's half-made venv.
+    with open(CACHE / f"{kind}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (venv / ".complete").exists():
+            return venv
+        for stale in CACHE.glob(f"{kind}-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        run([sys.executable, "-m", "venv", str(venv)], cwd=CACHE.parent, env=clean_env(), timeout=120)
+        requirement = f"{wheel}[{extras}]" if extras else str(wheel)
+        run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", requirement],
+            cwd=CACHE.parent, env=clean_env(), timeout=600)
+        (venv / ".complete").touch()
     return venv
 
 
