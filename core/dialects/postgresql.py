@@ -38,6 +38,8 @@ TABLE_UPKEEP = (
 )
 
 
+#: A COPY's columns: an INSERT's parameters without a TTL (Recoverable takes its default).
+_COPIED_COLUMNS = tuple(c for c in COLUMNS[:-1] if c != "Recoverable")
 #: libpq's PQTRANS_INERROR (psycopg.pq.TransactionStatus.INERROR): in a failed transaction.
 _PQTRANS_INERROR = 3
 
@@ -190,7 +192,7 @@ class PostgreSQLDialect(PostgreSQLTaskSQL, DelayedSQL, OutboxSQL, DashboardSQL, 
         # an INSERT, and the driver writes them without building an array per column.
         if with_ttl or count < self.copy_rows_from:
             return None
-        return self.copy_in(self.table(name), [c for c in COLUMNS[:-1] if c != "Recoverable"])
+        return self.copy_in(self.table(name), _COPIED_COLUMNS)
 
     def record_horizon(self, table: str) -> str:
         # pg_current_snapshot() is this statement's snapshot, the one MAX(id) reads.  An id
