@@ -7,7 +7,7 @@
 #   make test-sqlite         pytest on SQLite only
 #   make test-postgresql     pytest on PostgreSQL only
 #   make bench               transport benchmark on SQLite and PostgreSQL
-#   make lint                import-linter contracts and deptry (every run-time import is a declared dependency)
+#   make lint                import-linter contracts, deptry (every run-time import is a declared dependency), ruff (pyflakes' checks)
 #   make docs                serve the documentation site on http://127.0.0.1:8001 (DOCS_ADDR)
 #   make docs-build          build it into var/site (mkdocs build --strict: broken links fail)
 #   make venv                only the set-up (.venv, system packages)
@@ -86,7 +86,7 @@ DJANGO61_DELAY ?= 75
 test: venv services-all
 	@mkdir -p var
 	@failed=""; leg_note=""; leg_said=""; \
-	echo "== lint (import contracts, declared dependencies)"; \
+	echo "== lint (import contracts, declared dependencies, pyflakes)"; \
 	$(MAKE) --no-print-directory lint-only || failed="$$failed lint"; \
 	if [ '$(DJANGO61)' = 1 ]; then \
 		echo "== the Django 6.1 leg (Python 3.12) starts in $(DJANGO61_DELAY) s; log var/test-django61.log"; \
@@ -155,6 +155,7 @@ lint: venv lint-only
 lint-only:
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/deptry .
+	$(VENV)/bin/ruff check --quiet .
 
 docs: venv
 	$(VENV)/bin/mkdocs serve --dev-addr '$(DOCS_ADDR)'

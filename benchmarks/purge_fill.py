@@ -119,7 +119,7 @@ def fill_postgresql(expired: int, live: int, label: str) -> None:
             last = min(first + chunk - 1, total)
             cursor.execute(statement, [endpoint, machine, k, k, live, k, k, live, EXPIRED_TTL, first, last])
             progress.update(last)
-        cursor.execute(f"SELECT setval(pg_get_serial_sequence(%s, 'RowVersion'), %s)", [t, total])
+        cursor.execute("SELECT setval(pg_get_serial_sequence(%s, 'RowVersion'), %s)", [t, total])
     progress.done()
     check_headers_like_send()
 

@@ -13,7 +13,7 @@ import pytest
 from django.utils import timezone
 
 from core.alerts.notify import test_notification as send_test_notification
-from core.models.alerts import AlertDelivery, AlertRule, AlertTarget, DeliveryStatus, Silence, TargetFormat
+from core.models.alerts import AlertRule, AlertTarget, DeliveryStatus, Silence, TargetFormat
 from tests.alerts_support import own_alerts_queue, served_until  # noqa: F401 (a fixture)
 from tests.dashboard_api_support import api
 from tests.dashboard_pages_support import (  # noqa: F401

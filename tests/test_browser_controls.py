@@ -13,7 +13,6 @@ import os
 import time
 from pathlib import Path
 
-import pytest
 
 from tests.browser_support import (  # noqa: F401 — fixtures
     BROWSER_MARKS, NetworkLog, browser_context_args, browser_type_launch_args, login,

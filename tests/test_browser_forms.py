@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 
-import pytest
 
 from tests.browser_support import (  # noqa: F401 — fixtures
     BROWSER_MARKS, NetworkLog, browser_context_args, browser_type_launch_args, celery_worker, login, worker_broker,

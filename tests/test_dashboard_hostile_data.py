@@ -19,7 +19,6 @@ from core.models import FailedMessage
 from core.queues import create_queue, delete_queue, dialect, registry
 from core.scheduling import DelayedMessage
 from core.transport import Transport
-from tests.conftest import put_row
 from tests.dashboard_api_support import api
 from tests.dashboard_pages_support import (  # noqa: F401
     _fresh_dashboard_cache, fail_message, operator, operator_client, viewer, viewer_client,

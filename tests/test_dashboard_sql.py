@@ -2,7 +2,6 @@
 transport's), with the placeholders its callers bind, and never counts a whole table."""
 from __future__ import annotations
 
-import re
 
 from sqlglot import exp
 

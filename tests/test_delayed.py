@@ -16,7 +16,6 @@ from core.runtime.loops import ThreadRunner
 from core.messages import Headers, parse_wire_time
 from core.models import Lease as LeaseRecord
 from core.receive.pump import MessagePump
-from core.transport import Transport
 from tests.conftest import manage, wait_for
 
 UTC = dt.timezone.utc

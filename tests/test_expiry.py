@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
-import time
 
 import pytest
 from django.db import connection, transaction

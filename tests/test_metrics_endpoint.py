@@ -2,7 +2,6 @@
 overview: bounded counts, a queue whose table is unreadable, Redis down, worker heartbeats."""
 from __future__ import annotations
 
-import json
 
 import pytest
 import redis

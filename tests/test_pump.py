@@ -4,7 +4,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 
 from core.conf import get_settings
 from core.demo.models import PingRecord
@@ -13,7 +13,6 @@ from core.messages import Headers
 from core.models.records import ProcessingRecord
 from core.receive.pump import MessagePump
 from core.queues import dialect
-from core.transport import Transport
 from tests.conftest import drain, listening, put_raw_row
 
 
