@@ -13,9 +13,12 @@ queue or steer what operators do:
 """
 from __future__ import annotations
 
+import json
 import time
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 
 from core.errors import InvalidMessage, PoisonMessage
 from core.expiry import purge_expired_messages
@@ -151,6 +154,47 @@ def test_deeply_nested_header_json_is_a_poison_message_not_a_crash():
         decode_headers("[" * 100_000 + "]" * 100_000)
     with pytest.raises(PoisonMessage):
         decode_headers('{"a":' * 100_000 + "1" + "}" * 100_000)
+
+
+def _as_json_loads_reads_it(text):
+    """What decode_headers made of ``text`` when it parsed with json.loads: the reference."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError) as exc:
+        return "poison", f"Headers column is not valid JSON: {exc}"
+    if not isinstance(value, dict):
+        return "poison", f"Headers column is JSON {type(value).__name__}, not an object"
+    if any(not isinstance(v, str) for v in value.values()):
+        return "poison", "non-string values"
+    return "ok", value
+
+
+def _decoded(text):
+    try:
+        return "ok", decode_headers(text)
+    except PoisonMessage as exc:
+        message = str(exc)
+        return "poison", "non-string values" if "non-string values" in message else message
+
+
+_header_json = st.dictionaries(st.text(max_size=6), st.text(max_size=6) | st.integers() | st.none(), max_size=4).map(
+    lambda d: json.dumps(d, ensure_ascii=False, separators=(",", ":")))
+
+
+@hypothesis.settings(max_examples=400, deadline=None)
+@hypothesis.given(st.one_of(
+    _header_json,  # the common case: one object, nothing around it
+    st.tuples(_header_json, st.sampled_from(["", " ", "\n", "\t "]), st.sampled_from(["", " ", "\r\n", "x", "{}", ","]))
+    .map(lambda v: v[1] + v[0] + v[2]),  # whitespace before or after, data after
+    _header_json.map(lambda t: t[:len(t) // 2]),  # cut short
+    st.text(max_size=12),  # anything at all
+    st.sampled_from([None, b'{"a":"b"}', b"\xff", '["a"]', '"a"', "{", '{"a":"b"}{"c":"d"}']),
+))
+def test_header_text_is_read_as_json_loads_reads_it(text):
+    """decode_headers reads one JSON object with json's scanner, without json.loads's
+    wrapping; any text (whitespace around it, data after it, cut short, not text at all)
+    comes out as json.loads would make of it: the same header map, or the same poison."""
+    assert _decoded(text) == _as_json_loads_reads_it(text)
 
 
 def test_a_row_with_deeply_nested_headers_goes_to_the_error_queue(queue, temp_handlers, error_queue, pump_for,
