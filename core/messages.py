@@ -209,14 +209,15 @@ def storable_text(value: str) -> str:
 
 _ONLY_TEXT = frozenset({str})
 #: json's scanner (C where this Python has it), without ``json.loads``'s wrapping: that
-#: wrapping (a decoder call and two whitespace matches) is half of reading a header object.
+#: wrapping (a decoder call and two whitespace matches) is half of reading a header
+#: object, and more than half of reading a small body.
 _scan_json = json.JSONDecoder().scan_once
 
 
 def _read_json(text: str) -> Any:
     """``json.loads(text)``: the same value, and the same errors where ``text`` is not
-    exactly one JSON object with nothing around it (the common case, read in one call)."""
-    if type(text) is str and text[:1] == "{":
+    exactly one JSON value with nothing around it (the common case, read in one call)."""
+    if type(text) is str:
         try:
             value, end = _scan_json(text, 0)
         except (StopIteration, ValueError):
@@ -305,7 +306,7 @@ class Message:
         # whose first two bytes are ASCII other than NUL (no BOM, no UTF-16/32 zero byte)
         # is UTF-8 by that guess, decoded here as json.loads would, without the guess.
         if body[:2].isascii() and b"\x00" not in body[:2]:
-            return json.loads(body.decode("utf-8", "surrogatepass"))
+            return _read_json(body.decode("utf-8", "surrogatepass"))
         return json.loads(body)
 
     def message_types(self) -> list[str]:
