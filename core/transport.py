@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from dataclasses import dataclass
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -21,6 +20,8 @@ from core.db import StatementCursor
 from core.dialects import Dialect, dialect_for
 from core.dialects.rows import MESSAGE_COLUMNS
 from core.errors import PoisonMessage, UnknownQueue
+# QueueCounts: where callers have always imported it.
+from core.looking import QueueCounts, QueueLooking  # noqa: F401
 from core.messages import Headers, Message, decode_headers, wire_time
 # The names of a new message's checks and rows, where callers have always imported them.
 from core.outgoing import (HOST, ID_NAMESPACE, MAX_MESSAGE_ID_LENGTH, MessageBuilder, OutgoingMessage,  # noqa: F401
@@ -43,20 +44,7 @@ ROW_VERSION = MESSAGE_COLUMNS.index("RowVersion")
 MAX_PURGE_BATCH = 4000
 
 
-@dataclass(frozen=True)
-class QueueCounts:
-    total: int
-    expired: int
-    #: False where the dialect counts without locks (SQL Server's NOLOCK): uncommitted
-    #: sends and receives may be counted.
-    exact: bool = True
-
-    @property
-    def pending(self) -> int:
-        return self.total - self.expired
-
-
-class Transport(MessageBuilder):
+class Transport(MessageBuilder, QueueLooking):
     """Queue-table operations on one database alias.
 
     ``delayed`` is the store delayed sends go to (default: the process's configured
@@ -323,46 +311,6 @@ class Transport(MessageBuilder):
             headers, poison = {}, str(exc)
         return Message(row.id, headers, row.body, queue, row.row_version, row.expires, row.expired,
                        row.correlation_id, row.reply_to, row.headers, poison)
-
-    # -- looking -------------------------------------------------------------
-    def peek_estimate(self, queue: str) -> int:
-        """Roughly how many messages wait (max − min RowVersion); never counts rows."""
-        info = self._queue(queue)
-        registry.record_activity(info.name, self.using)  # a listening pump keeps a temporary queue alive
-        with self._cursor() as cursor:
-            cursor.execute(self.dialect.peek_estimate(queue), [], prepare=True)
-            value = cursor.fetchone()[0]
-        return max(int(value or 0), 0)
-
-    def browse(self, queue: str, limit: int = 50, after: int = 0) -> list[Message]:
-        """Messages in FIFO order without taking them (skips rows receivers hold)."""
-        d = self.dialect
-        return [self.to_message(queue, d.to_row(raw)) for raw in self._browse(queue, d.browse(queue), limit, after)]
-
-    def browse_sizes(self, queue: str, limit: int = 50, after: int = 0) -> list[tuple[Message, int]]:
-        """:meth:`browse` without the bodies: (message with an empty body, body size in bytes).
-        What a listing reads, so that a page of 4 MiB messages stays a page of headers."""
-        d = self.dialect
-        rows = self._browse(queue, d.browse_sizes(queue), limit, after)
-        return [(self.to_message(queue, d.to_row((*raw[:5], b"", *raw[6:]))), int(raw[5] or 0)) for raw in rows]
-
-    def _browse(self, queue: str, sql: str, limit: int, after: int) -> list[tuple[Any, ...]]:
-        info = self._queue(queue)
-        with self._cursor() as cursor:
-            cursor.execute(sql, self.dialect.browse_params(after, limit))
-            rows = cursor.fetchall()
-        registry.record_activity(info.name, self.using)
-        return rows
-
-    def counts(self, queue: str) -> QueueCounts:
-        """Total and expired counts (an operator's view; the pump uses peek_estimate):
-        exact where the dialect's are (``QueueCounts.exact``)."""
-        self._queue(queue)
-        d = self.dialect
-        with self._cursor() as cursor:
-            cursor.execute(d.counts(queue), [])
-            total, expired = cursor.fetchone()
-        return QueueCounts(int(total), int(expired), d.counts_are_exact)
 
     # -- removing -------------------------------------------------------------
     def delete(self, queue: str, message_id: str) -> bool:

@@ -167,6 +167,8 @@ def _statements(d: MSSQLDialect, name: str) -> list[Stmt]:
     out.append(Stmt("receive", d.receive(name), 1, None))                     # [limit]
     out.append(Stmt("receive_from", d.receive_from(name), len(d.receive_from_params(1, 8)), None))
     out.append(Stmt("peek_estimate", d.peek_estimate(name), 0, None))         # []
+    out.append(Stmt("peek_range", d.peek_range(name), 0, None))               # []
+    out.append(Stmt("peek_range", d.peek_range(name, from_mark=True), 2, None))  # [mark, mark]
     out.append(Stmt("browse", d.browse(name), len(d.browse_params(0, 50)), None))
     out.append(Stmt("counts", d.counts(name), 0, None))                       # []
     out.append(Stmt("delete_by_id", d.delete_by_id(name), 1, None))           # [row_id]
@@ -208,7 +210,7 @@ NAMED = ["create_queue_table", "ddl_lock", "drop_queue_table", "existing_indexes
          "delayed_remove", "delayed_increment_failure", "delayed_list", "delayed_deliver_now", "delayed_next",
          "delayed_has_destination", "receive_expired", "max_row_version", "lock_table", "delayed_remove_many",
          "rename_delayed_table", "insert_rows", "delayed_insert_many", "delayed_claim_due", "record_horizon",
-         "insert_along", "receive_from"]
+         "insert_along", "receive_from", "peek_range"]
 
 
 def not_parseable(stmt: Stmt) -> bool:

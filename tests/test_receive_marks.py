@@ -148,20 +148,49 @@ def test_a_receive_that_rolled_back_gives_its_rows_to_the_next_one_first(transpo
     assert [m.id for m in transport.receive_batch(queue, 10)] == ids[10:20]
 
 
-def test_a_row_that_commits_below_the_mark_is_received_at_the_next_full_scan(transport, queue, clock):
+def row_below_the_mark(transport, queue) -> list[str]:
+    """The id of a row that commits below the queue's mark: its send's transaction stays
+    open while 2·TRAIL later rows commit and are received."""
     if not marked(transport, queue):
         pytest.skip("receives start at a mark where the dialect's scans pay for dead rows")
     late: list[str] = []
-    # A send whose transaction stays open while 2·TRAIL later rows commit and are received.
     with open_transaction(lambda: late.extend(transport.send_many(queue, [{"late": True}]))):
         transport.send_many(queue, [{"i": i} for i in range(2 * TRAIL)])
         while transport.receive_batch(queue, 100):
             pass
         assert receive_marks.look(key_of(transport, queue)).start is not None
     assert late
+    return late
+
+
+def test_a_row_that_commits_below_the_mark_is_received_at_the_next_full_scan(transport, queue, clock):
+    late = row_below_the_mark(transport, queue)
     assert transport.receive_batch(queue, 10) == []  # below the mark: not seen yet
     clock.now += FULL_SCAN_EVERY
     assert [m.id for m in transport.receive_batch(queue, 10)] == late
+
+
+def test_a_pumps_peek_starts_at_the_mark_and_sees_a_row_below_it_at_the_next_full_scan(transport, queue, clock):
+    """The pump looks (peek_estimate(from_mark=True)) before it receives: from the mark,
+    as the receive scans, and from the start on the receive's schedule; that look moves
+    the mark back, so the receive after it takes the row that came back below it."""
+    late = row_below_the_mark(transport, queue)
+    assert transport.peek_estimate(queue) == 1  # an operator's look counts from the start
+    assert transport.peek_estimate(queue, from_mark=True) == 0  # below the mark: not seen yet
+    clock.now += FULL_SCAN_EVERY
+    assert transport.peek_estimate(queue, from_mark=True) == 1  # the full scan is due: the look takes it
+    assert receive_marks.look(key_of(transport, queue)).start <= int(transport.browse(queue)[0].row_version)
+    assert [m.id for m in transport.receive_batch(queue, 10)] == late
+    ids = transport.send_many(queue, [{"i": i} for i in range(3)])
+    assert transport.peek_estimate(queue, from_mark=True) == 3
+    assert [m.id for m in transport.receive_batch(queue, 10)] == ids
+
+
+def test_a_pumps_peek_is_the_estimate_where_receives_start_at_the_start(transport, queue, clock):
+    transport.send_many(queue, [{"i": i} for i in range(5)])
+    assert transport.peek_estimate(queue, from_mark=True) == transport.peek_estimate(queue) == 5
+    transport.receive_batch(queue, 5)
+    assert transport.peek_estimate(queue, from_mark=True) == 0
 
 
 def test_a_queue_made_again_under_its_old_name_is_received_from_its_start(transport, make_queue, clock):
@@ -176,10 +205,10 @@ def test_a_queue_made_again_under_its_old_name_is_received_from_its_start(transp
 
 
 @pytest.mark.postgresql
-def test_under_a_held_horizon_a_receive_reads_a_few_pages_not_every_delivered_row(transport, queue, clock):
+def test_under_a_held_horizon_a_receive_and_a_pumps_peek_read_a_few_pages_not_every_delivered_row(transport, queue, clock):
     """The plan guard: with an xid held, 40,000 delivered rows stay in the RowVersion index;
-    a receive from the mark reads the last TRAIL rows' pages, one from the start all of
-    them."""
+    a receive (and a pump's peek) from the mark reads the last TRAIL rows' pages, one from
+    the start all of them."""
     held = threading.Event()
     release = threading.Event()
 
@@ -209,6 +238,10 @@ def test_under_a_held_horizon_a_receive_reads_a_few_pages_not_every_delivered_ro
         from_mark = buffers_read(d.receive_from(queue), d.receive_from_params(start, 5))
         from_start = buffers_read(d.receive(queue), [5])
         assert from_mark * 10 < from_start, (from_mark, from_start)
+        # The pump's look before it receives, the same way (both ends of the index).
+        peek_from_mark = buffers_read(d.peek_range(queue, from_mark=True), [start, start])
+        peek_from_start = buffers_read(d.peek_range(queue), [])
+        assert peek_from_mark * 10 < peek_from_start, (peek_from_mark, peek_from_start)
         assert [m.id for m in transport.receive_batch(queue, 10)] == ids
     finally:
         release.set()

@@ -354,6 +354,14 @@ class Dialect(RemovalSQL, abc.ABC):
         t, rv = f"{self.table(name)}{self.nolock_hint}", self._col("RowVersion")
         return f"SELECT COALESCE({self.edge(rv, t, last=True)} - {self.edge(rv, t)} + 1, 0)"
 
+    def peek_range(self, name: str, from_mark: bool = False) -> str:
+        """The least and greatest RowVersion waiting (a pump's look before it receives);
+        ``from_mark``: of the rows from RowVersion %s on (the mark, twice), as a receive
+        from the mark scans.  ``from_mark`` only where :attr:`supports_receive_mark`."""
+        t, rv = f"{self.table(name)}{self.nolock_hint}", self._col("RowVersion")
+        where = f" WHERE {rv} >= %s" if from_mark else ""
+        return f"SELECT {self.edge(rv, t, where=where)}, {self.edge(rv, t, last=True, where=where)}"
+
     def edge(self, column: str, source: str, last: bool = False, where: str = "") -> str:
         """A scalar subquery: the least (``last``: greatest) value of an indexed NOT NULL
         ``column`` of ``source`` (a table, hints and all), ``where`` (" WHERE …") applied."""

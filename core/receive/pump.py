@@ -154,7 +154,7 @@ class MessagePump(PumpWaking):
         want = min(self.batch_size, self.max_records_to_peek)
         if lane.peek:
             try:
-                estimate = self.receiver.peek_estimate(self.queue)
+                estimate = self.receiver.peek_estimate(self.queue, from_mark=True)
             except DatabaseError as exc:
                 discard_connection(self.receive_alias)
                 return self.receive_breaker.failure(exc)
