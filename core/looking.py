@@ -65,7 +65,9 @@ class QueueLooking:
                 (d.peek_range(queue, from_mark=True), [look.start, look.start])
             low, high = cursor.execute(sql, params, prepare=True).fetchone()
             receive_marks.received(key, look, None if low is None else int(low))
-        return 0 if low is None else int(high) - int(low) + 1
+        # Both ends or neither, and high ≥ low, where the two reads share one snapshot; SQL
+        # Server reads each without locks, so a receive between them can leave one end.
+        return 0 if low is None or high is None else max(int(high) - int(low) + 1, 0)
 
     def browse(self, queue: str, limit: int = 50, after: int = 0) -> list[Message]:
         """Messages in FIFO order without taking them (skips rows receivers hold)."""

@@ -216,7 +216,10 @@ _scan_json = json.JSONDecoder().scan_once
 
 def _read_json(text: str) -> Any:
     """``json.loads(text)``: the same value, and the same errors where ``text`` is not
-    exactly one JSON value with nothing around it (the common case, read in one call)."""
+    exactly one JSON value with nothing around it (the common case, read in one call).
+    One edge apart: on Python 3.11, where json's C scanner counts its nesting against the
+    recursion limit, a value nested to within two levels of that limit is read here, where
+    ``json.loads`` (two frames deeper) raises RecursionError."""
     if type(text) is str:
         try:
             value, end = _scan_json(text, 0)

@@ -955,6 +955,26 @@ def test_transport_statements_reach_the_driver_with_matching_params(mssql_connec
     assert peek[2] == () and browse[2] == (41, 50) and delete[2] == (row_id_for(message_id),)
 
 
+@pytest.mark.parametrize("ends, estimate", [((5, 9), 5), ((5, None), 0), ((None, 9), 0), ((7, 5), 0),
+                                             ((None, None), 0)])
+def test_a_pumps_look_reads_both_ends_without_locks_and_a_receive_between_them_is_no_error(
+        mssql_connection, no_registry, ends, estimate):
+    """SQL Server reads the two ends of a pump's look (peek_range) each without locks, so a
+    receive between them can leave one end or put the high end below the low: no rows
+    waiting, never a negative estimate or a TypeError in the pump."""
+    from core.runtime.marks import receive_marks
+
+    d = MSSQLDialect()
+    looks = {d.peek_range(NAME).replace("%s", "?"), d.peek_range(NAME, from_mark=True).replace("%s", "?")}
+    t = _FakeMSSQLTransport(mssql_connection, rows_for=lambda sql: [ends] if sql in looks else ())
+    receive_marks.forget()
+    try:
+        assert t.peek_estimate(NAME, from_mark=True) == estimate
+        assert [sql for _, sql, _ in t.log] == [d.peek_range(NAME)]  # no mark yet: from the start
+    finally:
+        receive_marks.forget()
+
+
 def test_purge_and_counts_reach_the_driver(mssql_connection, no_registry):
     t = _FakeMSSQLTransport(mssql_connection, rowcounts=[10, 10, 3])
     assert t.purge(NAME, expired_only=True, batch_size=10) == 23
