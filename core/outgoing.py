@@ -2,7 +2,7 @@
 new message passes, the batch builder behind ``send_many``, and :class:`MessageBuilder`,
 which makes rows from a new message's arguments (Transport's build / build_many / outgoing).
 
-Kept apart from core/transport.py (which re-exports these names) so the per-message
+Kept apart from core/transport/ (which re-exports these names) so the per-message
 work of a batch is in one place: a batch of 1,000 messages with the same options is
 validated once, and each message then costs its body, two fresh ids and a copy of the
 first message's headers.

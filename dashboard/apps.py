@@ -19,7 +19,7 @@ def foreign_core() -> str | None:
     if spec is None or spec.origin is None:
         return None  # no core at all: the missing-app check says what to add
     found = Path(spec.origin).resolve().parent
-    return None if found.parent == ours and (found / "transport.py").is_file() else str(found)
+    return None if found.parent == ours and (found / "transport" / "__init__.py").is_file() else str(found)
 
 
 class DashboardConfig(AppConfig):

@@ -4,7 +4,7 @@ No SQL Server can run here (see STACK-NOTES), so these tests check the T-SQL the
 dialect emits instead of running it:
 
 - every named statement has exactly as many ``%s`` placeholders as its call site
-  in core/transport.py or core/queues.py passes parameters, in the right order;
+  in core/transport/ or core/queues.py passes parameters, in the right order;
 - every statement parses as T-SQL with sqlglot once its placeholders are bound the
   way the ODBC driver sends them (``@P1``, ``@P2`` … to sp_executesql), and the
   parse tree says what the SQL transport needs (heap + nonclustered indexes,
@@ -139,7 +139,7 @@ def _statements(d: MSSQLDialect, name: str) -> list[Stmt]:
 
     queues.py executes create/drop/existing_indexes/ddl_lock (and tests
     table_exists) with the params the dialect returns next to the SQL;
-    transport.py builds the lists noted below.
+    core/transport/ builds the lists noted below.
     """
     out = []
     for i, (sql, params) in enumerate(d.create_queue_table(name)):

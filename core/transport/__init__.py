@@ -21,7 +21,7 @@ from core.dialects import Dialect, dialect_for
 from core.dialects.rows import MESSAGE_COLUMNS
 from core.errors import PoisonMessage, UnknownQueue
 # QueueCounts: where callers have always imported it.
-from core.looking import QueueCounts, QueueLooking  # noqa: F401
+from core.transport.looking import QueueCounts, QueueLooking  # noqa: F401
 from core.messages import Headers, Message, decode_headers, wire_time
 # The names of a new message's checks and rows, where callers have always imported them.
 from core.outgoing import (HOST, ID_NAMESPACE, MAX_MESSAGE_ID_LENGTH, MessageBuilder, OutgoingMessage,  # noqa: F401
