@@ -20,8 +20,6 @@ from core.db import StatementCursor
 from core.dialects import Dialect, dialect_for
 from core.dialects.rows import MESSAGE_COLUMNS
 from core.errors import PoisonMessage, UnknownQueue
-# QueueCounts: where callers have always imported it.
-from core.transport.looking import QueueCounts, QueueLooking  # noqa: F401
 from core.messages import Headers, Message, decode_headers, wire_time
 # The names of a new message's checks and rows, where callers have always imported them.
 from core.outgoing import (HOST, ID_NAMESPACE, MAX_MESSAGE_ID_LENGTH, MessageBuilder, OutgoingMessage,  # noqa: F401
@@ -31,6 +29,8 @@ from core.tracing import producing as tracing
 from core.scheduling import DelayedMessage, DelayedMessageStore, delayed_store, resolve_due
 from core.runtime.marks import receive_marks
 from core.runtime.wakeups import notify_queue, on_commit_wake, queue_key, wake_hub
+# QueueCounts: where callers have always imported it.
+from core.transport.looking import QueueCounts, QueueLooking  # noqa: F401
 
 log = logging.getLogger("sluice.transport")
 
@@ -99,8 +99,7 @@ class Transport(MessageBuilder, QueueLooking):
                 else:
                     as_param = d.datetime_param
                     rows = [(m.row_id, m.correlation_id, m.reply_to, None if m.expires is None else as_param(m.expires),
-                             m.encoded_headers() if m.headers_json is None else m.headers_json, m.body)
-                            for m in group]
+                             m.encoded_headers(), m.body) for m in group]
                 copy = None if along is not None else d.copy_rows(queue, len(rows), with_ttl)
                 if copy is not None:
                     cursor.copy_in(copy, rows)
