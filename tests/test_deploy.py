@@ -264,9 +264,12 @@ def test_gunicorn_in_production_serves_static_files_behind_https_and_logs_json(t
 
 #: Celery prints these itself, not through logging: its shutdown notice, and its warning
 #: against running as root (the tests may run as root; the image runs as user sluice).
+# Celery's own warning when it runs as root (as CI does), which the warnings module prints
+# with its source line: `_warn_or_raise_security_error(` on Celery 5.7, `warnings.warn(` before.
 CELERY_NOTICES = (r"^worker: Warm shutdown", r"SecurityWarning: You're running the worker with superuser",
                   r"^absolutely not recommended!$", r"^Please specify a different user using the --uid option\.$",
-                  r"^User information: uid=0 ", r"^  _warn_or_raise_security_error\(")
+                  r"^User information: uid=0 ", r"^  _warn_or_raise_security_error\(",
+                  r"^  warnings\.warn\(SecurityWarning\(")
 
 
 @no_database
